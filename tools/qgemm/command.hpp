@@ -1,0 +1,21 @@
+// Sub-commands of the `qgemm` CLI register themselves: each tools/qgemm/cmd_*.cpp defines one
+// static CommandRegistration, so adding a command touches one file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <vector>
+
+namespace qgemm::cli {
+
+// Adds a sub-command to `app`; the sub-command's callback stores its exit status in `status`.
+using AddCommand = std::function<void(CLI::App& app, int& status)>;
+
+std::vector<AddCommand>& command_registry();
+
+struct CommandRegistration {
+  explicit CommandRegistration(AddCommand add) { command_registry().push_back(std::move(add)); }
+};
+
+}  // namespace qgemm::cli
