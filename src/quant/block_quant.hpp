@@ -1,0 +1,59 @@
+// The one block quantizer behind quantize_weight and quantize_activation.
+//
+// A matrix [rows, cols] is cut into the cells of a ScaleGrid; every cell gets a scale (and, for
+// zero-point rules, a zero) from its statistics, and every element becomes
+//
+//   code = encode(element, clamp(x / (scale · second_level) + zero, lowest, max))
+//   value = (decode(code) − zero) · scale · second_level            (exact, in double)
+//
+// Weights and activations differ only in how they fill in BlockRule (see quantize.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qgemm/format.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::quant_detail {
+
+enum class ScaleRule : std::uint8_t {
+  AbsMax,          // scale = amax / element max (or the zero-point variants)
+  AbsMean,         // scale = mean |x| (ternary, BitNet b1.58)
+  SharedExponent,  // OCP MX: 2^(floor(log2 amax) − floor(log2 element max)), e8m0 scales
+  Fixed,           // one given scale for every cell (static activation calibration)
+};
+
+struct BlockRule {
+  Format element;
+  Format scale_format;
+  ZeroPoint zero_point = ZeroPoint::None;
+  ScaleRule scale_rule = ScaleRule::AbsMax;
+  double fixed_scale = 0.0;    // ScaleRule::Fixed only
+  bool second_level = false;   // an fp32 tensor-wide factor under the cell scales (NVFP4)
+  const char* function = "";   // for messages: "quantize_weight"
+  const char* tensor = "";     // for messages: "weight"
+};
+
+struct QuantizedBlocks {
+  std::vector<std::uint8_t> codes;   // rows × ceil(cols · bits / 8), canonical packing
+  std::vector<std::uint8_t> scales;  // grid.count() × scale_format.storage_bytes()
+  std::vector<std::uint8_t> zeros;   // Integer: grid rows packed like codes; Float: like scales
+  double second_level = 1.0;
+};
+
+// Rejects non-finite input (naming the first bad element). `data` is row-major [rows, cols].
+QuantizedBlocks quantize_blocks(const BlockRule& rule, const ScaleGrid& grid, const float* data,
+                                std::int64_t rows, std::int64_t cols);
+
+// Checks the sizes of the stored arrays against rule, grid and shape, then decodes.
+std::vector<double> dequantize_blocks(const BlockRule& rule, const ScaleGrid& grid,
+                                      const std::vector<std::uint8_t>& codes,
+                                      const std::vector<std::uint8_t>& scales,
+                                      const std::vector<std::uint8_t>& zeros, double second_level,
+                                      std::int64_t rows, std::int64_t cols);
+
+// Bytes of one packed run of `count` codes of `bits` bits.
+inline std::int64_t packed_bytes(std::int64_t count, int bits) { return (count * bits + 7) / 8; }
+
+}  // namespace qgemm::quant_detail
