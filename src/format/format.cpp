@@ -170,7 +170,15 @@ std::string Format::name() const {
     if (entry.format == *this) return entry.names.front();
   std::string base = fmt::format("fp{}_e{}m{}", bits, exponent_bits, mantissa_bits);
   if (!is_signed) base = "u" + base;
-  if (specials != default_specials(bits)) base += "_" + std::string(specials_suffix(specials));
+  // parse_format makes every unsigned mantissa-less format exponent-only (as e8m0).
+  const FloatSpecials implied = !is_signed && mantissa_bits == 0 ? FloatSpecials::ExponentOnly
+                                                                 : default_specials(bits);
+  // A base that is an alias of a fixed name (fp8_e4m3 = e4m3fn) must spell out its specials.
+  bool base_is_alias = false;
+  for (const auto& entry : named_float_table())
+    for (const auto& alias : entry.names) base_is_alias = base_is_alias || alias == base;
+  if (specials != implied || base_is_alias)
+    base += "_" + std::string(specials_suffix(specials));
   if (bias != (1 << (exponent_bits - 1)) - 1) base += fmt::format("_b{}", bias);
   return base;
 }
@@ -179,6 +187,8 @@ double Format::max_finite() const {
   if (is_integer()) return max_int;
   const int m = mantissa_bits;
   if (specials == FloatSpecials::ExponentOnly) return std::ldexp(1.0, max_exponent_field(*this) - bias);
+  if (specials == FloatSpecials::FiniteOneNaN && m == 0)  // the top exponent is the NaN
+    return std::ldexp(1.0, max_exponent_field(*this) - 1 - bias);
   double all_ones_mantissa = 2.0 - std::ldexp(1.0, -m);
   double significand = specials == FloatSpecials::FiniteOneNaN
                            ? all_ones_mantissa - std::ldexp(1.0, -m)  // top code is the NaN
@@ -267,6 +277,8 @@ Format parse_format(std::string_view text) {
   if (!is_signed && m == 0) f.specials = FloatSpecials::ExponentOnly;  // as e8m0
   if (f.specials == FloatSpecials::IEEE && e < 2)
     return fail("an IEEE format needs at least 2 exponent bits");
+  if (f.specials == FloatSpecials::IEEE && m < 1)  // else the top exponent holds only inf
+    return fail("an IEEE format needs at least 1 mantissa bit to encode NaN");
   if (f.specials == FloatSpecials::FiniteOneNaN && e + m < 2)
     return fail("a finite-with-NaN format needs at least 2 bits besides the sign");
   return f;
