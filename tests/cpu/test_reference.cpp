@@ -11,27 +11,13 @@
 #include "qgemm/quant.hpp"
 #include "qgemm/reference.hpp"
 #include "qgemm/scheme.hpp"
+#include "test_reference_support.hpp"
 
 namespace {
 
-std::uint64_t fresh_test_seed() {
-  std::random_device device;
-  return (std::uint64_t{device()} << 32) ^ device();
-}
-
-std::vector<double> random_doubles(std::mt19937_64& rng, std::size_t count) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> values(count);
-  for (double& value : values) value = normal(rng);
-  return values;
-}
-
-std::vector<float> random_floats(std::mt19937_64& rng, std::size_t count, double sigma) {
-  std::normal_distribution<double> normal(0.0, sigma);
-  std::vector<float> values(count);
-  for (float& value : values) value = static_cast<float>(normal(rng));
-  return values;
-}
+using qgemm_test::fresh_test_seed;
+using qgemm_test::random_doubles;
+using qgemm_test::random_floats;
 
 // The textbook triple loop, in K order: nothing shared with the blocked implementation.
 std::vector<double> naive_matmul_nt(const std::vector<double>& a, const std::vector<double>& w,
@@ -120,6 +106,106 @@ TEST(ReferenceMatmul, RejectsEmptyShapesAndNullOperands) {
   } catch (const qgemm::Error& error) {
     EXPECT_NE(std::string(error.what()).find("n = -2"), std::string::npos) << error.what();
   }
+}
+
+// --- reference::gemm ------------------------------------------------------------------------
+
+struct QuantizedProblem {
+  qgemm::Scheme scheme;
+  qgemm::PackedActivation a;
+  qgemm::PackedWeight w;
+  std::vector<double> a_values, w_values;  // dequantized (the quantizer's exact inverse)
+};
+
+QuantizedProblem quantized_problem(const std::string& scheme_text, std::int64_t m, std::int64_t n,
+                                   std::int64_t k, std::mt19937_64& rng) {
+  QuantizedProblem p;
+  p.scheme = qgemm::parse_scheme(scheme_text);
+  const auto a = random_floats(rng, m * k, 1.0);
+  const auto w = random_floats(rng, n * k, 0.05);
+  p.a = qgemm::quantize_activation(p.scheme.activation, a.data(), m, k);
+  p.w = qgemm::quantize_weight(p.scheme.weight, w.data(), n, k);
+  p.a_values = qgemm::dequantize_activation(p.a);
+  p.w_values = qgemm::dequantize_weight(p.w);
+  return p;
+}
+
+// `got` must be `exact` rounded to `output`; where `exact` sits within `slack` of a rounding
+// midpoint either neighbour is accepted (the summation order differs from the reference's).
+void expect_rounded_value(const qgemm::Format& output, double exact, double slack, double got,
+                          const std::string& where, int& reported) {
+  const double want = qgemm::round_to(output, exact);
+  if (got == want) return;
+  const double step = qgemm::half_ulp(output, exact);
+  const bool near_midpoint =
+      std::fabs(got - want) <= 2.0 * step && std::fabs(exact - 0.5 * (got + want)) <= slack;
+  if (!near_midpoint && reported++ < 5)
+    ADD_FAILURE() << where << " = " << got << ", expected " << want << " (exact " << exact << ")";
+}
+
+TEST(ReferenceGemm, EqualsRoundedDirectLoopWithBias) {
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  for (const std::string scheme_text : {"w4a16", "w8a8-fp8", "nvfp4", "gptq-w4a16-g128"}) {
+    SCOPED_TRACE(scheme_text);
+    const std::int64_t m = 7, n = 37, k = 256;
+    QuantizedProblem p = quantized_problem(scheme_text, m, n, k, rng);
+    const auto bias = random_floats(rng, n, 0.5);
+    const auto c = qgemm::reference::gemm(p.scheme, p.a, p.w, bias.data());
+    ASSERT_EQ(c.size(), static_cast<std::size_t>(m * n));
+    int reported = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double sum = bias[j], magnitude = std::fabs(bias[j]);
+        for (std::int64_t d = 0; d < k; ++d) {
+          sum += p.a_values[i * k + d] * p.w_values[j * k + d];
+          magnitude += std::fabs(p.a_values[i * k + d] * p.w_values[j * k + d]);
+        }
+        expect_rounded_value(p.scheme.output, sum, 4.0 * k * 0x1p-53 * magnitude, c[i * n + j],
+                             "C[" + std::to_string(i) + ", " + std::to_string(j) + "]", reported);
+      }
+  }
+}
+
+TEST(ReferenceGemm, WithoutBiasIsTheSameProductMinusBias) {
+  // The bias enters once, after the product: C(bias) - bias and C(no bias) agree to rounding.
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  QuantizedProblem p = quantized_problem("w=int8:ch:s=fp32;a=bf16;o=fp32", 5, 19, 64, rng);
+  const auto bias = random_floats(rng, 19, 3.0);
+  const auto with_bias = qgemm::reference::gemm(p.scheme, p.a, p.w, bias.data());
+  const auto without = qgemm::reference::gemm(p.scheme, p.a, p.w);
+  for (std::size_t i = 0; i < with_bias.size(); ++i) {
+    const double b = bias[i % 19];
+    EXPECT_NEAR(with_bias[i] - b, without[i], 1e-6 * (std::fabs(b) + std::fabs(without[i])));
+    EXPECT_NE(with_bias[i], without[i]);
+  }
+}
+
+TEST(ReferenceGemm, RejectsMismatchedOperands) {
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  QuantizedProblem p = quantized_problem("w4a16", 3, 8, 256, rng);
+  QuantizedProblem other_k = quantized_problem("w4a16", 3, 8, 128, rng);
+  auto message_of = [](auto&& call) { return qgemm_test::error_message_of(call); };
+  EXPECT_NE(message_of([&] { qgemm::reference::gemm(p.scheme, other_k.a, p.w); }).find("k = 128"),
+            std::string::npos);
+  const qgemm::Scheme fp8 = qgemm::parse_scheme("w8a8-fp8");
+  EXPECT_NE(message_of([&] { qgemm::reference::gemm(fp8, p.a, p.w); }).find("activation"),
+            std::string::npos);
+  qgemm::Scheme other_weight = p.scheme;
+  other_weight.activation = p.a.quant;
+  other_weight.weight.group = 64;
+  EXPECT_NE(message_of([&] { qgemm::reference::gemm(other_weight, p.a, p.w); }).find("weight"),
+            std::string::npos);
+  std::vector<float> bias(8, 0.25f);
+  bias[5] = std::nanf("");
+  EXPECT_NE(message_of([&] { qgemm::reference::gemm(p.scheme, p.a, p.w, bias.data()); })
+                .find("bias[5]"),
+            std::string::npos);
 }
 
 }  // namespace
