@@ -1,0 +1,29 @@
+// cp.async (SM80+): global -> shared copies that bypass registers, grouped into commit groups
+// so that a multistage pipeline can wait for "all but the newest N" stages.
+//
+//   cp_async_16(dst, src, bytes)   copies `bytes` (0..16) and zero-fills the rest of 16 bytes:
+//                                  bytes = 0 is how out-of-bounds rows and columns are
+//                                  predicated without a branch around the copy.
+#pragma once
+
+namespace qgemm::ptx {
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+// .cg: cache in L2 only. Streamed weights are read once per call, so L1 would only evict the
+// activation tiles that are reused.
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared_dst)),
+               "l"(global_src), "r"(bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace qgemm::ptx

@@ -1,0 +1,129 @@
+// Device codec for any qgemm::Format packed by util/format_code.cuh, written with bit tricks
+// (no per-element table lookups): the format's fields are template constants, so every branch
+// below folds away at compile time and a decode is a handful of integer ops.
+//
+//   float code  [s][ e exponent bits ][ m mantissa bits ]
+//     e != 0 : fp32 bits = s<<31 | (e - bias + 127)<<23 | mantissa<<(23 - m)     (exact)
+//     e == 0 : mantissa · 2^(1 - bias - m)                                        (subnormal)
+//     top codes as FloatSpecials says (IEEE inf/NaN, one NaN, none, e8m0 NaN)
+//   e8m0       2^(code - bias), built as an fp32 exponent field (or fp32 subnormal for 2^-127)
+//   integer    sign-extended (two's complement) or zero-extended `bits`-wide code
+#pragma once
+
+#include "util/format_code.cuh"
+
+namespace qgemm::kernels {
+
+// 2^exponent as a compile-time float (exact for the exponents any format here needs).
+__host__ __device__ constexpr float power_of_two(int exponent) {
+  float value = 1.0f;
+  for (int i = 0; i < exponent; ++i) value *= 2.0f;
+  for (int i = 0; i > exponent; --i) value *= 0.5f;
+  return value;
+}
+
+// Largest finite value of a format, as a float.
+template <unsigned long long kFormat>
+__host__ __device__ constexpr float format_max_finite() {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  if constexpr (!f.is_float()) {
+    return static_cast<float>(f.max_int);
+  } else if constexpr (f.specials == kExponentOnly) {
+    return power_of_two((1 << f.exponent_bits) - 2 - f.bias);
+  } else {
+    constexpr int top_exponent = (1 << f.exponent_bits) - 1;
+    // IEEE spends the top exponent on inf/NaN; FiniteOneNaN spends only its last mantissa code.
+    constexpr int max_exponent = f.specials == kIeee ? top_exponent - 1 : top_exponent;
+    constexpr int max_mantissa =
+        f.specials == kFiniteOneNaN ? (1 << f.mantissa_bits) - 2 : (1 << f.mantissa_bits) - 1;
+    return power_of_two(max_exponent - f.bias) *
+           (1.0f + static_cast<float>(max_mantissa) * power_of_two(-f.mantissa_bits));
+  }
+}
+
+template <unsigned long long kFormat>
+__device__ __forceinline__ float decode_to_float(unsigned int code) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  if constexpr (!f.is_float()) {
+    if constexpr (f.is_signed) {
+      return static_cast<float>(static_cast<int>(code << (32 - f.bits)) >> (32 - f.bits));
+    } else {
+      return static_cast<float>(code);
+    }
+  } else if constexpr (f.specials == kExponentOnly) {
+    static_assert(!f.is_signed && f.mantissa_bits == 0, "exponent-only formats are unsigned");
+    if (code == f.code_mask()) return __uint_as_float(0x7fc00000u);
+    const int fp32_exponent = static_cast<int>(code) - f.bias + 127;
+    if (fp32_exponent > 0) return __uint_as_float(static_cast<unsigned int>(fp32_exponent) << 23);
+    return __uint_as_float(0x00400000u >> (-fp32_exponent));  // 2^-127 and below: fp32 subnormal
+  } else {
+    constexpr int m = f.mantissa_bits;
+    constexpr int e = f.exponent_bits;
+    static_assert(e <= 8 && m <= 23, "wider than fp32");
+    static_assert(1 - f.bias >= -126 && (1 << e) - 1 - f.bias <= 128,
+                  "exponent range must fit fp32 normals");
+    constexpr unsigned int exponent_mask = (1u << e) - 1u;
+    constexpr unsigned int mantissa_mask = (1u << m) - 1u;
+    const unsigned int exponent = (code >> m) & exponent_mask;
+    const unsigned int mantissa = code & mantissa_mask;
+    float magnitude;
+    if (exponent == 0) {
+      constexpr float subnormal_quantum = power_of_two(1 - f.bias - m);
+      magnitude = static_cast<float>(mantissa) * subnormal_quantum;
+    } else {
+      magnitude = __uint_as_float((exponent - f.bias + 127) << 23 | mantissa << (23 - m));
+    }
+    if constexpr (f.specials == kIeee) {
+      if (exponent == exponent_mask) {
+        magnitude = mantissa == 0 ? __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+      }
+    } else if constexpr (f.specials == kFiniteOneNaN) {
+      if (exponent == exponent_mask && mantissa == mantissa_mask) {
+        magnitude = __uint_as_float(0x7fc00000u);
+      }
+    }
+    if constexpr (f.is_signed) {
+      if ((code >> (f.bits - 1)) & 1u) magnitude = -magnitude;
+    }
+    return magnitude;
+  }
+}
+
+// Encodes a finite float, rounding to nearest even; values beyond the largest finite value
+// saturate to it (callers scale into range first). Integer formats clamp to [min_int, max_int].
+template <unsigned long long kFormat>
+__device__ __forceinline__ unsigned int encode_from_float(float value) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  if constexpr (!f.is_float()) {
+    const float rounded = fminf(fmaxf(rintf(value), static_cast<float>(f.min_int)),
+                                static_cast<float>(f.max_int));
+    return static_cast<unsigned int>(static_cast<int>(rounded)) & f.code_mask();
+  } else {
+    static_assert(f.specials != kExponentOnly, "encode e8m0 scales with the host quantizer");
+    constexpr int m = f.mantissa_bits;
+    constexpr float max_finite = format_max_finite<kFormat>();
+    constexpr float min_normal = power_of_two(1 - f.bias);
+    constexpr float subnormal_quantum = power_of_two(1 - f.bias - m);
+    const bool negative = f.is_signed && (__float_as_uint(value) >> 31) != 0;
+    float magnitude = f.is_signed ? fabsf(value) : fmaxf(value, 0.0f);
+    // The spacing of representable values around `magnitude`: 2^(floor(log2 |x|) - m) for
+    // normals (the fp32 exponent field, shifted), the subnormal quantum below min_normal.
+    float quantum = subnormal_quantum;
+    if (magnitude >= min_normal) {
+      quantum = __uint_as_float((__float_as_uint(magnitude) & 0x7f800000u) - (m << 23));
+    }
+    magnitude = fminf(rintf(magnitude / quantum) * quantum, max_finite);  // exact: powers of 2
+    unsigned int code;
+    if (magnitude < min_normal) {
+      code = static_cast<unsigned int>(magnitude / subnormal_quantum);
+    } else {
+      const unsigned int word = __float_as_uint(magnitude);
+      const unsigned int exponent = ((word >> 23) & 0xffu) - 127u + f.bias;
+      code = exponent << m | (word & 0x007fffffu) >> (23 - m);
+    }
+    if (negative) code |= 1u << (f.bits - 1);
+    return code;
+  }
+}
+
+}  // namespace qgemm::kernels

@@ -1,0 +1,52 @@
+// Small device-memory helpers through the dlopen'ed driver (tests, tools, the CLI): an owning
+// buffer in the current context and blocking copies.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace qgemm::runtime {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);  // in the current context
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  CUdeviceptr address() const { return address_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address_));
+  }
+  std::size_t bytes() const { return bytes_; }
+
+  void upload(const void* host, std::size_t bytes);  // blocking
+  void download(void* host, std::size_t bytes) const;
+  void fill_bytes(unsigned char value);  // e.g. poison outputs before a test writes them
+
+  template <typename T>
+  static DeviceBuffer from(const std::vector<T>& host) {
+    DeviceBuffer buffer(host.size() * sizeof(T));
+    buffer.upload(host.data(), host.size() * sizeof(T));
+    return buffer;
+  }
+  template <typename T>
+  std::vector<T> to_vector(std::size_t count) const {
+    std::vector<T> host(count);
+    download(host.data(), count * sizeof(T));
+    return host;
+  }
+
+ private:
+  CUdeviceptr address_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace qgemm::runtime

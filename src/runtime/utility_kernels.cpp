@@ -1,0 +1,101 @@
+#include "runtime/utility_kernels.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "qgemm/error.hpp"
+
+namespace qgemm::runtime {
+namespace {
+
+template <typename T>
+T* device_pointer(CUdeviceptr address) {
+  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
+}
+
+// Blocks for a grid-stride loop over `items`: enough to fill any GPU several times over, few
+// enough that each thread does a handful of items on large tensors.
+LaunchGrid grid_stride(std::int64_t items, int threads) {
+  constexpr std::int64_t kMaxBlocks = 65536;
+  const std::int64_t blocks = std::clamp<std::int64_t>((items + threads - 1) / threads, 1, kMaxBlocks);
+  return LaunchGrid{static_cast<unsigned>(blocks), 1, 1};
+}
+
+std::int64_t packed_row_bytes(std::int64_t count, int bits) { return (count * bits + 7) / 8; }
+
+}  // namespace
+
+kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight,
+                                                     CUdeviceptr codes, CUdeviceptr scales,
+                                                     CUdeviceptr zeros, CUdeviceptr out) {
+  require(weight.n > 0 && weight.k > 0,
+          fmt::format("dequantize_weight: n = {}, k = {} (rule: both >= 1)", weight.n, weight.k));
+  const ScaleGrid grid = weight.scale_grid();
+  kernels::DequantizeWeightArgs args{};
+  args.codes = device_pointer<const unsigned char>(codes);
+  args.scales = device_pointer<const unsigned char>(scales);
+  args.zeros = device_pointer<const unsigned char>(zeros);
+  args.out = device_pointer<unsigned short>(out);
+  args.n = weight.n;
+  args.k = weight.k;
+  args.row_bytes = weight.row_bytes();
+  args.scale_cols = grid.cols;
+  args.scale_rows_per = grid.rows_per;
+  args.scale_cols_per = grid.cols_per;
+  // Integer zero points are packed per grid row like codes (include/qgemm/quant.hpp).
+  args.zero_row_bytes = packed_row_bytes(grid.cols, weight.quant.format.bits);
+  args.global_scale = static_cast<float>(weight.global_scale);
+  return args;
+}
+
+void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::DequantizeWeightArgs& args,
+                              CUstream stream) {
+  launch_kernel(kernel, grid_stride(args.n * args.k, kernel.launch.threads_per_block), args, stream);
+}
+
+kernels::QuantizeActivationArgs quantize_activation_args(std::int64_t m, std::int64_t k,
+                                                         CUdeviceptr input, CUdeviceptr codes,
+                                                         CUdeviceptr scales) {
+  require(m > 0 && k > 0, fmt::format("quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k));
+  kernels::QuantizeActivationArgs args{};
+  args.input = device_pointer<const unsigned short>(input);
+  args.codes = device_pointer<unsigned char>(codes);
+  args.scales = device_pointer<float>(scales);
+  args.m = m;
+  args.k = k;
+  return args;
+}
+
+void launch_quantize_activation(const LoadedKernel& kernel,
+                                const kernels::QuantizeActivationArgs& args, CUstream stream) {
+  // One block per row (grid-stride over rows beyond the cap).
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535));
+  launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+}
+
+std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits) {
+  const std::int64_t per_word = 32 / bits;
+  return (k + per_word - 1) / per_word * n;
+}
+
+kernels::RepackWeightArgs repack_weight_args(std::int64_t n, std::int64_t k, int bits,
+                                             CUdeviceptr codes, CUdeviceptr words) {
+  require(n > 0 && k > 0, fmt::format("repack_weight: n = {}, k = {} (rule: both >= 1)", n, k));
+  require(bits >= 1 && bits <= 8, fmt::format("repack_weight: bits = {} (rule: 1..8)", bits));
+  kernels::RepackWeightArgs args{};
+  args.codes = device_pointer<const unsigned char>(codes);
+  args.words = device_pointer<unsigned int>(words);
+  args.n = n;
+  args.k = k;
+  args.row_bytes = packed_row_bytes(k, bits);
+  return args;
+}
+
+void launch_repack_weight(const LoadedKernel& kernel, const kernels::RepackWeightArgs& args,
+                          int bits, CUstream stream) {
+  const std::int64_t words = repacked_word_count(args.n, args.k, bits);
+  launch_kernel(kernel, grid_stride(words, kernel.launch.threads_per_block), args, stream);
+}
+
+}  // namespace qgemm::runtime
