@@ -1,0 +1,135 @@
+// qgemm_dense_bench: times the dense mma.sync GEMM against cuBLAS BF16 on the shapes,
+// L2 flushed before every timed run, median of the repeats; prints one table row per case.
+// (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
+//
+//   build/bench/qgemm_dense_bench [--quick]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "qgemm/engine.hpp"
+
+namespace {
+
+#define CHECK_CUDA(call)                                                              \
+  do {                                                                                \
+    cudaError_t status_ = (call);                                                     \
+    if (status_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_));           \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+struct Case {
+  std::string scheme;
+  long long m, n, k;
+};
+
+// Median of `repeats` timed runs of `run`, each after overwriting a buffer larger than L2.
+template <typename Run>
+double median_us(Run&& run, void* flush, std::size_t flush_bytes, int repeats) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  run();  // warm-up (JIT, handles)
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+    CHECK_CUDA(cudaEventRecord(start));
+    run();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.0);
+  }
+  std::sort(times.begin(), times.end());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return times[times.size() / 2];
+}
+
+std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::uint16_t> out(count);
+  for (auto& v : out) v = static_cast<std::uint16_t>(qgemm::encode(qgemm::formats::bf16, normal(rng)));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::vector<Case> cases = {
+      {"w4a16", 1, 28672, 8192}, {"w4a16", 1, 8192, 28672}, {"w4a16", 1, 8192, 8192},
+      {"w4a16", 16, 28672, 8192}, {"w3a16", 1, 28672, 8192}, {"w3a16", 16, 28672, 8192},
+      {"w8a16", 1, 28672, 8192}, {"w8a16", 16, 28672, 8192}, {"mxfp4-a16", 1, 28672, 8192},
+      {"w4a16", 64, 8192, 8192}, {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
+  };
+  if (quick) cases.resize(3);
+  std::mt19937 rng(std::random_device{}());
+  qgemm::Engine engine(0);
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
+  const std::size_t flush_bytes = 512ull << 20;  // > 8x the 60 MB L2
+  void* flush = nullptr;
+  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+
+  std::printf("%-10s %6s %6s %6s | %9s %8s %8s | %9s %8s | %6s | %s\n", "scheme", "M", "N", "K",
+              "qgemm_us", "TB/s", "TFLOPS", "cublas_us", "TFLOPS", "ratio", "kernel");
+  for (const Case& c : cases) {
+    const qgemm::Scheme scheme = qgemm::parse_scheme(c.scheme);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
+    for (float& x : w) x = normal(rng);
+    const qgemm::PackedWeight packed = qgemm::quantize_weight(scheme.weight, w.data(), c.n, c.k);
+    const qgemm::QuantWeight weight = engine.prepare_weight(packed);
+    // Bytes a decode call must read at least: the canonical codes and scales (and zeros).
+    const double weight_bytes = static_cast<double>(packed.codes.size() + packed.scales.size() + packed.zeros.size());
+
+    auto a_host = random_bf16(static_cast<std::size_t>(c.m * c.k), rng);
+    auto w_bf16 = random_bf16(static_cast<std::size_t>(c.n * c.k), rng);
+    void *a = nullptr, *c_out = nullptr, *w_dense = nullptr;
+    CHECK_CUDA(cudaMalloc(&a, a_host.size() * 2));
+    CHECK_CUDA(cudaMalloc(&c_out, static_cast<std::size_t>(c.m * c.n) * 2));
+    CHECK_CUDA(cudaMalloc(&w_dense, w_bf16.size() * 2));
+    CHECK_CUDA(cudaMemcpy(a, a_host.data(), a_host.size() * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(w_dense, w_bf16.data(), w_bf16.size() * 2, cudaMemcpyHostToDevice));
+
+    const int repeats = c.m >= 1024 ? 10 : 30;
+    const double qgemm_us = median_us(
+        [&] {
+          engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,
+                      {c_out, c.m, c.n, c.n, qgemm::formats::bf16}, nullptr);
+        },
+        flush, flush_bytes, repeats);
+    const float alpha = 1.0f, beta = 0.0f;
+    const double cublas_us = median_us(
+        [&] {
+          cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(c.n), static_cast<int>(c.m),
+                       static_cast<int>(c.k), &alpha, w_dense, CUDA_R_16BF, static_cast<int>(c.k), a,
+                       CUDA_R_16BF, static_cast<int>(c.k), &beta, c_out, CUDA_R_16BF,
+                       static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        },
+        flush, flush_bytes, repeats);
+    const double flops = 2.0 * c.m * c.n * c.k;
+    std::printf("%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",
+                c.scheme.c_str(), c.m, c.n, c.k, qgemm_us, weight_bytes / qgemm_us / 1e6,
+                flops / qgemm_us / 1e6, cublas_us, flops / cublas_us / 1e6, cublas_us / qgemm_us,
+                engine.kernel_for(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16).c_str());
+    std::fflush(stdout);
+    cudaFree(a);
+    cudaFree(c_out);
+    cudaFree(w_dense);
+  }
+  cudaFree(flush);
+  cublasDestroy(cublas);
+  return 0;
+}

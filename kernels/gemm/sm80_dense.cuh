@@ -1,0 +1,335 @@
+// Dense quantized GEMM on mma.sync (SM80+): C[M, N] = A[M, K] · dequant(W)[N, K]ᵀ.
+//
+// One template serves every weight format of ≤ 8 bits (gemm/mma_weight_layout.cuh) against
+// bf16/fp16 activations; decode and prefill differ only in the tile constants.
+//
+//   block tile  BM × BN × BK,  BM = 16 · kMTiles · kWarpsM,  BN = 64 · kWarpsN
+//   warps       (wk, wm, wn): wn picks a 64-column slice, wm a band of 16·kMTiles rows,
+//               wk the k16 blocks kb ≡ wk (mod kWarpsK) of every stage (summed at the end)
+//
+//        k →  ┌──────── BK ────────┐
+//   A  BM rows│ stage s (smem, 16B │   cp.async.cg, zero-filled past M and K,
+//             │ chunks XOR-swizzled│   read with ldmatrix.x4 (conflict-free)
+//             └────────────────────┘
+//   W  BN/64 slices × BK/16 blocks × 32 lanes × bits words: copied verbatim (cp.async), each
+//      lane then loads its own `bits` words and dequantizes them into 8 B operands
+//   S  scale (and zero) rows of the stage's groups, BN floats each, lane-permuted
+//
+// Pipeline: kStages stages in flight; at step t the block waits for stage t, then issues the
+// copies of stage t + kStages − 1 into the slot freed by step t − 1, then computes stage t.
+//
+// Split-K (kSplitK): blockIdx.z takes a contiguous range of K stages; partial sums go to an fp32
+// workspace with atomicAdd and the last block of an output tile (a per-tile counter) applies the
+// epilogue, then returns the workspace tile and the counter to zero, so no memset is needed
+// between calls and the launch stays graph-capturable.
+#pragma once
+
+#include "dequant/mma_dequant.cuh"
+#include "gemm/dense_gemm_params.cuh"
+#include "gemm/mma_weight_layout.cuh"
+#include "ptx/async_copy.cuh"
+#include "ptx/convert.cuh"
+#include "ptx/mma_sync.cuh"
+
+namespace qgemm::kernels {
+
+// Launch shape of one instantiation; the host mirrors it (src/layout/mma_layout.cpp) from the
+// same constants, so threads and shared memory never come from a compiled binary.
+template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
+          int kBits, int kGroup, bool kStoredZeros>
+struct DenseGemmShape {
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
+  static constexpr int kBlockM = 16 * kMTiles * kWarpsM;
+  static constexpr int kBlockN = 64 * kWarpsN;
+  static constexpr int kKBlocks = kBlockK / 16;
+  // Scale rows one stage needs: groups of ≥ BK need one row, smaller groups BK / group.
+  static constexpr int kScaleRows = (kGroup == 0 || kGroup >= kBlockK) ? 1 : kBlockK / kGroup;
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kBBytes = kWarpsN * kKBlocks * 32 * kBits * 4;
+  static constexpr int kSBytes = kScaleRows * kBlockN * 4 * (kStoredZeros ? 2 : 1);
+  static constexpr int kStageBytes = kABytes + kBBytes + kSBytes;
+  static constexpr int kPipelineBytes = kStageBytes * kStages;
+  // The cross-warp K reduction reuses the pipeline's memory.
+  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * 32 * kMTiles * 8 * 4 * 4;
+  static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
+
+  static_assert(kBlockK % 64 == 0, "BK must be a multiple of 64 (A swizzle spans 8 chunks)");
+  static_assert(kKBlocks % kWarpsK == 0, "every K warp gets the same number of k16 blocks");
+  static_assert(kGroup == 0 || (kGroup % 16 == 0 && (kGroup % kBlockK == 0 || kBlockK % kGroup == 0)),
+                "groups must be multiples of 16 that tile BK");
+  static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte stages");
+};
+
+template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
+          unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
+          bool kSplitK>
+struct DenseGemm {
+  static constexpr int kBits = FormatCode::unpack(kFormat).bits;
+  static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
+  using Shape = DenseGemmShape<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kBits,
+                               kGroup, kStoredZeros>;
+  static constexpr int kThreads = Shape::kThreads;
+  static constexpr int kBlockM = Shape::kBlockM, kBlockN = Shape::kBlockN;
+  static constexpr int kKBlocks = Shape::kKBlocks;
+  static constexpr int kChunksPerRow = kBlockK / 8;  // 16-byte chunks of an A row
+
+  // Byte offset of A's 16-byte chunk `chunk` of row `row` inside a stage.
+  __device__ static int a_offset(int row, int chunk) {
+    return row * kBlockK * 2 + ((chunk ^ (row & 7)) << 4);
+  }
+
+  __device__ static void load_stage(const DenseGemmParams& p, char* stage, int tile, int m0,
+                                    int slice0) {
+    const int tid = threadIdx.x;
+    const int k0 = tile * kBlockK;
+    // A: kBlockM rows × kChunksPerRow chunks; bytes past K (or rows past M) are zero-filled.
+    const char* a = static_cast<const char*>(p.a);
+    for (int i = tid; i < kBlockM * kChunksPerRow; i += kThreads) {
+      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+      const int k = k0 + chunk * 8;
+      int bytes = (p.k - k) * 2;
+      bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
+      if (m0 + row >= p.m) bytes = 0;
+      const char* src = bytes ? a + ((m0 + row) * p.lda + k) * 2 : a;
+      ptx::cp_async_16(stage + a_offset(row, chunk), src, bytes);
+    }
+    // W: per slice one contiguous run of kKBlocks · 32 · bits words.
+    char* b_stage = stage + Shape::kABytes;
+    constexpr int kChunksPerSlice = kKBlocks * 32 * kBits * 4 / 16;
+    const int first_block = tile * kKBlocks;
+    for (int i = tid; i < kWarpsN * kChunksPerSlice; i += kThreads) {
+      const int s = i / kChunksPerSlice, chunk = i % kChunksPerSlice;
+      const int slice = slice0 + s;
+      const int block = first_block + chunk / (8 * kBits);  // a k16 block is 8 · bits chunks
+      const bool valid = slice * 64 < p.n_padded && block < p.k_blocks;
+      const char* src = reinterpret_cast<const char*>(p.b) +
+                        ((static_cast<long long>(slice) * p.k_blocks + first_block) * 32 * kBits * 4 +
+                         chunk * 16);
+      ptx::cp_async_16(b_stage + i * 16, valid ? src : reinterpret_cast<const char*>(p.b),
+                       valid ? 16 : 0);
+    }
+    // Scales (then zeros): kScaleRows rows of kBlockN floats.
+    char* s_stage = b_stage + Shape::kBBytes;
+    const int first_group = kGroup == 0 ? 0 : k0 / kGroup;
+    constexpr int kChunksPerScaleRow = kBlockN * 4 / 16;
+    constexpr int kArrays = kStoredZeros ? 2 : 1;
+    for (int i = tid; i < kArrays * Shape::kScaleRows * kChunksPerScaleRow; i += kThreads) {
+      const int array = i / (Shape::kScaleRows * kChunksPerScaleRow);
+      const int rest = i % (Shape::kScaleRows * kChunksPerScaleRow);
+      const int row = rest / kChunksPerScaleRow, chunk = rest % kChunksPerScaleRow;
+      const int group = first_group + row;
+      const int column = slice0 * 64 + chunk * 4;
+      const bool valid = group < p.groups && column < p.n_padded;
+      const float* base = array == 0 ? p.scales : p.zeros;
+      const float* src = base + static_cast<long long>(group) * p.n_padded + column;
+      ptx::cp_async_16(s_stage + i * 16, valid ? src : base, valid ? 16 : 0);
+    }
+  }
+
+  __device__ static void compute_stage(const char* stage, int wk, int wm, int wn, int lane,
+                                       float (&acc)[kMTiles][8][4]) {
+    const char* b_stage = stage + Shape::kABytes;
+    const float* s_stage = reinterpret_cast<const float*>(b_stage + Shape::kBBytes);
+    const unsigned a_base = ptx::shared_address(stage);
+#pragma unroll
+    for (int step = 0; step < kKBlocks / kWarpsK; ++step) {
+      const int kb = step * kWarpsK + wk;
+      // This lane's codes.
+      unsigned words[kBits];
+      const unsigned* lane_words =
+          reinterpret_cast<const unsigned*>(b_stage) + ((wn * kKBlocks + kb) * 32 + lane) * kBits;
+#pragma unroll
+      for (int w = 0; w < kBits; ++w) words[w] = lane_words[w];
+      // This lane's 8 scales (and zeros) for the k16 block's group.
+      const int scale_row = Shape::kScaleRows == 1 ? 0 : (kb * 16) / kGroup;
+      const float* scale_line = s_stage + scale_row * kBlockN + wn * 64 + (lane / 4) * 8;
+      float scales[8], zeros[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        scales[j] = scale_line[j];
+        zeros[j] = kStoredZeros ? scale_line[Shape::kScaleRows * kBlockN + j] : 0.0f;
+      }
+      unsigned b[8][2];
+      dequantize_lane<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        // ldmatrix.x4: lanes 0-15 address rows 0-15 at chunk 2kb, lanes 16-31 at chunk 2kb + 1.
+        const int row = (wm * kMTiles + mt) * 16 + (lane % 16);
+        const int chunk = kb * 2 + lane / 16;
+        unsigned a[4];
+        ptx::ldmatrix_x4(a, a_base + a_offset(row, chunk));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ptx::mma_m16n8k16<kBf16>(acc[mt][j], a, b[j][0], b[j][1]);
+      }
+    }
+  }
+
+  __device__ static void store_pair(const DenseGemmParams& p, int row, int col, float v0,
+                                    float v1) {
+    if (row >= p.m || col >= p.n) return;
+    const bool pair = col + 1 < p.n;
+    if (p.bias) {
+      v0 += p.bias[col];
+      if (pair) v1 += p.bias[col + 1];
+    }
+    const long long at = static_cast<long long>(row) * p.ldc + col;
+    if constexpr (kOutput == kOutFp32) {
+      float* c = static_cast<float*>(p.c);
+      c[at] = v0;
+      if (pair) c[at + 1] = v1;
+    } else {
+      unsigned short* c = static_cast<unsigned short*>(p.c);
+      const bool bf16 = kOutput == kOutBf16;
+      const unsigned short h0 = bf16 ? ptx::float_to_bf16_bits(v0) : ptx::float_to_fp16_bits(v0);
+      if (pair && (at % 2 == 0)) {
+        const unsigned short h1 = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
+        *reinterpret_cast<unsigned*>(c + at) = static_cast<unsigned>(h0) | (static_cast<unsigned>(h1) << 16);
+      } else {
+        c[at] = h0;
+        if (pair) c[at + 1] = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
+      }
+    }
+  }
+
+  __device__ static void run(const DenseGemmParams& p, char* shared) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wn = warp % kWarpsN, wm = (warp / kWarpsN) % kWarpsM, wk = warp / (kWarpsN * kWarpsM);
+    const int m0 = blockIdx.y * kBlockM;
+    const int slice0 = blockIdx.x * kWarpsN;
+    const int tile_begin = kSplitK ? blockIdx.z * p.tiles_per_split : 0;
+    int tile_end = kSplitK ? tile_begin + p.tiles_per_split : p.k_tiles;
+    tile_end = tile_end < p.k_tiles ? tile_end : p.k_tiles;
+    const int tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
+
+    float acc[kMTiles][8][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < tiles) load_stage(p, shared + s * Shape::kStageBytes, tile_begin + s, m0, slice0);
+      ptx::cp_async_commit();
+    }
+    for (int t = 0; t < tiles; ++t) {
+      ptx::cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const int next = t + kStages - 1;
+      if (next < tiles)
+        load_stage(p, shared + (next % kStages) * Shape::kStageBytes, tile_begin + next, m0, slice0);
+      ptx::cp_async_commit();
+      compute_stage(shared + (t % kStages) * Shape::kStageBytes, wk, wm, wn, lane, acc);
+    }
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+
+    // Sum the K warps' partial tiles into the wk == 0 warps.
+    if constexpr (kWarpsK > 1) {
+      float* reduce = reinterpret_cast<float*>(shared);
+      const int band = wm * kWarpsN + wn;
+      constexpr int kValues = kMTiles * 8 * 4;
+      if (wk > 0) {
+        float* mine = reduce + (((wk - 1) * kWarpsM * kWarpsN + band) * 32 + lane) * kValues;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[(mt * 8 + j) * 4 + e] = acc[mt][j][e];
+      }
+      __syncthreads();
+      if (wk == 0) {
+        for (int other = 1; other < kWarpsK; ++other) {
+          const float* theirs =
+              reduce + (((other - 1) * kWarpsM * kWarpsN + band) * 32 + lane) * kValues;
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mt][j][e] += theirs[(mt * 8 + j) * 4 + e];
+        }
+      }
+    }
+
+    const int row_base = m0 + wm * kMTiles * 16 + lane / 4;
+    const int col_base = (slice0 + wn) * 64 + (lane % 4) * 2;
+    if constexpr (!kSplitK) {
+      if (wk != 0) return;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            store_pair(p, row_base + mt * 16 + half * 8, col_base + j * 8,
+                       acc[mt][j][half * 2] * p.global_scale, acc[mt][j][half * 2 + 1] * p.global_scale);
+    } else {
+      if (wk == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = row_base + mt * 16 + half * 8, col = col_base + j * 8;
+              if (row >= p.m) continue;
+              float* at = p.workspace + static_cast<long long>(row) * p.n + col;
+              if (col < p.n) atomicAdd(at, acc[mt][j][half * 2]);
+              if (col + 1 < p.n) atomicAdd(at + 1, acc[mt][j][half * 2 + 1]);
+            }
+        __threadfence();
+      }
+      __shared__ bool last;
+      __syncthreads();
+      const unsigned tile_id = blockIdx.y * gridDim.x + blockIdx.x;
+      if (threadIdx.x == 0) last = atomicAdd(p.counters + tile_id, 1u) == gridDim.z - 1;
+      __syncthreads();
+      if (!last) return;
+      __threadfence();
+      // The last block: read the sums back (L2, not a stale L1 line), emit, and zero them.
+      for (int i = threadIdx.x; i < kBlockM * kBlockN; i += kThreads) {
+        const int row = m0 + i / kBlockN, col = slice0 * 64 + i % kBlockN;
+        if (row >= p.m || col >= p.n) continue;
+        float* at = p.workspace + static_cast<long long>(row) * p.n + col;
+        const float sum = __ldcg(at);
+        *at = 0.0f;
+        store_single(p, row, col, sum * p.global_scale);
+      }
+      if (threadIdx.x == 0) p.counters[tile_id] = 0;
+    }
+  }
+
+  __device__ static void store_single(const DenseGemmParams& p, int row, int col, float v) {
+    if (p.bias) v += p.bias[col];
+    const long long at = static_cast<long long>(row) * p.ldc + col;
+    if constexpr (kOutput == kOutFp32) {
+      static_cast<float*>(p.c)[at] = v;
+    } else if constexpr (kOutput == kOutBf16) {
+      static_cast<unsigned short*>(p.c)[at] = ptx::float_to_bf16_bits(v);
+    } else {
+      static_cast<unsigned short*>(p.c)[at] = ptx::float_to_fp16_bits(v);
+    }
+  }
+};
+
+// kActivation: 0 bf16, 1 fp16 (the order of the JIT family's "act" choice). kThreads and
+// kDynamicSmemBytes come from the spec (the host's mirror of DenseGemmShape) and must agree.
+template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
+          unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
+          bool kSplitK, int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads)
+    dense_gemm_sm80(const DenseGemmParams params) {
+  using Gemm = DenseGemm<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kFormat, kZeroMode,
+                         kGroup, kActivation == 0, kOutput, kSplitK>;
+  static_assert(kThreads == Gemm::kThreads, "spec threads differ from the kernel's shape");
+  static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
+                "spec shared memory differs from the kernel's shape");
+  extern __shared__ __align__(128) char shared[];
+  Gemm::run(params, shared);
+}
+
+}  // namespace qgemm::kernels

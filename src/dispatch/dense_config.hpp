@@ -1,0 +1,51 @@
+// Tile configurations of the mma.sync dense GEMM family and how one is chosen for a problem.
+//
+// DenseGemmConfig mirrors the template constants of kernels/gemm/sm80_dense.cuh; its launch
+// shape (threads, shared memory) is computed here from the same formulas as the kernel's
+// DenseGemmShape, and the kernel static_asserts that the spec's values agree.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::dispatch {
+
+struct DenseGemmConfig {
+  std::string name;  // "decode", "medium", "prefill"
+  int m_tiles = 1, warps_m = 1, warps_n = 1, warps_k = 4;
+  int block_k = 256, stages = 4;
+  int blocks_per_sm = 2;  // expected residency, for the split-K heuristic
+
+  int threads() const { return 32 * warps_m * warps_n * warps_k; }
+  int block_m() const { return 16 * m_tiles * warps_m; }
+  int block_n() const { return 64 * warps_n; }
+  int shared_bytes(int bits, int group_size, bool stored_zeros) const;
+  // Why this config cannot serve a weight with these groups (nullopt when it can).
+  std::optional<std::string> unsupported_reason(int group_size) const;
+};
+
+const std::vector<DenseGemmConfig>& dense_gemm_configs();
+
+// What one launch needs besides the config.
+struct DensePlan {
+  DenseGemmConfig config;
+  int splits = 1;
+  int tiles_per_split = 0;
+  int k_tiles = 0;
+  unsigned grid_x = 1, grid_y = 1;
+};
+
+// Picks the config and split-K factor for (M, prepared weight) on a device with `sm_count`
+// SMs. Every rule that removes a candidate says why at QGEMM_LOG_LEVEL >= 3.
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count);
+
+// The KernelSpec of a plan for an activation type (bf16/fp16) and output format.
+jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& weight,
+                                const Format& activation, const Format& output, jit::Arch arch);
+
+}  // namespace qgemm::dispatch

@@ -1,0 +1,163 @@
+#include "layout/mma_layout.hpp"
+
+#include <fmt/format.h>
+
+#include "gemm/mma_weight_layout.cuh"
+#include "qgemm/error.hpp"
+#include "quant/parallel.hpp"
+
+namespace qgemm::layout {
+namespace {
+
+using kernels::MmaWeightLayout;
+
+// The unsigned code the kernel sees: signed integers move to offset binary (q + 2^(b-1)).
+std::uint32_t offset_code(const Format& format, std::uint32_t code) {
+  if (format.is_integer() && format.is_signed)
+    return static_cast<std::uint32_t>(static_cast<std::int64_t>(decode(format, code)) +
+                                      (std::int64_t{1} << (format.bits - 1)));
+  return code;
+}
+
+double read_scale(const PackedWeight& w, std::int64_t index) {
+  const int bytes = w.quant.scale_format.storage_bytes();
+  std::uint32_t code = 0;
+  for (int b = 0; b < bytes; ++b)
+    code |= static_cast<std::uint32_t>(w.scales[index * bytes + b]) << (8 * b);
+  return decode(w.quant.scale_format, code);
+}
+
+double read_float_zero(const PackedWeight& w, std::int64_t index) {
+  const int bytes = w.quant.scale_format.storage_bytes();
+  std::uint32_t code = 0;
+  for (int b = 0; b < bytes; ++b)
+    code |= static_cast<std::uint32_t>(w.zeros[index * bytes + b]) << (8 * b);
+  return decode(w.quant.scale_format, code);
+}
+
+}  // namespace
+
+const char* mma_zero_mode_name(MmaZeroMode mode) {
+  switch (mode) {
+    case MmaZeroMode::None: return "none";
+    case MmaZeroMode::Constant: return "constant";
+    case MmaZeroMode::Integer: return "int";
+    case MmaZeroMode::Float: return "float";
+  }
+  return "?";
+}
+
+std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
+  if (q.format.bits > 8) return fmt::format("weight format {} is wider than 8 bits", q.format.name());
+  if (q.format.is_float() && q.format.mantissa_bits > 23)
+    return fmt::format("weight format {} has more mantissa bits than fp32", q.format.name());
+  if (q.format.is_float() && q.format.bias > 126)
+    return fmt::format("weight format {} has a bias above 126", q.format.name());
+  if (q.granularity == WeightGranularity::Group && q.group % MmaWeightLayout::kBlockK != 0)
+    return fmt::format("weight group {} is not a multiple of 16", q.group);
+  if (q.granularity == WeightGranularity::Block && q.block_k % MmaWeightLayout::kBlockK != 0)
+    return fmt::format("weight block K {} is not a multiple of 16", q.block_k);
+  return std::nullopt;
+}
+
+MmaWeight repack_for_mma(const PackedWeight& w) {
+  if (auto reason = mma_unsupported_reason(w.quant))
+    throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
+  const WeightQuant& q = w.quant;
+  const int bits = q.format.bits;
+  MmaWeight out;
+  out.format = q.format;
+  out.n = w.n;
+  out.k = w.k;
+  out.n_padded = MmaWeightLayout::padded_n(w.n);
+  out.k_blocks = MmaWeightLayout::k_blocks(w.k);
+  out.global_scale = w.global_scale;
+  switch (q.granularity) {
+    case WeightGranularity::Group: out.group_size = q.group; break;
+    case WeightGranularity::Block: out.group_size = q.block_k; break;
+    default: out.group_size = 0;
+  }
+  out.groups = out.group_size == 0 ? 1 : static_cast<int>((w.k + out.group_size - 1) / out.group_size);
+  if (q.format.is_integer()) {
+    switch (q.zero_point) {
+      case ZeroPoint::None:
+        out.zero_mode = q.format.is_signed ? MmaZeroMode::Constant : MmaZeroMode::None;
+        break;
+      case ZeroPoint::Midpoint: out.zero_mode = MmaZeroMode::Constant; break;
+      case ZeroPoint::Integer: out.zero_mode = MmaZeroMode::Integer; break;
+      case ZeroPoint::Float: out.zero_mode = MmaZeroMode::Float; break;
+    }
+  }
+
+  // Codes: every (slice, k-block, lane) owns 32 codes in `bits` words.
+  const std::int64_t slices = out.n_padded / MmaWeightLayout::kSliceN;
+  out.words.assign(slices * out.k_blocks * 32 * bits, 0u);
+  const std::int64_t row_bytes = w.row_bytes();
+  quant_detail::parallel_rows(slices, out.k_blocks * 16 * 64, [&](std::int64_t first, std::int64_t last) {
+   for (std::int64_t slice = first; slice < last; ++slice)
+    for (std::int64_t kb = 0; kb < out.k_blocks; ++kb)
+      for (int lane = 0; lane < 32; ++lane) {
+        std::uint32_t* lane_words =
+            out.words.data() + MmaWeightLayout::word_index(slice, kb, out.k_blocks, lane, bits);
+        for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
+          const std::int64_t n = slice * 64 + MmaWeightLayout::n_of(lane, c);
+          const std::int64_t k = kb * 16 + MmaWeightLayout::k_of(lane, c);
+          std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
+          if (n < w.n && k < w.k) code = offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
+          const int bit = c * bits;
+          lane_words[bit / 32] |= code << (bit % 32);
+          if (bit % 32 + bits > 32) lane_words[bit / 32 + 1] |= code >> (32 - bit % 32);
+        }
+      }
+  });
+
+  // Scales and zeros: one fp32 row per group, columns permuted per slice.
+  const ScaleGrid grid = w.scale_grid();
+  const bool stored_zeros = out.zero_mode == MmaZeroMode::Integer || out.zero_mode == MmaZeroMode::Float;
+  out.scales.assign(static_cast<std::size_t>(out.groups) * out.n_padded, 0.0f);
+  if (stored_zeros) out.zeros.assign(out.scales.size(), 0.0f);
+  const double signed_offset = q.format.is_signed ? std::ldexp(1.0, bits - 1) : 0.0;
+  for (int g = 0; g < out.groups; ++g)
+    for (std::int64_t n = 0; n < w.n; ++n) {
+      // The canonical scale covering (n, first k of this group).
+      const std::int64_t k = static_cast<std::int64_t>(g) * (out.group_size == 0 ? 0 : out.group_size);
+      const std::int64_t index = (n / grid.rows_per) * grid.cols + k / grid.cols_per;
+      const std::size_t at = static_cast<std::size_t>(g) * out.n_padded + MmaWeightLayout::scale_column(n);
+      out.scales[at] = static_cast<float>(read_scale(w, index));
+      if (out.zero_mode == MmaZeroMode::Integer) {
+        const double z = static_cast<double>(read_code(w.zeros.data() + (index / grid.cols) *
+                                                           ((grid.cols * bits + 7) / 8),
+                                                       index % grid.cols, bits));
+        out.zeros[at] = static_cast<float>(8388608.0 + z);  // the kernel's magic offset, exact
+      } else if (out.zero_mode == MmaZeroMode::Float) {
+        out.zeros[at] = static_cast<float>(read_float_zero(w, index) + signed_offset);
+      }
+    }
+  return out;
+}
+
+double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
+  const int bits = w.format.bits;
+  const std::int64_t slice = n / 64, kb = k / 16;
+  const int lane = MmaWeightLayout::lane_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
+  const int c = MmaWeightLayout::code_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
+  const std::uint32_t* lane_words = w.words.data() + MmaWeightLayout::word_index(slice, kb, w.k_blocks, lane, bits);
+  const int bit = c * bits;
+  std::uint64_t pair = lane_words[bit / 32];
+  if (bit % 32 + bits > 32) pair |= static_cast<std::uint64_t>(lane_words[bit / 32 + 1]) << 32;
+  const auto code = static_cast<std::uint32_t>((pair >> (bit % 32)) & ((1u << bits) - 1u));
+  const int g = w.group_size == 0 ? 0 : static_cast<int>(k / w.group_size);
+  const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + MmaWeightLayout::scale_column(n);
+  const double scale = w.scales[at];
+  if (w.format.is_float()) return decode(w.format, code) * scale;
+  double value = code;
+  switch (w.zero_mode) {
+    case MmaZeroMode::None: break;
+    case MmaZeroMode::Constant: value -= std::ldexp(1.0, bits - 1); break;
+    case MmaZeroMode::Integer: value -= w.zeros[at] - 8388608.0; break;
+    case MmaZeroMode::Float: value -= w.zeros[at]; break;
+  }
+  return value * scale;
+}
+
+}  // namespace qgemm::layout

@@ -1,0 +1,42 @@
+// The prepared weight of the mma.sync GEMM family, built on the host from the canonical packed
+// weight (the CPU twin of the device repack). The layout is drawn in
+// kernels/gemm/mma_weight_layout.cuh, whose index functions this code calls.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qgemm/quant.hpp"
+
+namespace qgemm::layout {
+
+// = kernels::MmaZeroMode (kernels/dequant/mma_dequant.cuh), and the JIT family's "zero" choice.
+enum class MmaZeroMode { None = 0, Constant = 1, Integer = 2, Float = 3 };
+const char* mma_zero_mode_name(MmaZeroMode mode);  // "none" "constant" "int" "float"
+
+struct MmaWeight {
+  Format format;
+  std::int64_t n = 0, k = 0;
+  std::int64_t n_padded = 0, k_blocks = 0;
+  int groups = 1;
+  int group_size = 0;  // K values per scale row; 0: one row for all of K
+  MmaZeroMode zero_mode = MmaZeroMode::None;
+  double global_scale = 1.0;
+  std::vector<std::uint32_t> words;  // [n_padded / 64][k_blocks][32 lanes][bits]
+  std::vector<float> scales;         // [groups][n_padded], lane-permuted columns
+  std::vector<float> zeros;          // same shape, empty unless zero_mode is Integer or Float
+};
+
+// Why the mma family cannot hold this weight (nullopt when it can).
+std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
+
+// Repacks a canonical packed weight. Throws Unsupported with mma_unsupported_reason.
+MmaWeight repack_for_mma(const PackedWeight& weight);
+
+// The dequantized value the kernel reconstructs at (n, k) before rounding to 16 bits, computed
+// from the prepared layout alone (tests compare it with dequantize_weight).
+double mma_weight_value(const MmaWeight& weight, std::int64_t n, std::int64_t k);
+
+}  // namespace qgemm::layout

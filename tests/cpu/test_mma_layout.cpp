@@ -1,0 +1,110 @@
+// The mma.sync family's prepared layout (CPU twin of the repack) and its kernel specs.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "dispatch/dense_config.hpp"
+#include "gemm/mma_weight_layout.cuh"
+#include "jit/cache.hpp"
+#include "jit/compiler.hpp"
+#include "layout/mma_layout.hpp"
+#include "qgemm/error.hpp"
+
+namespace qgemm {
+namespace {
+
+using kernels::MmaWeightLayout;
+
+TEST(MmaLayout, FragmentMapIsABijectionMatchingMmaOperands) {
+  // Every (n, k) of a 64x16 block has exactly one (lane, code), and the inverse maps back.
+  std::set<std::pair<int, int>> seen;
+  for (int n = 0; n < 64; ++n)
+    for (int k = 0; k < 16; ++k) {
+      const int lane = MmaWeightLayout::lane_of(n, k), c = MmaWeightLayout::code_of(n, k);
+      ASSERT_TRUE(lane >= 0 && lane < 32 && c >= 0 && c < 32);
+      EXPECT_TRUE(seen.insert({lane, c}).second);
+      EXPECT_EQ(MmaWeightLayout::n_of(lane, c), n);
+      EXPECT_EQ(MmaWeightLayout::k_of(lane, c), k);
+    }
+  // mma.m16n8k16 B operand: lane l holds column l/4 and rows 2(l%4), 2(l%4)+1 (b0), +8 (b1).
+  for (int lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(MmaWeightLayout::n_of(lane, 0), lane / 4);
+    EXPECT_EQ(MmaWeightLayout::k_of(lane, 0), 2 * (lane % 4));
+    EXPECT_EQ(MmaWeightLayout::k_of(lane, 1), 2 * (lane % 4) + 1);
+    EXPECT_EQ(MmaWeightLayout::k_of(lane, 2), 2 * (lane % 4) + 8);
+    EXPECT_EQ(MmaWeightLayout::k_of(lane, 3), 2 * (lane % 4) + 9);
+  }
+}
+
+TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
+  const std::uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* text :
+       {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "gptq-w4a16-g128", "mxfp4-a16", "nvfp4-a16",
+        "fp8-block", "bitnet", "w=int4:g32:s=bf16;a=bf16", "w=uint1:g64:s=bf16:zp=int;a=bf16",
+        "w=uint5:g128:s=bf16:zp=int;a=bf16", "w=uint6:g128:s=fp16:zp=float;a=fp16",
+        "w=int3:g32:s=bf16:zp=float;a=bf16", "w=uint7:ch:s=fp32:zp=mid;a=bf16",
+        "w=e5m2:g64:s=bf16;a=fp16", "w=e3m2:g32:s=e8m0;a=bf16", "w=e2m3:g16:s=e8m0;a=bf16",
+        "w=int8:t:s=fp32;a=bf16"}) {
+    SCOPED_TRACE(std::string(text) + " seed " + std::to_string(seed));
+    const Scheme scheme = parse_scheme(text);
+    const std::int64_t n = 64 * 2 + 37;  // a partial slice
+    const std::int64_t k = scheme.weight.granularity == WeightGranularity::Group ? 2 * 128 : 200 + 8;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const std::vector<double> expected = dequantize_weight(packed);
+    const layout::MmaWeight prepared = layout::repack_for_mma(packed);
+    EXPECT_EQ(prepared.n_padded % 64, 0);
+    EXPECT_EQ(prepared.k_blocks, (k + 15) / 16);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t c = 0; c < k; ++c)
+        ASSERT_EQ(layout::mma_weight_value(prepared, r, c) * packed.global_scale,
+                  expected[static_cast<std::size_t>(r * k + c)])
+            << "at n=" << r << " k=" << c;
+  }
+}
+
+TEST(MmaLayout, UnservableGroupsAreReported) {
+  WeightQuant q = parse_scheme("w=uint4:g8:s=bf16;a=bf16").weight;
+  EXPECT_TRUE(layout::mma_unsupported_reason(q).has_value());
+  std::vector<float> w(16 * 16, 0.5f);
+  EXPECT_THROW(layout::repack_for_mma(quantize_weight(q, w.data(), 16, 16)), Error);
+}
+
+// Every tile config of the family compiles without spills for the SM80+ targets (a few weight
+// families each, to keep the suite short on two cores).
+TEST(DenseGemmSpecs, CompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});  // memory only: always a real compile
+  const char* schemes[] = {"w4a16", "w=uint3:g128:s=bf16:zp=int;a=fp16;o=fp16", "nvfp4-a16",
+                           "w=e4m3:ch:s=fp32;a=bf16;o=fp32"};
+  std::vector<float> w(256 * 256);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  for (jit::Arch arch : {jit::Arch::sm_80, jit::Arch::sm_89, jit::Arch::sm_90a}) {
+    for (std::size_t s = 0; s < std::size(schemes); ++s) {
+      const Scheme scheme = parse_scheme(schemes[s]);
+      const layout::MmaWeight prepared = layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
+      for (const auto& config : dispatch::dense_gemm_configs()) {
+        // All configs on sm_90a; one scheme per config elsewhere.
+        if (arch != jit::Arch::sm_90a && s != 0) continue;
+        dispatch::DensePlan plan;
+        plan.config = config;
+        plan.splits = config.warps_k > 1 ? 2 : 1;
+        const jit::KernelSpec spec =
+            dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format, scheme.output, arch);
+        SCOPED_TRACE(jit::to_string(spec));
+        const auto lookup = cache.get(spec);
+        EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+        EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+        EXPECT_GT(lookup.kernel->resources.registers, 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qgemm
