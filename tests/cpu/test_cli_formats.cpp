@@ -126,7 +126,9 @@ TEST(CliFormats, EveryTableIsCompleteAndExact) {
     std::uint32_t previous = 0;
     for (std::size_t i = 0; i < table.size(); ++i) {
       const auto code = table[i].at("code").get<std::uint32_t>();
-      if (i > 0) EXPECT_GT(code, previous);
+      if (i > 0) {
+        EXPECT_GT(code, previous);
+      }
       previous = code;
       const double printed = entry_value(table[i]);
       const double decoded = qgemm::decode(f, code);
@@ -183,10 +185,16 @@ TEST(CliFormats, ListDescribesEveryNamedFormat) {
     }
   }
   // Spot checks against the specs, not the codec.
-  for (const nlohmann::json& entry : list) {
-    if (entry.at("name") == "e4m3") EXPECT_EQ(entry.at("max_finite").get<double>(), 448.0);
-    if (entry.at("name") == "e5m2") EXPECT_EQ(entry.at("max_finite").get<double>(), 57344.0);
-    if (entry.at("name") == "fp16") EXPECT_EQ(entry.at("max_finite").get<double>(), 65504.0);
+  const std::vector<std::pair<std::string, double>> spec_max = {
+      {"e4m3", 448.0}, {"e5m2", 57344.0}, {"e2m1", 6.0}, {"fp16", 65504.0}};
+  for (const auto& [name, max_finite] : spec_max) {
+    bool found = false;
+    for (const nlohmann::json& entry : list) {
+      if (entry.at("name") != name) continue;
+      found = true;
+      EXPECT_EQ(entry.at("max_finite").get<double>(), max_finite) << name;
+    }
+    EXPECT_TRUE(found) << name;
   }
   EXPECT_EQ(run_cli({"formats"}).exit_status, 0);
 }
@@ -210,7 +218,10 @@ TEST(CliSchemes, JsonListsEveryPresetWithAParseableTextForm) {
     EXPECT_EQ(entry.at("output"), preset.scheme.output.name());
   }
   // A few presets spelled out by the issue.
+  int spelled_out_found = 0;
   for (const nlohmann::json& entry : list) {
+    const std::string name = entry.at("name").get<std::string>();
+    spelled_out_found += name == "w4a16" || name == "fp8-block" || name == "mxfp4-a8";
     if (entry.at("name") == "w4a16") {
       EXPECT_EQ(entry.at("weight").at("format"), "uint4");
       EXPECT_EQ(entry.at("weight").at("group"), 128);
@@ -227,6 +238,7 @@ TEST(CliSchemes, JsonListsEveryPresetWithAParseableTextForm) {
       EXPECT_EQ(entry.at("activation").at("format"), "e4m3");
     }
   }
+  EXPECT_EQ(spelled_out_found, 3);
 }
 
 TEST(CliSchemes, ExpandsGivenSchemesAndRejectsUnknownOnes) {
