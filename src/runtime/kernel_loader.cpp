@@ -52,7 +52,10 @@ LoadedKernel KernelLoader::get(const jit::CompiledKernel& kernel) {
   try {
     driver.check(driver.cuModuleGetFunction(&loaded.function, module, kernel.lowered_name.c_str()),
                  fmt::format("cuModuleGetFunction({})", kernel.lowered_name).c_str());
-    if (loaded.launch.dynamic_smem_bytes > kDefaultDynamicSmemLimit) {
+    // The 48 KB default covers static and dynamic shared memory together, so a kernel with
+    // some static shared memory must opt in below 48 KB of dynamic memory already.
+    if (loaded.launch.dynamic_smem_bytes + kernel.resources.static_smem_bytes >
+        kDefaultDynamicSmemLimit) {
       driver.check(driver.cuFuncSetAttribute(loaded.function,
                                              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                              loaded.launch.dynamic_smem_bytes),

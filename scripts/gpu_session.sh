@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device-machine session: build, GPU tests, a compute-sanitizer memcheck subset, the dense
+# bench. Logs go to $OUT (or ./gpu_out); a short table comes last.
+#   scripts/gpu_session.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_out}; mkdir -p "$out"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt"
+extra=()
+# xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
+[ -f /usr/include/xxhash.h ] || extra+=(-DXXHASH_INCLUDE_DIR=$PWD/.deps/include)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/cmake.log" 2>&1 \
+  || { tail -30 "$out/cmake.log"; exit 1; }
+cmake --build build-gpu -j16 > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+export QGEMM_CACHE_DIR=/tmp/qgemm-cache
+build-gpu/qgemm info 2>&1 | tee "$out/info.txt"
+ctest --test-dir build-gpu -L gpu --output-on-failure -V > "$out/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "rel=|Passed|Failed|FAILED|\[  " "$out/gpu_tests.log" | tail -60
+if [ "${1:-}" != "--quick" ]; then
+  build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
+fi
