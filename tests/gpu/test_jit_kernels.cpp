@@ -1,0 +1,295 @@
+// The utility kernels on the GPU against their CPU twins (the host quantizer and codec), and a
+// CUDA-graph capture and replay of a sequence of launches. Outputs are poisoned before each run;
+// inputs are fresh random values (the seed is printed on failure).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "jit/cache.hpp"
+#include "jit/catalog.hpp"
+#include "qgemm/format.hpp"
+#include "qgemm/quant.hpp"
+#include "qgemm/scheme.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/kernel_loader.hpp"
+#include "runtime/utility_kernels.hpp"
+
+namespace qgemm {
+namespace {
+
+using runtime::DeviceBuffer;
+
+std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
+
+std::vector<float> random_matrix(std::mt19937_64& random, std::int64_t rows, std::int64_t cols) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<std::size_t>(rows * cols));
+  for (float& v : values) {
+    v = normal(random);
+    if (v == 0.0f) v = 0.5f;  // never test on zeros
+  }
+  return values;
+}
+
+runtime::LoadedKernel load(const jit::KernelSpec& spec) {
+  return runtime::KernelLoader::global().get(*jit::KernelCache::global().get(spec).kernel);
+}
+
+void synchronize() {
+  const auto& driver = runtime::Driver::get();
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+// The device copy of a packed weight.
+struct DeviceWeight {
+  DeviceBuffer codes, scales, zeros;
+  explicit DeviceWeight(const PackedWeight& w)
+      : codes(DeviceBuffer::from(w.codes)),
+        scales(DeviceBuffer::from(w.scales)),
+        zeros(w.zeros.empty() ? DeviceBuffer(1) : DeviceBuffer::from(w.zeros)) {}
+};
+
+// GPU values (16-bit codes of `out`) against the exact dequantization rounded once: the kernel
+// computes scale · (q − zero) · global in fp32, so it may differ by one unit in the last place.
+void expect_dequantized(const PackedWeight& weight, const Format& out,
+                        const std::vector<std::uint16_t>& gpu, std::uint64_t seed) {
+  const std::vector<double> exact = dequantize_weight(weight);
+  ASSERT_EQ(gpu.size(), exact.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < exact.size() && bad < 10; ++i) {
+    const double value = decode(out, gpu[i]);
+    const double tolerance = 2.0 * half_ulp(out, exact[i]);
+    if (!(std::fabs(value - exact[i]) <= tolerance)) {
+      ++bad;
+      ADD_FAILURE() << "element " << i << ": gpu " << value << ", exact " << exact[i]
+                    << " (seed " << seed << ", out " << out.name() << ")";
+    }
+  }
+}
+
+struct DequantizeCase {
+  std::string scheme;  // a preset or compact text form (its weight part is used)
+  Format out;
+};
+
+TEST(JitKernelsGpu, DequantizeWeightMatchesTheHostDequantizer) {
+  QGEMM_REQUIRE_GPU();
+  const jit::Arch arch = test::device_arch();
+  const DequantizeCase cases[] = {
+      {"w4a16", formats::bf16},           {"w4a16-zp", formats::bf16},
+      {"gptq-w4a16-g128", formats::fp16}, {"w3a16", formats::bf16},
+      {"w8a8-int8", formats::bf16},       {"fp8-block", formats::bf16},
+      {"mxfp4-a16", formats::fp16},       {"nvfp4-a16", formats::bf16},
+      {"bitnet", formats::bf16},
+  };
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 random(seed);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.scheme + " -> " + c.out.name() + ", seed " + std::to_string(seed));
+    const Scheme scheme = parse_scheme(c.scheme);
+    const std::int64_t n = 67, k = 256;  // rows not a multiple of any block
+    const auto host = random_matrix(random, n, k);
+    const PackedWeight weight = quantize_weight(scheme.weight, host.data(), n, k);
+    DeviceWeight device(weight);
+    DeviceBuffer out(static_cast<std::size_t>(n * k) * 2);
+    out.fill_bytes(0xff);  // NaN in both bf16 and fp16
+    const auto kernel = load(jit::dequantize_weight_spec(scheme.weight, c.out, arch));
+    runtime::launch_dequantize_weight(
+        kernel,
+        runtime::dequantize_weight_args(weight, device.codes.address(), device.scales.address(),
+                                        device.zeros.address(), out.address()),
+        nullptr);
+    synchronize();
+    expect_dequantized(weight, c.out, out.to_vector<std::uint16_t>(n * k), seed);
+  }
+}
+
+TEST(JitKernelsGpu, QuantizeActivationMatchesTheHostQuantizer) {
+  QGEMM_REQUIRE_GPU();
+  const jit::Arch arch = test::device_arch();
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 random(seed);
+  for (const Format& code : {formats::e4m3, formats::int8}) {
+    SCOPED_TRACE(code.name() + ", seed " + std::to_string(seed));
+    const std::int64_t m = 9, k = 1000;  // k not a multiple of the block size
+    auto host = random_matrix(random, m, k);
+    std::vector<std::uint16_t> bf16_bits(host.size());
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      bf16_bits[i] = static_cast<std::uint16_t>(encode(formats::bf16, host[i]));
+      host[i] = static_cast<float>(decode(formats::bf16, bf16_bits[i]));  // what the GPU sees
+    }
+    ActivationQuant quant;
+    quant.format = code;
+    quant.scaling = ActivationScaling::DynamicToken;
+    quant.scale_format = formats::fp32;
+    const PackedActivation expected = quantize_activation(quant, host.data(), m, k);
+
+    DeviceBuffer input = DeviceBuffer::from(bf16_bits);
+    DeviceBuffer codes(static_cast<std::size_t>(m * k)), scales(static_cast<std::size_t>(m) * 4);
+    codes.fill_bytes(0x5a);
+    scales.fill_bytes(0xff);
+    const auto kernel = load(jit::quantize_activation_spec(code, formats::bf16, arch));
+    runtime::launch_quantize_activation(
+        kernel,
+        runtime::quantize_activation_args(m, k, input.address(), codes.address(), scales.address()),
+        nullptr);
+    synchronize();
+    const auto gpu_codes = codes.to_vector<std::uint8_t>(m * k);
+    const auto gpu_scales = scales.to_vector<float>(m);
+    for (std::int64_t r = 0; r < m; ++r) {
+      float expected_scale;
+      std::memcpy(&expected_scale, expected.scales.data() + r * 4, 4);
+      EXPECT_EQ(gpu_scales[r], expected_scale) << "row " << r;
+    }
+    // x / scale is rounded to fp32 before it is rounded to the code, the host rounds the exact
+    // quotient: they may differ by one step at a near-tie, never more, and rarely.
+    std::size_t off_by_one = 0;
+    for (std::size_t i = 0; i < gpu_codes.size(); ++i) {
+      if (gpu_codes[i] == expected.codes[i]) continue;
+      const double gpu_value = decode(code, gpu_codes[i]);
+      const double host_value = decode(code, expected.codes[i]);
+      EXPECT_LE(std::fabs(gpu_value - host_value), 2.0 * half_ulp(code, host_value) * 1.0001)
+          << "element " << i;
+      ++off_by_one;
+    }
+    EXPECT_LE(off_by_one, gpu_codes.size() / 1000) << off_by_one << " codes differ";
+  }
+}
+
+// CPU twin of kernels/util/repack.cuh.
+std::vector<std::uint32_t> repack_on_host(const std::vector<std::uint8_t>& packed, std::int64_t n,
+                                          std::int64_t k, int bits) {
+  const std::int64_t per_word = 32 / bits;
+  const std::int64_t word_rows = (k + per_word - 1) / per_word;
+  const std::int64_t row_bytes = (k * bits + 7) / 8;
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(word_rows * n), 0);
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      const std::uint32_t code = read_code(packed.data() + r * row_bytes, c, bits);
+      words[static_cast<std::size_t>((c / per_word) * n + r)] |= code << ((c % per_word) * bits);
+    }
+  }
+  return words;
+}
+
+std::vector<std::uint8_t> random_packed(std::mt19937_64& random, std::int64_t n, std::int64_t k,
+                                        int bits) {
+  const std::int64_t row_bytes = (k * bits + 7) / 8;
+  std::vector<std::uint8_t> packed(static_cast<std::size_t>(n * row_bytes));
+  std::vector<std::uint32_t> codes(static_cast<std::size_t>(k));
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (auto& c : codes) c = static_cast<std::uint32_t>(random() & ((1u << bits) - 1));
+    pack_codes(codes.data(), k, bits, packed.data() + r * row_bytes);
+  }
+  return packed;
+}
+
+TEST(JitKernelsGpu, RepackWeightMatchesItsHostTwin) {
+  QGEMM_REQUIRE_GPU();
+  const jit::Arch arch = test::device_arch();
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 random(seed);
+  for (int bits : {2, 3, 4, 8}) {
+    SCOPED_TRACE("bits " + std::to_string(bits) + ", seed " + std::to_string(seed));
+    const std::int64_t n = 37, k = 203;
+    const auto packed = random_packed(random, n, k, bits);
+    const auto expected = repack_on_host(packed, n, k, bits);
+    DeviceBuffer codes = DeviceBuffer::from(packed);
+    DeviceBuffer words(expected.size() * 4);
+    words.fill_bytes(0xab);
+    const auto kernel = load(jit::repack_weight_spec(bits, arch));
+    runtime::launch_repack_weight(
+        kernel, runtime::repack_weight_args(n, k, bits, codes.address(), words.address()), bits,
+        nullptr);
+    synchronize();
+    EXPECT_EQ(words.to_vector<std::uint32_t>(expected.size()), expected);
+  }
+}
+
+TEST(JitKernelsGpu, LaunchesCaptureIntoAGraphAndReplay) {
+  QGEMM_REQUIRE_GPU();
+  const jit::Arch arch = test::device_arch();
+  const auto& driver = runtime::Driver::get();
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 random(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+
+  const Scheme scheme = parse_scheme("w4a16");
+  const std::int64_t n = 64, k = 256;
+  const auto host = random_matrix(random, n, k);
+  const PackedWeight weight = quantize_weight(scheme.weight, host.data(), n, k);
+  DeviceWeight device(weight);
+  DeviceBuffer dequantized(static_cast<std::size_t>(n * k) * 2);
+  const auto packed = random_packed(random, n, k, 4);
+  const auto expected_words = repack_on_host(packed, n, k, 4);
+  DeviceBuffer codes = DeviceBuffer::from(packed);
+  DeviceBuffer words(expected_words.size() * 4);
+
+  // Kernels are loaded before capture; the captured launches do no loading.
+  const auto dequantize = load(jit::dequantize_weight_spec(scheme.weight, formats::bf16, arch));
+  const auto repack = load(jit::repack_weight_spec(4, arch));
+  const auto dequantize_args = runtime::dequantize_weight_args(
+      weight, device.codes.address(), device.scales.address(), device.zeros.address(),
+      dequantized.address());
+  const auto repack_args = runtime::repack_weight_args(n, k, 4, codes.address(), words.address());
+
+  CUstream stream = nullptr;
+  driver.check(driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  driver.check(driver.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture");
+  runtime::launch_dequantize_weight(dequantize, dequantize_args, stream);
+  runtime::launch_repack_weight(repack, repack_args, 4, stream);
+  CUgraph graph = nullptr;
+  driver.check(driver.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  std::size_t nodes = 0;
+  driver.check(driver.cuGraphGetNodes(graph, nullptr, &nodes), "cuGraphGetNodes");
+  EXPECT_EQ(nodes, 2u);
+  CUgraphExec exec = nullptr;
+  driver.check(driver.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+
+  for (int replay = 0; replay < 2; ++replay) {
+    dequantized.fill_bytes(0xff);
+    words.fill_bytes(0xab);
+    driver.check(driver.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    expect_dequantized(weight, formats::bf16, dequantized.to_vector<std::uint16_t>(n * k), seed);
+    EXPECT_EQ(words.to_vector<std::uint32_t>(expected_words.size()), expected_words)
+        << "replay " << replay;
+  }
+  driver.cuGraphExecDestroy(exec);
+  driver.cuGraphDestroy(graph);
+  driver.cuStreamDestroy(stream);
+}
+
+TEST(JitKernelsGpu, EveryDeviceLoadsItsOwnModule) {
+  QGEMM_REQUIRE_GPU();
+  const int devices = runtime::device_count();
+  if (devices < 2) GTEST_SKIP() << "one device: nothing to compare across contexts";
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 random(seed);
+  const std::int64_t n = 16, k = 96;
+  const auto packed = random_packed(random, n, k, 3);
+  const auto expected = repack_on_host(packed, n, k, 3);
+  for (int d = 0; d < devices; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d) + ", seed " + std::to_string(seed));
+    runtime::use_primary_context(d);
+    DeviceBuffer codes = DeviceBuffer::from(packed);
+    DeviceBuffer words(expected.size() * 4);
+    words.fill_bytes(0xab);
+    const auto kernel = load(jit::repack_weight_spec(3, test::device_arch(d)));
+    runtime::launch_repack_weight(
+        kernel, runtime::repack_weight_args(n, k, 3, codes.address(), words.address()), 3, nullptr);
+    synchronize();
+    EXPECT_EQ(words.to_vector<std::uint32_t>(expected.size()), expected);
+  }
+  runtime::use_primary_context(0);
+}
+
+}  // namespace
+}  // namespace qgemm
