@@ -65,19 +65,13 @@ double finalize_scale(const Format& scale_format, double raw) {
   return scale;
 }
 
-// The raw (unrounded) cell scale a rule gives to a cell whose values span [lo, hi] with
-// absolute maximum `amax`, before the second-level factor is divided out.
-double raw_absmax_scale(const BlockRule& rule, double amax) {
-  const Format& element = rule.element;
-  switch (rule.zero_point) {
-    case ZeroPoint::None: return amax / element_high(element);
-    // [-amax, amax] onto [-levels/2, levels/2] around the midpoint: every code is used and
-    // the rounding error stays within half a step up to the edges (GPTQ's symmetric rule).
-    case ZeroPoint::Midpoint: return 2.0 * amax / integer_levels(element);
-    case ZeroPoint::Integer:
-    case ZeroPoint::Float: return 2.0 * amax / integer_levels(element);  // worst case: ±amax
-  }
-  return amax;
+// What a cell's absolute maximum is divided by to give its raw (unrounded) absmax scale:
+// the element's largest value for symmetric rules; for zero-point rules half the integer
+// levels, since [-amax, amax] then spans all of them. With a midpoint zero this is GPTQ's
+// symmetric rule: every code is used and rounding stays within half a step up to the edges.
+double absmax_denominator(const BlockRule& rule) {
+  return rule.zero_point == ZeroPoint::None ? element_high(rule.element)
+                                            : integer_levels(rule.element) / 2.0;
 }
 
 CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double second_level) {
@@ -109,7 +103,7 @@ CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double seco
       }
       break;
     case ZeroPoint::Midpoint:
-      cell.scale = finalize_scale(scale_format, raw_absmax_scale(rule, amax) / second_level);
+      cell.scale = finalize_scale(scale_format, amax / absmax_denominator(rule) / second_level);
       // The middle of the code range: 2^(b−1) for uint b (the zero is implied, not stored).
       cell.zero = std::floor((element.min_int + element.max_int + 1) / 2.0);
       break;
@@ -231,8 +225,8 @@ QuantizedBlocks quantize_blocks(const BlockRule& rule, const ScaleGrid& grid, co
   if (rule.second_level) {
     double tensor_amax = 0.0;
     for (const PieceStats& piece : pieces) tensor_amax = std::max(tensor_amax, piece.amax());
-    const double factor =
-        round_to(formats::fp32, raw_absmax_scale(rule, tensor_amax) / rule.scale_format.max_finite());
+    const double factor = round_to(
+        formats::fp32, tensor_amax / (absmax_denominator(rule) * rule.scale_format.max_finite()));
     const bool usable = factor >= std::numeric_limits<float>::min() && std::isfinite(factor);
     out.second_level = usable ? factor : 1.0;
   }
