@@ -3,11 +3,11 @@
 // Both dequantize the packed operands exactly (src/quant), multiply in double (matmul_nt) and
 // round once, at the very end, to the scheme's output format. Nothing here approximates: a
 // backend that differs from these results by more than its own rounding is wrong.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "qgemm/error.hpp"
 #include "qgemm/format.hpp"
@@ -17,9 +17,9 @@ namespace qgemm::reference {
 namespace {
 
 // Messages are built only on failure: to_string of a scheme is not free.
-void require_operands_match(const char* function, const Scheme& scheme,
-                            const PackedActivation& a, const WeightQuant& weight_quant,
-                            std::int64_t weight_k, const std::string& weight_name) {
+void require_operands_match(const char* function, const Scheme& scheme, const PackedActivation& a,
+                            const WeightQuant& weight_quant, std::int64_t weight_k,
+                            const std::string& weight_name) {
   if (!(a.quant == scheme.activation))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("reference::{}: the activation was quantized as {} but the scheme is "

@@ -16,12 +16,12 @@
 //
 // Determinism: each output is summed in an order fixed by K alone (lanes, then depth blocks),
 // never by the thread split, so the result does not depend on how many threads ran.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "qgemm/error.hpp"
 #include "qgemm/reference.hpp"
@@ -53,8 +53,7 @@ inline __attribute__((always_inline)) void dot_tile(const double* a, const doubl
 #pragma GCC unroll 4
     for (int r = 0; r < Rows; ++r) std::memcpy(&a_lanes[r], a + r * k + d, sizeof(Lanes));
 #pragma GCC unroll 4
-    for (int col = 0; col < Cols; ++col)
-      std::memcpy(&w_lanes[col], w + col * k + d, sizeof(Lanes));
+    for (int col = 0; col < Cols; ++col) std::memcpy(&w_lanes[col], w + col * k + d, sizeof(Lanes));
 #pragma GCC unroll 4
     for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4

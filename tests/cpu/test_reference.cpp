@@ -47,8 +47,8 @@ void expect_matches_naive(std::int64_t m, std::int64_t n, std::int64_t k, std::u
   const auto a = random_doubles(rng, m * k);
   const auto w = random_doubles(rng, n * k);
   const auto bias = random_doubles(rng, n);
-  const auto c = qgemm::reference::matmul_nt(a.data(), w.data(), m, n, k,
-                                             with_bias ? bias.data() : nullptr);
+  const auto c =
+      qgemm::reference::matmul_nt(a.data(), w.data(), m, n, k, with_bias ? bias.data() : nullptr);
   const auto expected = naive_matmul_nt(a, w, m, n, k);
   ASSERT_EQ(c.size(), static_cast<std::size_t>(m * n));
   int reported = 0;
@@ -203,9 +203,9 @@ TEST(ReferenceGemm, RejectsMismatchedOperands) {
             std::string::npos);
   std::vector<float> bias(8, 0.25f);
   bias[5] = std::nanf("");
-  EXPECT_NE(message_of([&] { qgemm::reference::gemm(p.scheme, p.a, p.w, bias.data()); })
-                .find("bias[5]"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { qgemm::reference::gemm(p.scheme, p.a, p.w, bias.data()); }).find("bias[5]"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -208,8 +208,8 @@ TEST_F(ReferenceMoeRouting, RejectsNonFiniteWeightsOddGateUpAndMixedExperts) {
       [&] { qgemm::reference::moe(p_.scheme, p_.a, mixed, p_.routing); });
   EXPECT_NE(mixed_message.find("expert 1 has n = 15"), std::string::npos) << mixed_message;
 
-  const std::string empty_message = qgemm_test::error_message_of(
-      [&] { qgemm::reference::moe(p_.scheme, p_.a, {}, p_.routing); });
+  const std::string empty_message =
+      qgemm_test::error_message_of([&] { qgemm::reference::moe(p_.scheme, p_.a, {}, p_.routing); });
   EXPECT_NE(empty_message.find("experts is empty"), std::string::npos) << empty_message;
 }
 

@@ -1,0 +1,65 @@
+// The backends `qgemm check` and `qgemm demo` run a quantized GEMM on, and the one place that
+// decides which one `auto` means.
+//
+//   cpu   the library's CPU backend: the reference path (dequantize exactly, multiply in
+//         double, round once to the output format)
+//   gpu   the JIT-compiled kernels (issue 4); until then a GPU is detected but not served
+//   auto  gpu when probe_gpu() finds a usable driver and device and a GPU backend exists,
+//         else cpu
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qgemm/format.hpp"
+#include "qgemm/quant.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::check {
+
+// What a non-reference backend's tolerance against the reference is derived from: the format
+// its dequantized operands are rounded to before the multiply, and its accumulator's format.
+struct BackendPrecision {
+  Format operand_format = formats::fp32;
+  Format accumulator_format = formats::fp32;
+};
+
+class GemmBackend {
+ public:
+  virtual ~GemmBackend() = default;
+  virtual std::string name() const = 0;         // "cpu", "gpu"
+  virtual std::string description() const = 0;  // one line for people
+  // True for the CPU reference path: it must reproduce reference::gemm bit for bit.
+  virtual bool is_reference() const = 0;
+  virtual BackendPrecision precision() const { return {}; }
+  // C[m, n] = A · Wᵀ as the scheme defines it, rounded to scheme.output.
+  virtual std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
+                                   const PackedWeight& w) = 0;
+};
+
+std::unique_ptr<GemmBackend> make_cpu_backend();
+
+// Whether a GPU can serve: the driver (libcuda.so.1, dlopen'ed) loads, initializes and reports
+// at least one device. `detail` says what was found or why not.
+struct GpuProbe {
+  bool usable = false;
+  std::string detail;
+};
+GpuProbe probe_gpu();
+
+enum class BackendChoice { Auto, Cpu, Gpu };
+// "auto" | "cpu" | "gpu"; anything else is an Error naming the text.
+BackendChoice parse_backend_choice(std::string_view text);
+
+struct BackendSelection {
+  std::unique_ptr<GemmBackend> backend;
+  std::string reason;  // why this backend, e.g. "no GPU: libcuda.so.1: cannot open ..."
+};
+// Auto never fails. Gpu fails with ErrorCode::NoDevice ("gpu backend: no usable GPU/driver
+// (...)") when probe_gpu() finds none, and with ErrorCode::Unsupported while there is a GPU
+// but no GPU backend yet.
+BackendSelection select_backend(BackendChoice choice);
+
+}  // namespace qgemm::check

@@ -1,0 +1,94 @@
+// qgemm check: is a backend's quantized GEMM within what the formats allow?
+//
+//   qgemm check --scheme S --m M --n N --k K [--backend auto|cpu|gpu] [--seed X] [--json]
+//
+// Random inputs (a fresh seed unless --seed; the seed is printed so a failure can be rerun),
+// quantized per S, multiplied by the backend; the error against the exact product of the
+// unquantized inputs and against the CPU reference, each with the tolerance the formats allow
+// (src/check/check.hpp derives them). Exit status: 0 within tolerance, 1 outside it, 2 bad
+// arguments, 3 the backend asked for is not available (e.g. --backend gpu with no GPU).
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "check/backend.hpp"
+#include "check/check.hpp"
+#include "command.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::cli {
+namespace {
+
+constexpr int kStatusOutsideTolerance = 1;
+constexpr int kStatusBackendUnavailable = 3;
+
+struct CheckOptions {
+  std::string scheme;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::string backend = "auto";
+  std::optional<std::uint64_t> seed;
+  bool json = false;
+};
+
+void print_text_report(const check::CheckResult& r, const std::string& backend_reason) {
+  const std::string preset = r.scheme.name.empty() ? "" : r.scheme.name + " = ";
+  fmt::print("qgemm check  {}{}\n", preset, to_string(r.scheme));
+  fmt::print("  shape        m = {}, n = {}, k = {}\n", r.m, r.n, r.k);
+  fmt::print("  backend      {} ({})\n", r.backend, backend_reason);
+  fmt::print("  seed         {}  (rerun: --seed {})\n", r.seed, r.seed);
+  fmt::print(
+      "  vs exact     error {:.3e}   tolerance {:.3e}   (weight {:.2e}, activation {:.2e}, "
+      "output {:.2e}, x{:.2f})\n",
+      r.error_vs_exact, r.tolerance_vs_exact, r.budget.weight, r.budget.activation, r.budget.output,
+      r.budget.safety_factor);
+  fmt::print("  vs reference error {:.3e}   tolerance {:.3e}\n", r.error_vs_reference,
+             r.tolerance_vs_reference);
+  fmt::print("  time         {:.3f} ms   {:.2f} GFLOP/s\n", r.time_ms, r.gflops);
+  fmt::print("{}\n", r.pass ? "PASS" : "FAIL: outside tolerance");
+}
+
+int run(const CheckOptions& options) {
+  const Scheme scheme = parse_scheme(options.scheme);
+  const check::BackendChoice choice = check::parse_backend_choice(options.backend);
+  check::BackendSelection selection;
+  try {
+    selection = check::select_backend(choice);
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
+    std::fprintf(stderr, "qgemm check: %s\n", error.what());
+    return kStatusBackendUnavailable;
+  }
+  const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
+  const check::CheckResult result =
+      check::run_check(scheme, options.m, options.n, options.k, *selection.backend, seed);
+  if (options.json) {
+    fmt::print("{}\n", check::to_json(result));
+  } else {
+    print_text_report(result, selection.reason);
+  }
+  return result.pass ? 0 : kStatusOutsideTolerance;
+}
+
+const CommandRegistration registration([](CLI::App& app, int& status) {
+  auto options = std::make_shared<CheckOptions>();
+  CLI::App* command = app.add_subcommand(
+      "check",
+      "Run a quantized GEMM on random inputs and check its error against the tolerance "
+      "the formats allow (exit 0 only within tolerance)");
+  command->add_option("--scheme", options->scheme, "Preset name or compact text form")->required();
+  command->add_option("--m", options->m, "Rows of A (tokens)")->required();
+  command->add_option("--n", options->n, "Rows of W (output features)")->required();
+  command->add_option("--k", options->k, "Shared dimension (input features)")->required();
+  command->add_option("--backend", options->backend, "auto | cpu | gpu")->capture_default_str();
+  command->add_option("--seed", options->seed, "Random seed (default: a fresh one, printed)");
+  command->add_flag("--json", options->json, "Print one JSON object instead of text");
+  command->callback([options, &status] { status = run(*options); });
+});
+
+}  // namespace
+}  // namespace qgemm::cli
