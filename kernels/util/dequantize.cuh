@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_weight_kernel(DequantizeW
 
   const long long total = args.n * args.k;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-       index < total; index += stride) {
+  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
+       index += stride) {
     const long long row = index / args.k;
     const long long col = index - row * args.k;
     const unsigned int code = read_packed_code<weight_format.bits>(
@@ -45,14 +45,16 @@ __global__ void __launch_bounds__(kThreads) dequantize_weight_kernel(DequantizeW
     if constexpr (kZeroPoint == kMidpointZero) {
       // The middle of the code range, floor((min + max + 1) / 2): 2^(b-1) for uint b, 0 for int b.
       constexpr int twice_midpoint = weight_format.min_int + weight_format.max_int + 1;
-      constexpr int midpoint = twice_midpoint >= 0 ? twice_midpoint / 2 : -((1 - twice_midpoint) / 2);
+      constexpr int midpoint =
+          twice_midpoint >= 0 ? twice_midpoint / 2 : -((1 - twice_midpoint) / 2);
       value -= static_cast<float>(midpoint);
     } else if constexpr (kZeroPoint == kIntegerZero) {
       const unsigned int zero_code = read_packed_code<weight_format.bits>(
           args.zeros + scale_row * args.zero_row_bytes, args.zero_row_bytes, scale_col);
       value -= decode_to_float<kWeightFormat>(zero_code);
     } else if constexpr (kZeroPoint == kFloatZero) {
-      value -= decode_to_float<kScaleFormat>(read_stored_code<scale_bytes>(args.zeros, scale_index));
+      value -=
+          decode_to_float<kScaleFormat>(read_stored_code<scale_bytes>(args.zeros, scale_index));
     }
     const float result = scale * value * args.global_scale;
     if constexpr (kOutput == kBf16) {

@@ -95,8 +95,8 @@ template <unsigned long long kFormat>
 __device__ __forceinline__ unsigned int encode_from_float(float value) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
   if constexpr (!f.is_float()) {
-    const float rounded = fminf(fmaxf(rintf(value), static_cast<float>(f.min_int)),
-                                static_cast<float>(f.max_int));
+    const float rounded =
+        fminf(fmaxf(rintf(value), static_cast<float>(f.min_int)), static_cast<float>(f.max_int));
     return static_cast<unsigned int>(static_cast<int>(rounded)) & f.code_mask();
   } else {
     static_assert(f.specials != kExponentOnly, "encode e8m0 scales with the host quantizer");

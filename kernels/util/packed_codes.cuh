@@ -16,13 +16,15 @@ __device__ __forceinline__ unsigned int read_packed_code(const unsigned char* ro
   const long long byte = bit >> 3;
   unsigned int window = row[byte];
   // The second byte exists only when the code straddles; never read past the row.
-  if ((bit & 7) + kBits > 8 && byte + 1 < row_bytes) window |= static_cast<unsigned int>(row[byte + 1]) << 8;
+  if ((bit & 7) + kBits > 8 && byte + 1 < row_bytes)
+    window |= static_cast<unsigned int>(row[byte + 1]) << 8;
   return (window >> (bit & 7)) & ((1u << kBits) - 1u);
 }
 
 // A scale (or float zero point) stored as its code, `bytes` little-endian bytes.
 template <int kBytes>
-__device__ __forceinline__ unsigned int read_stored_code(const unsigned char* base, long long index) {
+__device__ __forceinline__ unsigned int read_stored_code(const unsigned char* base,
+                                                         long long index) {
   const unsigned char* p = base + index * kBytes;
   unsigned int code = p[0];
   if constexpr (kBytes >= 2) code |= static_cast<unsigned int>(p[1]) << 8;

@@ -27,7 +27,8 @@ __device__ __forceinline__ float load_half(const unsigned short* base, long long
 }
 
 template <unsigned long long kCodeFormat, int kInput, int kThreads, int kDynamicSmemBytes>
-__global__ void __launch_bounds__(kThreads) quantize_activation_kernel(QuantizeActivationArgs args) {
+__global__ void __launch_bounds__(kThreads)
+    quantize_activation_kernel(QuantizeActivationArgs args) {
   constexpr FormatCode code_format = FormatCode::unpack(kCodeFormat);
   static_assert(code_format.bits == 8, "per-token activation codes are 8-bit (one per byte)");
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) quantize_activation_kernel(QuantizeA
     __syncthreads();
     if (threadIdx.x == 0) {
       float block_absmax = 0.0f;
-      for (int warp = 0; warp < kThreads / 32; ++warp) block_absmax = fmaxf(block_absmax, warp_absmax[warp]);
+      for (int warp = 0; warp < kThreads / 32; ++warp)
+        block_absmax = fmaxf(block_absmax, warp_absmax[warp]);
       row_scale = block_absmax > 0.0f ? block_absmax / max_finite : 1.0f;
       args.scales[row] = row_scale;
     }
@@ -57,7 +59,8 @@ __global__ void __launch_bounds__(kThreads) quantize_activation_kernel(QuantizeA
     const float scale = row_scale;
     unsigned char* codes = args.codes + row * args.k;
     for (long long col = threadIdx.x; col < args.k; col += kThreads) {
-      codes[col] = static_cast<unsigned char>(encode_from_float<kCodeFormat>(load_half<kInput>(input, col) / scale));
+      codes[col] = static_cast<unsigned char>(
+          encode_from_float<kCodeFormat>(load_half<kInput>(input, col) / scale));
     }
     __syncthreads();  // row_scale and warp_absmax are reused by the next row
   }

@@ -31,8 +31,8 @@ __global__ void __launch_bounds__(kThreads) repack_weight_kernel(RepackWeightArg
   const long long word_rows = (args.k + per_word - 1) / per_word;
   const long long total = word_rows * args.n;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-       index < total; index += stride) {
+  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
+       index += stride) {
     const long long word_row = index / args.n;
     const long long row = index - word_row * args.n;
     const unsigned char* codes = args.codes + row * args.row_bytes;

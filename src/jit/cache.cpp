@@ -223,8 +223,8 @@ std::shared_ptr<const CompiledKernel> KernelCache::build(const KernelSpec& spec,
       return kernel;
     }
   }
-  auto kernel = std::make_shared<CompiledKernel>(
-      compile_kernel(spec, *config_.headers, config_.options));
+  auto kernel =
+      std::make_shared<CompiledKernel>(compile_kernel(spec, *config_.headers, config_.options));
   kernel->key = content_key;
   ++compiles_;
   source = CacheSource::Compiled;
@@ -279,12 +279,13 @@ std::shared_ptr<const CompiledKernel> KernelCache::read_disk(const KernelSpec& s
 void KernelCache::write_disk(const CompiledKernel& kernel) {
   std::error_code error;
   std::filesystem::create_directories(config_.dir, error);
-  if (error) return disable_disk(fmt::format("cannot create {}: {}", config_.dir.string(), error.message()));
+  if (error)
+    return disable_disk(fmt::format("cannot create {}: {}", config_.dir.string(), error.message()));
   // A name no other thread or process uses; rename() then replaces atomically, so a reader
   // sees either no entry or a whole one, and two writers of the same key both succeed.
   static std::atomic<std::uint64_t> counter{0};
   const auto temp = config_.dir / fmt::format("{}{}-{}-{}-{}", kTempPrefix, kernel.key.hex(),
-                                               ::getpid(), std::random_device{}(), ++counter);
+                                              ::getpid(), std::random_device{}(), ++counter);
   const std::string bytes = serialize_entry(kernel, compile_options(kernel.spec, config_.options));
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);

@@ -165,8 +165,8 @@ CompiledKernel compile_kernel(const KernelSpec& spec, const HeaderSet& headers,
     throw Error(ErrorCode::CompileFailed,
                 fmt::format("NVRTC could not compile {} ({}):\n{}\n--- generated source "
                             "({}):\n{}",
-                            spec_text, nvrtcGetErrorString(compiled), compile_log,
-                            source.file_name, source.code));
+                            spec_text, nvrtcGetErrorString(compiled), compile_log, source.file_name,
+                            source.code));
   }
 
   CompiledKernel kernel;

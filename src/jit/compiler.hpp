@@ -45,8 +45,8 @@ struct CompiledKernel {
   std::string lowered_name;  // the symbol to look up in the module
   std::string cubin;         // bytes
   ResourceUsage resources;
-  double compile_ms = 0;     // of the compile that produced the cubin (maybe another process)
-  Hash128 key;               // the cache key (cache.hpp)
+  double compile_ms = 0;  // of the compile that produced the cubin (maybe another process)
+  Hash128 key;            // the cache key (cache.hpp)
 };
 
 // The NVRTC options for a spec: architecture, language, ptxas report, fast math per family.

@@ -18,8 +18,8 @@ struct ArchInfo {
   int capability;
 };
 constexpr ArchInfo kArchs[] = {
-    {Arch::sm_75, "sm_75", 75},    {Arch::sm_80, "sm_80", 80},     {Arch::sm_86, "sm_86", 86},
-    {Arch::sm_89, "sm_89", 89},    {Arch::sm_90a, "sm_90a", 90},   {Arch::sm_100a, "sm_100a", 100},
+    {Arch::sm_75, "sm_75", 75},      {Arch::sm_80, "sm_80", 80},   {Arch::sm_86, "sm_86", 86},
+    {Arch::sm_89, "sm_89", 89},      {Arch::sm_90a, "sm_90a", 90}, {Arch::sm_100a, "sm_100a", 100},
     {Arch::sm_120a, "sm_120a", 120},
 };
 
@@ -76,14 +76,16 @@ std::string arch_name(Arch arch) {
 Arch parse_arch(std::string_view text) {
   std::string normalized(text);
   for (char& c : normalized) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (normalized.rfind("sm_", 0) == 0) normalized.erase(0, 3);
-  else if (normalized.rfind("sm", 0) == 0) normalized.erase(0, 2);
+  if (normalized.rfind("sm_", 0) == 0)
+    normalized.erase(0, 3);
+  else if (normalized.rfind("sm", 0) == 0)
+    normalized.erase(0, 2);
   for (const auto& info : kArchs) {
     if (normalized == std::string(info.name).substr(3)) return info.arch;
   }
-  throw Error(ErrorCode::InvalidArgument,
-              fmt::format("arch '{}' is not a target of qgemm (known: {})", text,
-                          known_arch_list()));
+  throw Error(
+      ErrorCode::InvalidArgument,
+      fmt::format("arch '{}' is not a target of qgemm (known: {})", text, known_arch_list()));
 }
 
 int compute_capability(Arch arch) {
@@ -153,7 +155,9 @@ const std::vector<KernelFamily>& kernel_families() {
         {"act", ParamKind::Choice, {"bf16", "fp16"}},
         // Order = kernels::OutputType.
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
-        {"split_k", ParamKind::Bool, {}}},
+        {"split_k", ParamKind::Bool, {}},
+        // Order = the kernel's kDequant: generic fp32 math, or packed 16-bit pairs.
+        {"dequant", ParamKind::Choice, {"fp32", "packed16"}}},
        false},
       {"repack_weight",
        "util/repack.cuh",
@@ -171,9 +175,9 @@ const KernelFamily& find_kernel_family(std::string_view name) {
     if (family.name == name) return family;
     known += (known.empty() ? "" : ", ") + family.name;
   }
-  throw Error(ErrorCode::InvalidArgument,
-              fmt::format("kernel spec: family '{}' is not a kernel family (known: {})", name,
-                          known));
+  throw Error(
+      ErrorCode::InvalidArgument,
+      fmt::format("kernel spec: family '{}' is not a kernel family (known: {})", name, known));
 }
 
 SpecParam SpecParam::integer(std::string name, std::int64_t value) {
@@ -240,7 +244,8 @@ void validate(const KernelSpec& spec) {
           fmt::format("kernel spec {}: {} parameters given, the family takes {} ({})", spec.family,
                       spec.params.size(), family.params.size(), [&] {
                         std::string names;
-                        for (const auto& p : family.params) names += (names.empty() ? "" : ",") + p.name;
+                        for (const auto& p : family.params)
+                          names += (names.empty() ? "" : ",") + p.name;
                         return names;
                       }()));
   for (std::size_t i = 0; i < family.params.size(); ++i) {
@@ -354,7 +359,9 @@ KernelSpec parse_kernel_spec(std::string_view text) {
         }
         spec.params.push_back(SpecParam::boolean(name, value == "true"));
         break;
-      case ParamKind::Choice: spec.params.push_back(SpecParam::chosen(name, std::string(value))); break;
+      case ParamKind::Choice:
+        spec.params.push_back(SpecParam::chosen(name, std::string(value)));
+        break;
       case ParamKind::Format:
         spec.params.push_back(SpecParam::number_format(name, parse_format(value)));
         break;
@@ -373,9 +380,12 @@ KernelSpec parse_kernel_spec(std::string_view text) {
       if (equals == std::string_view::npos) throw fail(fmt::format("'{}' is not name=value", item));
       const std::string_view name = item.substr(0, equals);
       const auto value = parse_integer(item.substr(equals + 1), name);
-      if (name == "threads") spec.launch.threads_per_block = static_cast<int>(value);
-      else if (name == "smem") spec.launch.dynamic_smem_bytes = static_cast<int>(value);
-      else throw fail(fmt::format("launch constant '{}' is not threads|smem", name));
+      if (name == "threads")
+        spec.launch.threads_per_block = static_cast<int>(value);
+      else if (name == "smem")
+        spec.launch.dynamic_smem_bytes = static_cast<int>(value);
+      else
+        throw fail(fmt::format("launch constant '{}' is not threads|smem", name));
     }
   }
   validate(spec);

@@ -23,9 +23,9 @@ namespace qgemm::jit {
 
 enum class Arch { sm_75, sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_120a };
 
-std::string arch_name(Arch arch);           // "sm_90a"
-Arch parse_arch(std::string_view text);     // "sm_90a", "sm90a", "90a"; Error names the text
-int compute_capability(Arch arch);          // 75, 80, ..., 120
+std::string arch_name(Arch arch);        // "sm_90a"
+Arch parse_arch(std::string_view text);  // "sm_90a", "sm90a", "90a"; Error names the text
+int compute_capability(Arch arch);       // 75, 80, ..., 120
 const std::vector<Arch>& all_archs();
 // The target whose cubins a device of compute capability major.minor runs (sm_86 for 8.7,
 // sm_90a for 9.0, ...). Throws Unsupported for a device qgemm has no target for.
@@ -43,10 +43,10 @@ struct ParamSchema {
 // Every kernel takes one argument struct by value and ends its template parameter list with
 // `int kThreads, int kDynamicSmemBytes`.
 struct KernelFamily {
-  std::string name;        // "dequantize_weight"
-  std::string header;      // "util/dequantize.cuh", relative to kernels/
-  std::string kernel;      // "qgemm::kernels::dequantize_weight_kernel"
-  std::string args_type;   // "qgemm::kernels::DequantizeWeightArgs"
+  std::string name;       // "dequantize_weight"
+  std::string header;     // "util/dequantize.cuh", relative to kernels/
+  std::string kernel;     // "qgemm::kernels::dequantize_weight_kernel"
+  std::string args_type;  // "qgemm::kernels::DequantizeWeightArgs"
   std::vector<ParamSchema> params;
   bool fast_math = false;  // compile with --use_fast_math
 };

@@ -19,9 +19,9 @@ struct PrewarmResult {
 
 // Results in the order of `specs`. `progress(done, total)` is called after each spec, from the
 // worker threads, one call at a time. Failures are collected, not thrown.
-std::vector<PrewarmResult> prewarm(KernelCache& cache, const std::vector<KernelSpec>& specs,
-                                   int jobs,
-                                   const std::function<void(std::size_t, std::size_t)>& progress = {});
+std::vector<PrewarmResult> prewarm(
+    KernelCache& cache, const std::vector<KernelSpec>& specs, int jobs,
+    const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 // A one-line progress bar on stderr ("\r[#####-----] 12/20 "), for `progress`.
 void print_progress_bar(std::size_t done, std::size_t total);

@@ -18,11 +18,11 @@ bool print_configs_enabled() {
   return enabled;
 }
 
-void print_chosen_config(std::string_view operation, std::int64_t m, std::int64_t n,
-                         std::int64_t k, const KernelSpec& spec, std::string_view reason) {
+void print_chosen_config(std::string_view operation, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const KernelSpec& spec, std::string_view reason) {
   if (!print_configs_enabled()) return;
-  std::string line = fmt::format("[qgemm config] {} m={} n={} k={} -> {}", operation, m, n, k,
-                                 to_string(spec));
+  std::string line =
+      fmt::format("[qgemm config] {} m={} n={} k={} -> {}", operation, m, n, k, to_string(spec));
   if (!reason.empty()) line += fmt::format(" ({})", reason);
   static std::mutex mutex;
   static std::unordered_set<std::string> printed;  // once per distinct line

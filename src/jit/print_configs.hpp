@@ -12,7 +12,7 @@
 namespace qgemm::jit {
 
 bool print_configs_enabled();
-void print_chosen_config(std::string_view operation, std::int64_t m, std::int64_t n,
-                         std::int64_t k, const KernelSpec& spec, std::string_view reason = {});
+void print_chosen_config(std::string_view operation, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const KernelSpec& spec, std::string_view reason = {});
 
 }  // namespace qgemm::jit

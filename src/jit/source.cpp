@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace qgemm::jit {
 namespace {
 
@@ -11,7 +10,8 @@ namespace {
 std::string template_argument(const ParamSchema& schema, const SpecParam& param) {
   switch (param.kind) {
     case ParamKind::Int: return fmt::format("{} /* {} */", param.value, param.name);
-    case ParamKind::Bool: return fmt::format("{} /* {} */", param.value ? "true" : "false", param.name);
+    case ParamKind::Bool:
+      return fmt::format("{} /* {} */", param.value ? "true" : "false", param.name);
     case ParamKind::Choice: {
       std::size_t code = 0;
       while (code < schema.choices.size() && schema.choices[code] != param.choice) ++code;

@@ -40,7 +40,8 @@ void DeviceBuffer::upload(const void* host, std::size_t bytes) {
 }
 
 void DeviceBuffer::download(void* host, std::size_t bytes) const {
-  require(bytes <= bytes_, fmt::format("download of {} bytes from a {}-byte buffer", bytes, bytes_));
+  require(bytes <= bytes_,
+          fmt::format("download of {} bytes from a {}-byte buffer", bytes, bytes_));
   if (!bytes) return;
   const Driver& driver = Driver::get();
   driver.check(driver.cuMemcpyDtoH(host, address_, bytes), "cuMemcpyDtoH");

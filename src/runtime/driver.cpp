@@ -18,21 +18,22 @@ struct DriverLoader {
     driver.library_ = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!driver.library_) {
       const char* reason = ::dlerror();
-      failure = fmt::format("libcuda.so.1 could not be loaded ({}): no NVIDIA driver on this "
-                            "machine",
-                            reason ? reason : "unknown reason");
+      failure = fmt::format(
+          "libcuda.so.1 could not be loaded ({}): no NVIDIA driver on this "
+          "machine",
+          reason ? reason : "unknown reason");
       return;
     }
     // <cuda.h> maps the API names onto their current ABI versions (cuMemAlloc -> cuMemAlloc_v2,
     // ...); stringizing after macro expansion looks up exactly that versioned symbol.
 #define QGEMM_STRINGIZE(x) #x
 #define QGEMM_SYMBOL_NAME(x) QGEMM_STRINGIZE(x)
-#define QGEMM_LOAD(name)                                                                 \
-  driver.name = reinterpret_cast<decltype(driver.name)>(                                  \
-      ::dlsym(driver.library_, QGEMM_SYMBOL_NAME(name)));                                 \
-  if (!driver.name) {                                                                     \
-    failure = fmt::format("libcuda.so.1 has no {} (driver too old?)", QGEMM_SYMBOL_NAME(name)); \
-    return;                                                                               \
+#define QGEMM_LOAD(name)                                                                          \
+  driver.name =                                                                                   \
+      reinterpret_cast<decltype(driver.name)>(::dlsym(driver.library_, QGEMM_SYMBOL_NAME(name))); \
+  if (!driver.name) {                                                                             \
+    failure = fmt::format("libcuda.so.1 has no {} (driver too old?)", QGEMM_SYMBOL_NAME(name));   \
+    return;                                                                                       \
   }
     QGEMM_LOAD(cuInit)
     QGEMM_LOAD(cuDriverGetVersion)
@@ -104,8 +105,8 @@ void Driver::check(CUresult result, const char* what) const {
   const char* description = nullptr;
   cuGetErrorName(result, &name);
   cuGetErrorString(result, &description);
-  throw Error(ErrorCode::CudaError, fmt::format("{}: {}: {}", what, name ? name : "?",
-                                                description ? description : "?"));
+  throw Error(ErrorCode::CudaError,
+              fmt::format("{}: {}: {}", what, name ? name : "?", description ? description : "?"));
 }
 
 int device_count() {
@@ -128,15 +129,15 @@ DeviceInfo device_info(int index) {
   char name[256] = {};
   driver.check(driver.cuDeviceGetName(name, sizeof name, device), "cuDeviceGetName");
   info.name = name;
-  driver.check(driver.cuDeviceGetAttribute(&info.major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                           device),
+  driver.check(driver.cuDeviceGetAttribute(&info.major,
+                                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
                "cuDeviceGetAttribute");
-  driver.check(driver.cuDeviceGetAttribute(&info.minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                           device),
+  driver.check(driver.cuDeviceGetAttribute(&info.minor,
+                                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
                "cuDeviceGetAttribute");
-  driver.check(driver.cuDeviceGetAttribute(&info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                                           device),
-               "cuDeviceGetAttribute");
+  driver.check(
+      driver.cuDeviceGetAttribute(&info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+      "cuDeviceGetAttribute");
   driver.check(driver.cuDeviceTotalMem(&info.memory_bytes, device), "cuDeviceTotalMem");
   return info;
 }

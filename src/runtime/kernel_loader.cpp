@@ -79,8 +79,9 @@ LoadedKernel KernelLoader::get(const jit::CompiledKernel& kernel) {
 void launch_raw(const LoadedKernel& kernel, LaunchGrid grid, void** params, CUstream stream) {
   const Driver& driver = Driver::get();
   const CUresult result = driver.cuLaunchKernel(
-      kernel.function, grid.x, grid.y, grid.z, static_cast<unsigned>(kernel.launch.threads_per_block),
-      1, 1, static_cast<unsigned>(kernel.launch.dynamic_smem_bytes), stream, params, nullptr);
+      kernel.function, grid.x, grid.y, grid.z,
+      static_cast<unsigned>(kernel.launch.threads_per_block), 1, 1,
+      static_cast<unsigned>(kernel.launch.dynamic_smem_bytes), stream, params, nullptr);
   if (result != CUDA_SUCCESS) driver.check(result, "cuLaunchKernel");
 }
 

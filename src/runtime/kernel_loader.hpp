@@ -58,8 +58,7 @@ void launch_raw(const LoadedKernel& kernel, LaunchGrid grid, void** params, CUst
 
 // Launches `kernel` with one argument struct (every qgemm kernel takes exactly one).
 template <typename Args>
-void launch_kernel(const LoadedKernel& kernel, LaunchGrid grid, const Args& args,
-                   CUstream stream) {
+void launch_kernel(const LoadedKernel& kernel, LaunchGrid grid, const Args& args, CUstream stream) {
   void* params[] = {const_cast<Args*>(&args)};
   launch_raw(kernel, grid, params, stream);
 }

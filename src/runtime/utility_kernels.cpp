@@ -18,7 +18,8 @@ T* device_pointer(CUdeviceptr address) {
 // enough that each thread does a handful of items on large tensors.
 LaunchGrid grid_stride(std::int64_t items, int threads) {
   constexpr std::int64_t kMaxBlocks = 65536;
-  const std::int64_t blocks = std::clamp<std::int64_t>((items + threads - 1) / threads, 1, kMaxBlocks);
+  const std::int64_t blocks =
+      std::clamp<std::int64_t>((items + threads - 1) / threads, 1, kMaxBlocks);
   return LaunchGrid{static_cast<unsigned>(blocks), 1, 1};
 }
 
@@ -26,9 +27,9 @@ std::int64_t packed_row_bytes(std::int64_t count, int bits) { return (count * bi
 
 }  // namespace
 
-kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight,
-                                                     CUdeviceptr codes, CUdeviceptr scales,
-                                                     CUdeviceptr zeros, CUdeviceptr out) {
+kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight, CUdeviceptr codes,
+                                                     CUdeviceptr scales, CUdeviceptr zeros,
+                                                     CUdeviceptr out) {
   require(weight.n > 0 && weight.k > 0,
           fmt::format("dequantize_weight: n = {}, k = {} (rule: both >= 1)", weight.n, weight.k));
   const ScaleGrid grid = weight.scale_grid();
@@ -51,13 +52,15 @@ kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight,
 
 void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::DequantizeWeightArgs& args,
                               CUstream stream) {
-  launch_kernel(kernel, grid_stride(args.n * args.k, kernel.launch.threads_per_block), args, stream);
+  launch_kernel(kernel, grid_stride(args.n * args.k, kernel.launch.threads_per_block), args,
+                stream);
 }
 
 kernels::QuantizeActivationArgs quantize_activation_args(std::int64_t m, std::int64_t k,
                                                          CUdeviceptr input, CUdeviceptr codes,
                                                          CUdeviceptr scales) {
-  require(m > 0 && k > 0, fmt::format("quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k));
+  require(m > 0 && k > 0,
+          fmt::format("quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k));
   kernels::QuantizeActivationArgs args{};
   args.input = device_pointer<const unsigned short>(input);
   args.codes = device_pointer<unsigned char>(codes);

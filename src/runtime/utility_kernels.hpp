@@ -13,9 +13,9 @@ namespace qgemm::runtime {
 
 // `weight` describes the shapes (its host vectors are not read); `codes`, `scales`, `zeros`
 // hold its codes / scales / zeros on the device; `out` receives [n, k] 16-bit values.
-kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight,
-                                                     CUdeviceptr codes, CUdeviceptr scales,
-                                                     CUdeviceptr zeros, CUdeviceptr out);
+kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight, CUdeviceptr codes,
+                                                     CUdeviceptr scales, CUdeviceptr zeros,
+                                                     CUdeviceptr out);
 void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::DequantizeWeightArgs& args,
                               CUstream stream);
 

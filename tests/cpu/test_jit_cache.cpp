@@ -30,8 +30,8 @@ class TempDir {
  public:
   TempDir() {
     std::random_device random;
-    path_ = fs::temp_directory_path() / ("qgemm-jit-test-" + std::to_string(::getpid()) + "-" +
-                                         std::to_string(random()));
+    path_ = fs::temp_directory_path() /
+            ("qgemm-jit-test-" + std::to_string(::getpid()) + "-" + std::to_string(random()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -70,7 +70,9 @@ void write_bytes(const fs::path& path, const std::string& bytes) {
 
 void expect_plausible_cubin(const CompiledKernel& kernel) {
   ASSERT_GT(kernel.cubin.size(), 1000u) << kernel.spec_text;
-  EXPECT_EQ(kernel.cubin.substr(0, 4), std::string("\x7f" "ELF")) << kernel.spec_text;
+  EXPECT_EQ(kernel.cubin.substr(0, 4), std::string("\x7f"
+                                                   "ELF"))
+      << kernel.spec_text;
   EXPECT_EQ(kernel.lowered_name.rfind("_Z", 0), 0u) << kernel.lowered_name;
   EXPECT_GT(kernel.resources.registers, 0) << kernel.spec_text;
   EXPECT_LE(kernel.resources.registers, 255) << kernel.spec_text;
@@ -173,8 +175,8 @@ TEST(JitCache, KeyIsContentOnlyAndChangesWithHeadersOptionsAndArch) {
             KernelCache(disk_config(dir_b.path())).key(spec));
   const Hash128 base = cache_key(spec, *HeaderSet::embedded(), CompileOptions{});
 
-  for (const std::string& changed_path : {std::string("util/repack.cuh"),
-                                          std::string("util/number_codec.cuh")}) {
+  for (const std::string& changed_path :
+       {std::string("util/repack.cuh"), std::string("util/number_codec.cuh")}) {
     std::vector<EmbeddedHeader> headers = HeaderSet::embedded()->headers;
     bool found = false;
     for (auto& header : headers) {
@@ -190,7 +192,8 @@ TEST(JitCache, KeyIsContentOnlyAndChangesWithHeadersOptionsAndArch) {
   CompileOptions line_info;
   line_info.line_info = true;
   EXPECT_FALSE(cache_key(spec, *HeaderSet::embedded(), line_info) == base);
-  EXPECT_FALSE(cache_key(small_spec(Arch::sm_86), *HeaderSet::embedded(), CompileOptions{}) == base);
+  EXPECT_FALSE(cache_key(small_spec(Arch::sm_86), *HeaderSet::embedded(), CompileOptions{}) ==
+               base);
   EXPECT_FALSE(cache_key(repack_weight_spec(3, Arch::sm_80), *HeaderSet::embedded(),
                          CompileOptions{}) == base);
 }
@@ -238,8 +241,8 @@ TEST(JitCache, CorruptedEntriesAreDetectedLoggedAndRebuilt) {
     const std::size_t at = bytes.size() - 1 - random() % 1000;
     bytes[at] = static_cast<char>(bytes[at] ^ (1 << (random() % 8)));
   });
-  expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes[0] = 'X'; });     // magic
-  expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes.resize(10); });   // no header
+  expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes[0] = 'X'; });    // magic
+  expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes.resize(10); });  // no header
   expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes += "trailing"; });
 }
 
@@ -267,8 +270,8 @@ TEST(JitCache, EightThreadsAskingAtOnceCompileOnce) {
 TEST(JitCache, TwoProcessesCompilingTheSameSpecBothSucceed) {
   TempDir dir;
   const std::string spec_text = "repack_weight<bits=3>[threads=256,smem=0]@sm_80";
-  const std::string command = "QGEMM_CACHE_DIR='" + dir.path().string() + "' '" QGEMM_CLI
-                              "' compile --json --spec '" + spec_text + "' 2>&1";
+  const std::string command = "QGEMM_CACHE_DIR='" + dir.path().string() +
+                              "' '" QGEMM_CLI "' compile --json --spec '" + spec_text + "' 2>&1";
   FILE* first = ::popen(command.c_str(), "r");
   FILE* second = ::popen(command.c_str(), "r");
   ASSERT_TRUE(first && second);
@@ -324,12 +327,16 @@ class ScopedEnv {
     const char* old = std::getenv(name);
     if (old) old_ = old;
     had_ = old != nullptr;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
   }
   ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:

@@ -131,8 +131,9 @@ TEST(JitSource, IsAShortInstantiationOfTheFamilyHeader) {
   const KernelSpec spec = quantize_activation_spec(formats::e4m3, formats::bf16, Arch::sm_90a);
   const GeneratedSource source = generate_source(spec);
   EXPECT_NE(source.code.find("#include \"util/quantize_activation.cuh\""), std::string::npos);
-  EXPECT_NE(source.code.find("template __global__ void qgemm::kernels::quantize_activation_kernel<"),
-            std::string::npos);
+  EXPECT_NE(
+      source.code.find("template __global__ void qgemm::kernels::quantize_activation_kernel<"),
+      std::string::npos);
   EXPECT_NE(source.code.find(to_string(spec)), std::string::npos);  // the spec, for humans
   EXPECT_NE(source.code.find("/* code=e4m3 */"), std::string::npos);
   int lines = 0;

@@ -38,8 +38,8 @@ inline jit::Arch device_arch(int index = 0) {
 
 }  // namespace qgemm::test
 
-#define QGEMM_REQUIRE_GPU()                                                        \
-  do {                                                                             \
-    const std::string qgemm_gpu_reason = ::qgemm::test::gpu_unavailable_reason(); \
+#define QGEMM_REQUIRE_GPU()                                                                \
+  do {                                                                                     \
+    const std::string qgemm_gpu_reason = ::qgemm::test::gpu_unavailable_reason();          \
     if (!qgemm_gpu_reason.empty()) GTEST_SKIP() << "no CUDA device: " << qgemm_gpu_reason; \
   } while (0)

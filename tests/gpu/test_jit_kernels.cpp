@@ -25,7 +25,9 @@ namespace {
 
 using runtime::DeviceBuffer;
 
-std::uint64_t fresh_seed() { return (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
+std::uint64_t fresh_seed() {
+  return (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+}
 
 std::vector<float> random_matrix(std::mt19937_64& random, std::int64_t rows, std::int64_t cols) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -67,8 +69,8 @@ void expect_dequantized(const PackedWeight& weight, const Format& out,
     const double tolerance = 2.0 * half_ulp(out, exact[i]);
     if (!(std::fabs(value - exact[i]) <= tolerance)) {
       ++bad;
-      ADD_FAILURE() << "element " << i << ": gpu " << value << ", exact " << exact[i]
-                    << " (seed " << seed << ", out " << out.name() << ")";
+      ADD_FAILURE() << "element " << i << ": gpu " << value << ", exact " << exact[i] << " (seed "
+                    << seed << ", out " << out.name() << ")";
     }
   }
 }
@@ -234,9 +236,9 @@ TEST(JitKernelsGpu, LaunchesCaptureIntoAGraphAndReplay) {
   // Kernels are loaded before capture; the captured launches do no loading.
   const auto dequantize = load(jit::dequantize_weight_spec(scheme.weight, formats::bf16, arch));
   const auto repack = load(jit::repack_weight_spec(4, arch));
-  const auto dequantize_args = runtime::dequantize_weight_args(
-      weight, device.codes.address(), device.scales.address(), device.zeros.address(),
-      dequantized.address());
+  const auto dequantize_args =
+      runtime::dequantize_weight_args(weight, device.codes.address(), device.scales.address(),
+                                      device.zeros.address(), dequantized.address());
   const auto repack_args = runtime::repack_weight_args(n, k, 4, codes.address(), words.address());
 
   CUstream stream = nullptr;

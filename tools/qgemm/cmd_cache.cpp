@@ -43,9 +43,8 @@ int cache_list(const CacheCommandOptions& options) {
   if (options.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& entry : entries) {
-      nlohmann::json row = {{"file", entry.path.filename().string()},
-                            {"bytes", entry.bytes},
-                            {"valid", entry.valid}};
+      nlohmann::json row = {
+          {"file", entry.path.filename().string()}, {"bytes", entry.bytes}, {"valid", entry.valid}};
       if (entry.valid) {
         row["metadata"] = nlohmann::json::parse(entry.metadata);
       } else {
@@ -79,13 +78,14 @@ int cache_info(const CacheCommandOptions& options) {
     bytes += entry.bytes;
     corrupt += entry.valid ? 0 : 1;
   }
-  const nlohmann::json info = {{"dir", dir.string()},
-                               {"disk_cache_enabled", !dir.empty() && !jit::disk_cache_disabled_by_environment()},
-                               {"entries", entries.size()},
-                               {"corrupt_entries", corrupt},
-                               {"total_bytes", bytes},
-                               {"nvrtc", jit::nvrtc_version_text()},
-                               {"headers_hash", jit::HeaderSet::embedded()->hash.hex()}};
+  const nlohmann::json info = {
+      {"dir", dir.string()},
+      {"disk_cache_enabled", !dir.empty() && !jit::disk_cache_disabled_by_environment()},
+      {"entries", entries.size()},
+      {"corrupt_entries", corrupt},
+      {"total_bytes", bytes},
+      {"nvrtc", jit::nvrtc_version_text()},
+      {"headers_hash", jit::HeaderSet::embedded()->hash.hex()}};
   if (options.json) {
     fmt::print("{}\n", info.dump(2));
   } else {
@@ -114,7 +114,8 @@ int cache_prewarm(const CacheCommandOptions& options) {
   require(options.jobs >= 1, fmt::format("cache prewarm: --jobs {} (rule: >= 1)", options.jobs));
   auto& cache = jit::KernelCache::global();
   if (!cache.disk_enabled()) {
-    fmt::print(stderr, "note: the disk cache is disabled; prewarm only checks that specs compile\n");
+    fmt::print(stderr,
+               "note: the disk cache is disabled; prewarm only checks that specs compile\n");
   }
   const auto specs = jit::catalog_specs(arch);
   const auto results = jit::prewarm(cache, specs, options.jobs, jit::print_progress_bar);

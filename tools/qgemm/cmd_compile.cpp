@@ -51,9 +51,8 @@ std::vector<jit::KernelSpec> selected_specs(const CompileCommandOptions& options
   if (options.all) return jit::catalog_specs(arch);
   std::vector<jit::KernelSpec> specs;
   for (const auto& text : options.specs) {
-    specs.push_back(jit::parse_kernel_spec(text.find('@') == std::string::npos
-                                               ? text + "@" + jit::arch_name(arch)
-                                               : text));
+    specs.push_back(jit::parse_kernel_spec(
+        text.find('@') == std::string::npos ? text + "@" + jit::arch_name(arch) : text));
   }
   return specs;
 }
@@ -79,16 +78,17 @@ double median(std::vector<double> values) {
 }
 
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 int run_compile(const CompileCommandOptions& options) {
   const auto specs = selected_specs(options);
   auto& cache = jit::KernelCache::global();
   const bool show_progress = options.jobs > 1 || specs.size() > 4;
-  const auto results = jit::prewarm(cache, specs, options.jobs,
-                                    show_progress ? jit::print_progress_bar
-                                                  : std::function<void(std::size_t, std::size_t)>());
+  const auto results = jit::prewarm(
+      cache, specs, options.jobs,
+      show_progress ? jit::print_progress_bar : std::function<void(std::size_t, std::size_t)>());
   nlohmann::json rows = nlohmann::json::array();
   int failures = 0;
   for (const auto& result : results) {
@@ -120,12 +120,13 @@ int run_compile(const CompileCommandOptions& options) {
         table.push_back({row["spec"], "FAILED", "", "", "", "", "", ""});
         continue;
       }
-      table.push_back({row["spec"], row["cache"], fmt::format("{:.1f}", row["compile_ms"].get<double>()),
-                       row["load_ms"].is_null() ? "-" : fmt::format("{:.2f}", row["load_ms"].get<double>()),
-                       std::to_string(row["registers"].get<int>()),
-                       std::to_string(row["spill_bytes"].get<int>()),
-                       std::to_string(row["smem_bytes"].get<int>()),
-                       std::to_string(row["cubin_bytes"].get<std::size_t>())});
+      table.push_back(
+          {row["spec"], row["cache"], fmt::format("{:.1f}", row["compile_ms"].get<double>()),
+           row["load_ms"].is_null() ? "-" : fmt::format("{:.2f}", row["load_ms"].get<double>()),
+           std::to_string(row["registers"].get<int>()),
+           std::to_string(row["spill_bytes"].get<int>()),
+           std::to_string(row["smem_bytes"].get<int>()),
+           std::to_string(row["cubin_bytes"].get<std::size_t>())});
     }
     print_text_table(table);
     for (const auto& row : rows) {
@@ -143,7 +144,8 @@ int run_bench(const CompileCommandOptions& options) {
   const int repeat = std::max(1, options.repeat);
   const auto headers = jit::HeaderSet::embedded();
   const auto dir = std::filesystem::temp_directory_path() /
-                   fmt::format("qgemm-jit-bench-{}", std::chrono::steady_clock::now().time_since_epoch().count());
+                   fmt::format("qgemm-jit-bench-{}",
+                               std::chrono::steady_clock::now().time_since_epoch().count());
   jit::CacheConfig config;
   config.dir = dir;
   nlohmann::json rows = nlohmann::json::array();
@@ -185,14 +187,15 @@ int run_bench(const CompileCommandOptions& options) {
   }
   std::error_code error;
   std::filesystem::remove_all(dir, error);
-  const nlohmann::json summary = {{"kernels", specs.size()},
-                                  {"repeat", repeat},
-                                  {"cold_compile_ms_median", median(all_cold)},
-                                  {"cold_compile_ms_max", *std::max_element(all_cold.begin(), all_cold.end())},
-                                  {"warm_disk_ms_median", median(all_disk)},
-                                  {"memory_hit_ns_median", median(all_memory_ns)},
-                                  {"nvrtc", jit::nvrtc_version_text()},
-                                  {"gpu_load_included", runtime::device_count() > 0}};
+  const nlohmann::json summary = {
+      {"kernels", specs.size()},
+      {"repeat", repeat},
+      {"cold_compile_ms_median", median(all_cold)},
+      {"cold_compile_ms_max", *std::max_element(all_cold.begin(), all_cold.end())},
+      {"warm_disk_ms_median", median(all_disk)},
+      {"memory_hit_ns_median", median(all_memory_ns)},
+      {"nvrtc", jit::nvrtc_version_text()},
+      {"gpu_load_included", runtime::device_count() > 0}};
   if (options.json) {
     fmt::print("{}\n", nlohmann::json{{"kernels", rows}, {"summary", summary}}.dump(2));
   } else {
@@ -212,7 +215,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_option("--jobs", options->jobs, "Compile on this many threads");
   command->add_flag("--bench", options->bench,
                     "Measure cold compile, warm disk hit and memory hit (no cache is touched)");
-  command->add_option("--repeat", options->repeat, "Cold compiles per spec for --bench (default 3)");
+  command->add_option("--repeat", options->repeat,
+                      "Cold compiles per spec for --bench (default 3)");
   command->callback([options, &status] {
     status = options->bench ? run_bench(*options) : run_compile(*options);
   });

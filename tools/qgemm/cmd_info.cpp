@@ -49,12 +49,13 @@ nlohmann::json machine_info() {
     } catch (const std::exception&) {
       arch = "none";
     }
-    gpus.push_back({{"index", i},
-                    {"name", device.name},
-                    {"compute_capability", fmt::format("{}.{}", device.major, device.minor)},
-                    {"sm_count", device.sm_count},
-                    {"memory_gib", static_cast<double>(device.memory_bytes) / (1024.0 * 1024 * 1024)},
-                    {"target", arch}});
+    gpus.push_back(
+        {{"index", i},
+         {"name", device.name},
+         {"compute_capability", fmt::format("{}.{}", device.major, device.minor)},
+         {"sm_count", device.sm_count},
+         {"memory_gib", static_cast<double>(device.memory_bytes) / (1024.0 * 1024 * 1024)},
+         {"target", arch}});
   }
   info["gpus"] = gpus;
   info["nvrtc"] = jit::nvrtc_version_text();
@@ -84,8 +85,9 @@ void print_info(bool json) {
                gpu["target"].get<std::string>());
   }
   fmt::print("nvrtc    {}\n", info["nvrtc"].get<std::string>());
-  fmt::print("cache    {}{}\n", info["cache_dir"].get<std::string>(),
-             info["disk_cache_enabled"].get<bool>() ? "" : " (disabled by QGEMM_DISABLE_DISK_CACHE)");
+  fmt::print(
+      "cache    {}{}\n", info["cache_dir"].get<std::string>(),
+      info["disk_cache_enabled"].get<bool>() ? "" : " (disabled by QGEMM_DISABLE_DISK_CACHE)");
 }
 
 const CommandRegistration registration([](CLI::App& app, int& status) {
