@@ -13,7 +13,7 @@ class CpuReferenceBackend final : public GemmBackend {
  public:
   std::string name() const override { return "cpu"; }
   std::string description() const override {
-    return "CPU reference (dequantize exactly, multiply in double, round to the output format)";
+    return "CPU reference: exact dequantization, double multiply, one rounding";
   }
   bool is_reference() const override { return true; }
   std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,

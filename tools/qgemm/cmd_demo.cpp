@@ -50,22 +50,21 @@ int run(const DemoOptions& options) {
   const check::CheckResult r =
       check::run_check(scheme, options.m, options.n, options.k, *selection.backend, seed);
 
-  const double fp16_bytes = 2.0 * r.n * r.k;
-  fmt::print("qgemm demo  {}\n", scheme_title(scheme));
+  const double fp16_mib = 2.0 * r.n * r.k / (1 << 20);
+  const double packed_mib = r.packed_weight_bytes / double(1 << 20);
+  fmt::print("qgemm demo: {}\n", scheme_title(scheme));
   fmt::print(
-      "  weight {} x {} quantized: {:.1f} MiB as fp16 -> {:.1f} MiB packed ({:.2f} bits "
-      "per weight)\n",
-      r.n, r.k, fp16_bytes / (1 << 20), r.packed_weight_bytes / double(1 << 20),
-      8.0 * r.packed_weight_bytes / (double(r.n) * r.k));
-  fmt::print("  backend {}: {} ({})\n", r.backend, selection.backend->description(),
+      "  weight    {} x {}: {:.1f} MiB in fp16 -> {:.1f} MiB quantized ({:.2f} bits/weight)\n", r.n,
+      r.k, fp16_mib, packed_mib, 8.0 * r.packed_weight_bytes / (double(r.n) * r.k));
+  fmt::print("  backend   {}: {}\n            ({})\n", r.backend, selection.backend->description(),
              selection.reason);
-  fmt::print("  C[{} x {}] = A[{} x {}] . W^T in {:.2f} ms: {:.2f} GFLOP/s\n", r.m, r.n, r.m, r.k,
-             r.time_ms, r.gflops);
+  fmt::print("  GEMM      C[{} x {}] = A[{} x {}] . W^T: {:.2f} ms, {:.2f} GFLOP/s\n", r.m, r.n,
+             r.m, r.k, r.time_ms, r.gflops);
   fmt::print(
-      "  error vs the exact product of the unquantized inputs: {:.3e} (the formats allow "
-      "{:.3e})\n",
+      "  error     {:.2e} vs the exact product of the unquantized inputs (formats allow "
+      "{:.2e})\n",
       r.error_vs_exact, r.tolerance_vs_exact);
-  fmt::print("  error vs the CPU reference: {:.3e} (allowed {:.3e})\n", r.error_vs_reference,
+  fmt::print("            {:.2e} vs the CPU reference (allowed {:.2e})\n", r.error_vs_reference,
              r.tolerance_vs_reference);
   fmt::print("  {}  (seed {})\n", r.pass ? "OK" : "FAILED: outside tolerance", r.seed);
   return r.pass ? 0 : 1;
