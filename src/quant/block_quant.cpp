@@ -84,17 +84,18 @@ CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double seco
       switch (rule.scale_rule) {
         case ScaleRule::Fixed: cell.scale = finalize_scale(scale_format, rule.fixed_scale); break;
         case ScaleRule::AbsMean:
-          cell.scale = finalize_scale(scale_format, stats.sum_abs / static_cast<double>(
-                                                        std::max<std::int64_t>(1, stats.count)) /
-                                                        second_level);
+          cell.scale = finalize_scale(
+              scale_format, stats.sum_abs /
+                                static_cast<double>(std::max<std::int64_t>(1, stats.count)) /
+                                second_level);
           break;
         case ScaleRule::SharedExponent: {
           const double scaled = amax / second_level;
-          cell.scale = scaled > 0 ? finalize_scale(scale_format,
-                                                   std::ldexp(1.0, floor_log2(scaled) -
-                                                                       floor_log2(element_high(
-                                                                           element))))
-                                  : finalize_scale(scale_format, 0.0);
+          cell.scale = scaled > 0
+                           ? finalize_scale(scale_format,
+                                            std::ldexp(1.0, floor_log2(scaled) -
+                                                                floor_log2(element_high(element))))
+                           : finalize_scale(scale_format, 0.0);
           break;
         }
         case ScaleRule::AbsMax:
@@ -112,9 +113,9 @@ CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double seco
       const double lo = std::min<double>(stats.count ? stats.min : 0.0, 0.0);
       const double hi = std::max<double>(stats.count ? stats.max : 0.0, 0.0);
       cell.scale = finalize_scale(scale_format, (hi - lo) / integer_levels(element) / second_level);
-      cell.zero = std::clamp(std::nearbyint(element.min_int - lo / (cell.scale * second_level)),
-                             static_cast<double>(element.min_int),
-                             static_cast<double>(element.max_int));
+      cell.zero =
+          std::clamp(std::nearbyint(element.min_int - lo / (cell.scale * second_level)),
+                     static_cast<double>(element.min_int), static_cast<double>(element.max_int));
       break;
     }
     case ZeroPoint::Float: {
@@ -127,35 +128,13 @@ CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double seco
       }
       cell.scale = finalize_scale(scale_format, (hi - lo) / integer_levels(element) / second_level);
       const double zero = element.min_int - lo / (cell.scale * second_level);
-      cell.zero = round_to(scale_format, std::clamp(zero, -scale_format.max_finite(),
-                                                    scale_format.max_finite()));
+      cell.zero = round_to(scale_format,
+                           std::clamp(zero, -scale_format.max_finite(), scale_format.max_finite()));
       break;
     }
   }
   return cell;
 }
-
-// The element encoder of pass 3, with an integer fast path (no call into the codec).
-class ElementEncoder {
- public:
-  explicit ElementEncoder(const Format& element)
-      : element_(element),
-        low_(element_low(element)),
-        high_(element_high(element)),
-        mask_(element.bits >= 32 ? 0xffffffffu : element.code_count() - 1) {}
-
-  std::uint32_t operator()(double x) const {
-    x = std::clamp(x, low_, high_);  // saturate: never an Inf code, never a wrapped integer
-    if (element_.is_integer())
-      return static_cast<std::uint32_t>(static_cast<std::int64_t>(std::nearbyint(x))) & mask_;
-    return encode(element_, x);
-  }
-
- private:
-  Format element_;
-  double low_, high_;
-  std::uint32_t mask_;
-};
 
 // decode() of every code, for formats narrow enough to tabulate.
 std::vector<double> decode_table(const Format& format) {
@@ -180,6 +159,53 @@ void require_rule(const BlockRule& rule) {
 }
 
 }  // namespace
+
+ElementEncoder::ElementEncoder(const Format& element)
+    : element_(element),
+      low_(element_low(element)),
+      high_(element_high(element)),
+      mask_(element.bits >= 32 ? 0xffffffffu : element.code_count() - 1) {
+  // e8m0 rounds between powers of two by its own rule (see format.cpp): it keeps the codec.
+  if (!element.is_float() || element.bits > 8 || element.specials == FloatSpecials::ExponentOnly)
+    return;
+  // Magnitudes of the non-negative codes 0, 1, 2, ... rise with the code up to the largest
+  // finite one (sign-magnitude layout); the specials above it end the table.
+  const std::uint32_t magnitude_codes =
+      element.is_signed ? element.code_count() / 2 : element.code_count();
+  std::vector<double> magnitudes;
+  for (std::uint32_t code = 0; code < magnitude_codes; ++code) {
+    const double value = decode(element, code);
+    if (!std::isfinite(value)) break;
+    if (!magnitudes.empty() && !(value > magnitudes.back())) return;  // not monotonic: codec
+    magnitudes.push_back(value);
+  }
+  // Midpoints between neighbours (exact: the values have few significant bits), padded with
+  // +inf to a power of two for a branch-free search.
+  std::size_t padded = 1;
+  while (padded < magnitudes.size()) padded *= 2;
+  midpoints_.assign(padded, std::numeric_limits<double>::infinity());
+  for (std::size_t i = 0; i + 1 < magnitudes.size(); ++i)
+    midpoints_[i] = 0.5 * (magnitudes[i] + magnitudes[i + 1]);
+  sign_bit_ = element.is_signed ? 1u << (element.bits - 1) : 0u;
+}
+
+std::uint32_t ElementEncoder::operator()(double x) const {
+  x = std::clamp(x, low_, high_);  // saturate: never an Inf code, never a wrapped integer
+  if (element_.is_integer())
+    return static_cast<std::uint32_t>(static_cast<std::int64_t>(std::nearbyint(x))) & mask_;
+  if (midpoints_.empty()) return encode(element_, x);
+  // Round to nearest: the code is the number of midpoints below |x|. A tie (|x| on a midpoint)
+  // goes to the even code, which is the even significand (the code's low bit is the
+  // mantissa's low bit).
+  const double magnitude = std::fabs(x);
+  const std::uint32_t sign = std::signbit(x) ? sign_bit_ : 0u;
+  std::size_t below = 0;
+  for (std::size_t step = midpoints_.size() / 2; step > 0; step /= 2)
+    below += midpoints_[below + step - 1] < magnitude ? step : 0;
+  auto code = static_cast<std::uint32_t>(below);
+  if (midpoints_[below] == magnitude && (code & 1u)) ++code;
+  return sign | code;
+}
 
 QuantizedBlocks quantize_blocks(const BlockRule& rule, const ScaleGrid& grid, const float* data,
                                 std::int64_t rows, std::int64_t cols) {
@@ -312,8 +338,8 @@ std::vector<double> dequantize_blocks(const BlockRule& rule, const ScaleGrid& gr
   else if (rule.zero_point == ZeroPoint::Float)
     require_size("zeros", zeros.size(), grid.count() * scale_bytes);
   require(std::isfinite(second_level) && second_level > 0,
-          fmt::format("{}: second-level scale {} is not a positive finite number",
-                      rule.function, second_level));
+          fmt::format("{}: second-level scale {} is not a positive finite number", rule.function,
+                      second_level));
 
   std::vector<CellQuant> cells(static_cast<std::size_t>(grid.count()));
   std::vector<std::uint32_t> unpacked(cells.size());

@@ -29,10 +29,10 @@ struct BlockRule {
   Format scale_format;
   ZeroPoint zero_point = ZeroPoint::None;
   ScaleRule scale_rule = ScaleRule::AbsMax;
-  double fixed_scale = 0.0;    // ScaleRule::Fixed only
-  bool second_level = false;   // an fp32 tensor-wide factor under the cell scales (NVFP4)
-  const char* function = "";   // for messages: "quantize_weight"
-  const char* tensor = "";     // for messages: "weight"
+  double fixed_scale = 0.0;   // ScaleRule::Fixed only
+  bool second_level = false;  // an fp32 tensor-wide factor under the cell scales (NVFP4)
+  const char* function = "";  // for messages: "quantize_weight"
+  const char* tensor = "";    // for messages: "weight"
 };
 
 struct QuantizedBlocks {
@@ -40,6 +40,22 @@ struct QuantizedBlocks {
   std::vector<std::uint8_t> scales;  // grid.count() × scale_format.storage_bytes()
   std::vector<std::uint8_t> zeros;   // Integer: grid rows packed like codes; Float: like scales
   double second_level = 1.0;
+};
+
+// Element codes of pass 3: saturates to the format's range, then rounds to nearest even
+// exactly as encode() does: integers directly, floats of ≤ 8 bits by a table search, wider
+// floats through the codec.
+class ElementEncoder {
+ public:
+  explicit ElementEncoder(const Format& element);
+  std::uint32_t operator()(double x) const;
+
+ private:
+  Format element_;
+  double low_, high_;
+  std::uint32_t mask_;
+  std::uint32_t sign_bit_ = 0;
+  std::vector<double> midpoints_;  // between the values of codes c and c + 1 (c ≥ 0)
 };
 
 // Rejects non-finite input (naming the first bad element). `data` is row-major [rows, cols].

@@ -18,11 +18,11 @@ namespace {
 using quant_detail::packed_bytes;
 
 void require_packable(std::int64_t count, int bits, const char* function) {
-  require(bits >= 1 && (bits <= 8 || bits == 16 || bits == 32),
-          fmt::format("{}: bits = {} is not a packable width (rule: 1..8, 16 or 32)", function,
-                      bits));
-  require(count >= 0, fmt::format("{}: count = {} is negative (rule: count >= 0)", function,
-                                  count));
+  require(
+      bits >= 1 && (bits <= 8 || bits == 16 || bits == 32),
+      fmt::format("{}: bits = {} is not a packable width (rule: 1..8, 16 or 32)", function, bits));
+  require(count >= 0,
+          fmt::format("{}: count = {} is negative (rule: count >= 0)", function, count));
 }
 
 // Byte-multiple widths: little-endian copies, no shifting.

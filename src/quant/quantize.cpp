@@ -16,8 +16,8 @@ using quant_detail::BlockRule;
 using quant_detail::ScaleRule;
 
 void require_size(const char* function, const char* name, std::int64_t value) {
-  require(value >= 1, fmt::format("{}: {} = {} is not a valid size (rule: {} >= 1)", function,
-                                  name, value, name));
+  require(value >= 1, fmt::format("{}: {} = {} is not a valid size (rule: {} >= 1)", function, name,
+                                  value, name));
 }
 
 // Scale rule of a scale format: e8m0 can only hold powers of two, so it takes the OCP MX
@@ -147,9 +147,8 @@ PackedActivation quantize_activation(const ActivationQuant& quant, const float* 
     });
     return out;
   }
-  auto blocks =
-      quant_detail::quantize_blocks(activation_rule(quant, static_scale, function),
-                                    activation_scale_grid(quant, m, k), activation, m, k);
+  auto blocks = quant_detail::quantize_blocks(activation_rule(quant, static_scale, function),
+                                              activation_scale_grid(quant, m, k), activation, m, k);
   out.codes = std::move(blocks.codes);
   out.scales = std::move(blocks.scales);
   out.tensor_scale = blocks.second_level;

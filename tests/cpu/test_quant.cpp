@@ -17,6 +17,7 @@
 
 #include "qgemm/error.hpp"
 #include "qgemm/quant.hpp"
+#include "quant/block_quant.hpp"
 
 namespace qgemm {
 namespace {
@@ -109,9 +110,8 @@ TEST(QuantPack, RoundTripsEveryWidthWithOddCounts) {
   SCOPED_TRACE(random.trace());
   std::uniform_int_distribution<std::int64_t> odd_half(0, 600);
   for (int bits : {1, 2, 3, 4, 5, 6, 7, 8, 16, 32}) {
-    for (std::int64_t count :
-         {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::int64_t{13},
-          std::int64_t{101}, 2 * odd_half(random.engine) + 1}) {
+    for (std::int64_t count : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::int64_t{13},
+                               std::int64_t{101}, 2 * odd_half(random.engine) + 1}) {
       SCOPED_TRACE("bits " + std::to_string(bits) + " count " + std::to_string(count));
       std::uniform_int_distribution<std::uint64_t> code_of(
           1, bits == 32 ? 0xffffffffull : (1ull << bits) - 1);
@@ -147,15 +147,56 @@ TEST(QuantPack, RejectsBadWidthsAndWideCodes) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The quantizer's element encoder (a table search for narrow floats) against the format codec:
+// every value, every midpoint between neighbours (the ties), just beside them, and random
+// values, both signs, plus out-of-range values that must saturate.
+TEST(QuantEncoder, MatchesTheCodecWithSaturation) {
+  SeededRandom random;
+  SCOPED_TRACE(random.trace());
+  std::vector<Format> formats_to_check;
+  for (const Format& f : named_formats())
+    if (f.bits <= 8 && !(f == formats::e8m0)) formats_to_check.push_back(f);
+  for (const char* name : {"fp8_e2m5", "fp7_e3m3", "fp5_e2m2", "fp6_e4m1", "fp8_e6m1_fn"})
+    formats_to_check.push_back(parse_format(name));
+  for (const Format& f : formats_to_check) {
+    SCOPED_TRACE(f.name());
+    const quant_detail::ElementEncoder encoder(f);
+    const double low = f.is_integer() ? f.min_int : f.lowest(), high = f.max_finite();
+    auto expect_same = [&](double x) {
+      ASSERT_EQ(encoder(x), encode(f, std::clamp(x, low, high))) << "x = " << x;
+    };
+    std::vector<double> values;
+    for (std::uint32_t code = 0; code < f.code_count(); ++code) {
+      const double v = decode(f, code);
+      if (std::isfinite(v) && is_valid_code(f, code)) values.push_back(v);
+    }
+    std::sort(values.begin(), values.end());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      expect_same(values[i]);
+      if (i + 1 == values.size()) break;
+      const double mid = 0.5 * (values[i] + values[i + 1]);
+      expect_same(mid);
+      expect_same(std::nextafter(mid, -INFINITY));
+      expect_same(std::nextafter(mid, INFINITY));
+    }
+    std::uniform_real_distribution<double> spread(-1.2 * high, 1.2 * high);
+    for (int i = 0; i < 2000; ++i) expect_same(spread(random.engine));
+    expect_same(10 * high);
+    expect_same(-10 * high);
+    expect_same(-0.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The rules, re-derived: what every cell's scale and zero must be.
 
 struct TestRule {
   Format element;
   Format scale_format;
   ZeroPoint zero_point = ZeroPoint::None;
-  bool absmean = false;      // ternary
+  bool absmean = false;       // ternary
   bool nvfp4_global = false;  // second-level fp32 scale amax / (6 · 448)
-  double static_scale = 0;   // > 0: the one given scale
+  double static_scale = 0;    // > 0: the one given scale
   ScaleGrid grid;
 };
 
@@ -208,8 +249,7 @@ Expectation expect_quantized(const TestRule& rule, const std::vector<float>& x, 
       cell.min = INFINITY;
       cell.max = -INFINITY;
       for (std::int64_t r = i * grid.rows_per; r < std::min(rows, (i + 1) * grid.rows_per); ++r)
-        for (std::int64_t c = j * grid.cols_per; c < std::min(cols, (j + 1) * grid.cols_per);
-             ++c) {
+        for (std::int64_t c = j * grid.cols_per; c < std::min(cols, (j + 1) * grid.cols_per); ++c) {
           const double v = x[static_cast<std::size_t>(r * cols + c)];
           amax = std::max(amax, std::fabs(v));
           sum_abs += std::fabs(v);
@@ -220,11 +260,14 @@ Expectation expect_quantized(const TestRule& rule, const std::vector<float>& x, 
       const Format& sf = rule.scale_format;
       switch (rule.zero_point) {
         case ZeroPoint::None:
-          if (rule.static_scale > 0) cell.scale = round_to(sf, rule.static_scale);
-          else if (rule.absmean) cell.scale = round_to(sf, sum_abs / count);
+          if (rule.static_scale > 0)
+            cell.scale = round_to(sf, rule.static_scale);
+          else if (rule.absmean)
+            cell.scale = round_to(sf, sum_abs / count);
           else if (sf == formats::e8m0)  // OCP MX: shared exponent
             cell.scale = std::ldexp(1.0, std::ilogb(amax) - std::ilogb(elem_max));
-          else cell.scale = round_to(sf, amax / elem_max / e.global);
+          else
+            cell.scale = round_to(sf, amax / elem_max / e.global);
           break;
         case ZeroPoint::Midpoint:
           cell.scale = round_to(sf, 2 * amax / levels);
@@ -256,8 +299,7 @@ Expectation expect_quantized(const TestRule& rule, const std::vector<float>& x, 
       e.values[at] = (round_to(rule.element, clamped) - cell.zero) * cell.scale * e.global;
       // Rounding inside the range costs at most half a spacing; outside, the distance to the
       // range (saturation) on top.
-      e.bounds[at] =
-          step * (half_ulp(rule.element, clamped) + std::fabs(code_space - clamped));
+      e.bounds[at] = step * (half_ulp(rule.element, clamped) + std::fabs(code_space - clamped));
     }
   return e;
 }
@@ -273,8 +315,7 @@ double stored_value(const Format& format, const std::vector<std::uint8_t>& bytes
 
 // Stored scales (and zeros) must be the re-derived ones, and the dequantized matrix must be the
 // rules' exact result, within the format's bound of the input.
-void check_weight(const PackedWeight& packed, const std::vector<float>& w,
-                  const Expectation& e) {
+void check_weight(const PackedWeight& packed, const std::vector<float>& w, const Expectation& e) {
   const WeightQuant& q = packed.quant;
   const ScaleGrid grid = packed.scale_grid();
   ASSERT_EQ(packed.scales.size(), grid.count() * q.scale_format.storage_bytes());
@@ -334,14 +375,19 @@ TEST(QuantWeight, EveryFormatFamilyFollowsItsRule) {
   }
   using G = WeightGranularity;
   std::vector<WeightQuant> cases;
-  for (int bits = 2; bits <= 8; ++bits) cases.push_back(weight_quant(formats::int_(bits), G::Group, formats::bf16, ZeroPoint::None, 32));
+  for (int bits = 2; bits <= 8; ++bits)
+    cases.push_back(
+        weight_quant(formats::int_(bits), G::Group, formats::bf16, ZeroPoint::None, 32));
   for (int bits = 1; bits <= 8; ++bits) {
-    cases.push_back(weight_quant(formats::uint_(bits), G::Group, formats::fp16, ZeroPoint::Midpoint, 64));
-    cases.push_back(weight_quant(formats::uint_(bits), G::Group, formats::bf16, ZeroPoint::Integer, 128));
-    cases.push_back(weight_quant(formats::uint_(bits), G::PerChannel, formats::fp32, ZeroPoint::Float));
+    cases.push_back(
+        weight_quant(formats::uint_(bits), G::Group, formats::fp16, ZeroPoint::Midpoint, 64));
+    cases.push_back(
+        weight_quant(formats::uint_(bits), G::Group, formats::bf16, ZeroPoint::Integer, 128));
+    cases.push_back(
+        weight_quant(formats::uint_(bits), G::PerChannel, formats::fp32, ZeroPoint::Float));
   }
-  for (Format f : {formats::e4m3, formats::e5m2, formats::e3m4, formats::e2m1, formats::e2m3,
-                   formats::e3m2}) {
+  for (Format f :
+       {formats::e4m3, formats::e5m2, formats::e3m4, formats::e2m1, formats::e2m3, formats::e3m2}) {
     cases.push_back(weight_quant(f, G::PerChannel, formats::fp32));
     cases.push_back(weight_quant(f, G::Block, formats::fp32));
     cases.push_back(weight_quant(f, G::Group, formats::e8m0, ZeroPoint::None, 32));
@@ -466,26 +512,26 @@ TEST(QuantWeight, DegenerateCellsStayFinite) {
   SCOPED_TRACE(random.trace());
   const std::int64_t n = 4, k = 64;
   std::vector<float> w = random_matrix(random.engine, n, k);
-  for (std::int64_t c = 0; c < 16; ++c) w[c] = 0.0f;                // an all-zero block
+  for (std::int64_t c = 0; c < 16; ++c) w[c] = 0.0f;               // an all-zero block
   for (std::int64_t c = 16; c < 32; ++c) w[c] *= 1e-30f;           // ue4m3 scale underflows
   for (std::int64_t c = 64; c < 128; ++c) w[c] = 1e6f + float(c);  // fp16 scale overflows
   struct Case {
     const char* name;
     WeightQuant quant;
   };
-  WeightQuant nv = weight_quant(formats::e2m1, WeightGranularity::Group, formats::ue4m3,
-                                ZeroPoint::None, 16);
+  WeightQuant nv =
+      weight_quant(formats::e2m1, WeightGranularity::Group, formats::ue4m3, ZeroPoint::None, 16);
   nv.global_scale = true;
   const Case cases[] = {
       {"nvfp4", nv},
-      {"int4 fp16", weight_quant(formats::int4, WeightGranularity::Group, formats::fp16,
-                                 ZeroPoint::None, 16)},
+      {"int4 fp16",
+       weight_quant(formats::int4, WeightGranularity::Group, formats::fp16, ZeroPoint::None, 16)},
       {"uint4 int zp fp16", weight_quant(formats::uint4, WeightGranularity::Group, formats::fp16,
                                          ZeroPoint::Integer, 16)},
-      {"uint4 float zp fp16", weight_quant(formats::uint4, WeightGranularity::Group,
-                                           formats::fp16, ZeroPoint::Float, 16)},
-      {"e2m1 e8m0", weight_quant(formats::e2m1, WeightGranularity::Group, formats::e8m0,
-                                 ZeroPoint::None, 32)},
+      {"uint4 float zp fp16",
+       weight_quant(formats::uint4, WeightGranularity::Group, formats::fp16, ZeroPoint::Float, 16)},
+      {"e2m1 e8m0",
+       weight_quant(formats::e2m1, WeightGranularity::Group, formats::e8m0, ZeroPoint::None, 32)},
   };
   for (const Case& test : cases) {
     SCOPED_TRACE(test.name);
