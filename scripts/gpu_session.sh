@@ -16,6 +16,10 @@ export QGEMM_CACHE_DIR=/tmp/qgemm-cache
 build-gpu/qgemm info 2>&1 | tee "$out/info.txt"
 ctest --test-dir build-gpu -L gpu --output-on-failure -V > "$out/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "rel=|Passed|Failed|FAILED|\[  " "$out/gpu_tests.log" | tail -60
+# Memory errors and races on a subset (the README's sanitizer command).
+QGEMM_GPU_TEST_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  build-gpu/tests/qgemm_tests_gpu --gtest_filter='DenseGemmGpu.*' > "$out/memcheck.log" 2>&1
+echo "memcheck rc=$?"; tail -4 "$out/memcheck.log"
 if [ "${1:-}" != "--quick" ]; then
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
 fi

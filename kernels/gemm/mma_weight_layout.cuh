@@ -10,9 +10,19 @@
 //   lane code c = j · 4 + t          j = n8 block (0..7), t = fragment element (0..3)
 //     n = slice · 64 + j · 8 + lane / 4
 //     k = k_block · 16 + 2 · (lane % 4) + (t & 1) + 8 · (t >> 1)
-//   code c sits at bits [c · bits, (c + 1) · bits) of the lane's words, LSB first.
+//   so codes 2p and 2p + 1 are the two 16-bit halves of one B register ("pair" p = c / 2:
+//   t = 0, 1 fill b0, t = 2, 3 fill b1, per ptx/mma_sync.cuh).
 //
-//   so t = 0, 1 fill B register b0 (k 2t', 2t'+1) and t = 2, 3 fill b1 (k + 8), per mma_sync.cuh.
+// Bit order: the first elements of the 16 pairs form one stream of 16 · bits bits, the second
+// elements another; stream bit i lives in word i / 16 at bit i % 16, the first stream in the low
+// halves and the second in the high halves:
+//
+//   word w:   [ 31 ........ 16 | 15 ......... 0 ]
+//             [ second[16w..]  | first[16w..]   ]     pair p: both codes at stream bit p · bits
+//
+// so one shift and one AND with a mask repeated in both halves lift a whole pair out, already
+// in the two 16-bit lanes of a register; a code that crosses a word takes its top bits from the
+// same half of the next word. Dense for every width (bits words hold exactly 32 codes).
 //
 // Codes are "offset codes": integer weights are stored unsigned (signed q as q + 2^(b-1)), so
 // the kernel always computes (u − zero) with zero = 2^(b-1) folded in; float codes are raw.
@@ -57,6 +67,15 @@ struct MmaWeightLayout {
                                                           long long k_blocks_total, int lane,
                                                           int bits) {
     return ((slice * k_blocks_total + k_block) * 32 + lane) * bits;
+  }
+  // Code c's first bit: the word (within the lane's words) and the bit in that word.
+  QGEMM_HOST_DEVICE static constexpr int code_word(int c, int bits) { return (c / 2) * bits / 16; }
+  QGEMM_HOST_DEVICE static constexpr int code_shift(int c, int bits) {
+    return (c / 2) * bits % 16 + 16 * (c % 2);
+  }
+  // Bits of code c in its first word (the rest come from the next word, same half).
+  QGEMM_HOST_DEVICE static constexpr int code_bits_in_first_word(int c, int bits) {
+    return 16 - (c / 2) * bits % 16 < bits ? 16 - (c / 2) * bits % 16 : bits;
   }
   QGEMM_HOST_DEVICE static constexpr long long scale_column(long long n) {
     return (n / 64) * 64 + (n % 8) * 8 + (n % 64) / 8;

@@ -62,7 +62,7 @@ struct DenseGemmShape {
 
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK>
+          bool kSplitK, bool kPacked16>
 struct DenseGemm {
   static constexpr int kBits = FormatCode::unpack(kFormat).bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
@@ -126,6 +126,28 @@ struct DenseGemm {
     }
   }
 
+  // N consecutive words from shared memory in the widest loads their alignment allows (the
+  // callers' addresses are multiples of N words when N is 4 or 8, of 2 words when N is even).
+  template <int N>
+  __device__ static void load_shared(unsigned (&out)[N], const unsigned* from) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < N; i += 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(from + i);
+        out[i] = v.x, out[i + 1] = v.y, out[i + 2] = v.z, out[i + 3] = v.w;
+      }
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(from + i);
+        out[i] = v.x, out[i + 1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) out[i] = from[i];
+    }
+  }
+
   __device__ static void compute_stage(const char* stage, int wk, int wm, int wn, int lane,
                                        float (&acc)[kMTiles][8][4]) {
     const char* b_stage = stage + Shape::kABytes;
@@ -138,19 +160,25 @@ struct DenseGemm {
       unsigned words[kBits];
       const unsigned* lane_words =
           reinterpret_cast<const unsigned*>(b_stage) + ((wn * kKBlocks + kb) * 32 + lane) * kBits;
-#pragma unroll
-      for (int w = 0; w < kBits; ++w) words[w] = lane_words[w];
-      // This lane's 8 scales (and zeros) for the k16 block's group.
+      load_shared<kBits>(words, lane_words);
+      // This lane's 8 scales (and zeros) for the k16 block's group: 32-byte aligned runs.
       const int scale_row = Shape::kScaleRows == 1 ? 0 : (kb * 16) / kGroup;
       const float* scale_line = s_stage + scale_row * kBlockN + wn * 64 + (lane / 4) * 8;
       float scales[8], zeros[8];
+      load_shared<8>(reinterpret_cast<unsigned(&)[8]>(scales), reinterpret_cast<const unsigned*>(scale_line));
+      if constexpr (kStoredZeros) {
+        load_shared<8>(reinterpret_cast<unsigned(&)[8]>(zeros),
+                       reinterpret_cast<const unsigned*>(scale_line + Shape::kScaleRows * kBlockN));
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        scales[j] = scale_line[j];
-        zeros[j] = kStoredZeros ? scale_line[Shape::kScaleRows * kBlockN + j] : 0.0f;
+        for (int j = 0; j < 8; ++j) zeros[j] = 0.0f;
       }
       unsigned b[8][2];
-      dequantize_lane<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
+      if constexpr (kPacked16) {
+        dequantize_lane_packed16<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
+      } else {
+        dequantize_lane<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
+      }
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         // ldmatrix.x4: lanes 0-15 address rows 0-15 at chunk 2kb, lanes 16-31 at chunk 2kb + 1.
@@ -316,15 +344,16 @@ struct DenseGemm {
   }
 };
 
-// kActivation: 0 bf16, 1 fp16 (the order of the JIT family's "act" choice). kThreads and
+// kActivation: 0 bf16, 1 fp16 (the order of the JIT family's "act" choice); kDequant: 0 fp32,
+// 1 packed16 (its "dequant" choice, dequant/mma_dequant.cuh). kThreads and
 // kDynamicSmemBytes come from the spec (the host's mirror of DenseGemmShape) and must agree.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
-          bool kSplitK, int kThreads, int kDynamicSmemBytes>
+          bool kSplitK, int kDequant, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads)
     dense_gemm_sm80(const DenseGemmParams params) {
   using Gemm = DenseGemm<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kFormat, kZeroMode,
-                         kGroup, kActivation == 0, kOutput, kSplitK>;
+                         kGroup, kActivation == 0, kOutput, kSplitK, kDequant == 1>;
   static_assert(kThreads == Gemm::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

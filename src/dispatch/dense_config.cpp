@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/log.hpp"
 #include "qgemm/error.hpp"
@@ -68,14 +69,26 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int s
   plan.grid_x = static_cast<unsigned>((weight.n_padded / 64 + c.warps_n - 1) / c.warps_n);
   plan.grid_y = static_cast<unsigned>((m + c.block_m() - 1) / c.block_m());
   plan.k_tiles = static_cast<int>((weight.k_blocks * 16 + c.block_k - 1) / c.block_k);
-  // Split K when the output tiles alone leave SMs idle: aim for about one full wave of
-  // resident blocks, keeping at least two K tiles per split so each split pipelines.
+  // Split K so that the blocks fill whole waves of resident blocks: a grid of 1.13 waves runs
+  // as long as 2 (the SMs idle through the second). Try 1..8 splits, keeping at least two K
+  // tiles per split so that each one still pipelines; take the first that reaches 90 % wave
+  // efficiency, else the best. Residency: the config's expectation, capped by shared memory.
+  const bool stored_zeros = weight.zero_mode == layout::MmaZeroMode::Integer ||
+                            weight.zero_mode == layout::MmaZeroMode::Float;
+  const int smem = c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);
+  const int per_sm = std::max(1, std::min(c.blocks_per_sm, (227 * 1024) / (smem + 1024)));
   const std::int64_t blocks = static_cast<std::int64_t>(plan.grid_x) * plan.grid_y;
-  const std::int64_t resident = static_cast<std::int64_t>(sm_count) * c.blocks_per_sm;
+  const std::int64_t resident = static_cast<std::int64_t>(sm_count) * per_sm;
   int splits = 1;
-  if (blocks < resident) {
-    splits = static_cast<int>(std::min<std::int64_t>((resident + blocks - 1) / blocks,
-                                                     std::max(1, plan.k_tiles / 2)));
+  double best = 0.0;
+  for (int s = 1; s <= 8 && (s == 1 || plan.k_tiles / s >= 2); ++s) {
+    const double waves = static_cast<double>(blocks * s) / static_cast<double>(resident);
+    const double efficiency = waves / std::ceil(waves);
+    if (efficiency > best + 1e-9) {
+      best = efficiency;
+      splits = s;
+    }
+    if (efficiency >= 0.9) break;
   }
   plan.tiles_per_split = (plan.k_tiles + splits - 1) / splits;
   plan.splits = (plan.k_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
@@ -103,6 +116,8 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
       jit::SpecParam::chosen("act", activation.name()),
       jit::SpecParam::chosen("out", output.name()),
       jit::SpecParam::boolean("split_k", plan.splits > 1),
+      jit::SpecParam::chosen("dequant",
+                             layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
   };
   spec.launch.threads_per_block = c.threads();
   spec.launch.dynamic_smem_bytes = c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);

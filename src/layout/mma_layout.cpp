@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "gemm/mma_weight_layout.cuh"
 #include "qgemm/error.hpp"
 #include "quant/parallel.hpp"
@@ -104,9 +106,10 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
           const std::int64_t k = kb * 16 + MmaWeightLayout::k_of(lane, c);
           std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
           if (n < w.n && k < w.k) code = offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
-          const int bit = c * bits;
-          lane_words[bit / 32] |= code << (bit % 32);
-          if (bit % 32 + bits > 32) lane_words[bit / 32 + 1] |= code >> (32 - bit % 32);
+          const int word = MmaWeightLayout::code_word(c, bits);
+          const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
+          lane_words[word] |= (code & ((1u << first) - 1u)) << MmaWeightLayout::code_shift(c, bits);
+          if (first < bits) lane_words[word + 1] |= (code >> first) << (16 * (c % 2));
         }
       }
   });
@@ -133,7 +136,25 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
         out.zeros[at] = static_cast<float>(read_float_zero(w, index) + signed_offset);
       }
     }
+  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
+  auto exact_in = [&](const Format& type) {
+    const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
+    for (float scale : out.scales) {
+      const double s = std::fabs(static_cast<double>(scale));
+      if (s == 0.0) continue;
+      if (round_to(type, s) != s || s < type.min_normal() || s * largest_factor > type.max_finite())
+        return false;
+    }
+    return true;
+  };
+  out.scales_exact_in_bf16 = exact_in(formats::bf16);
+  out.scales_exact_in_fp16 = exact_in(formats::fp16);
   return out;
+}
+
+bool packed16_dequant_applies(const MmaWeight& w, const Format& activation) {
+  if (!w.format.is_integer() || w.format.bits > 7 || w.zero_mode == MmaZeroMode::Float) return false;
+  return activation == formats::bf16 ? w.scales_exact_in_bf16 : w.scales_exact_in_fp16;
 }
 
 double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
@@ -142,10 +163,11 @@ double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   const int lane = MmaWeightLayout::lane_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
   const int c = MmaWeightLayout::code_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
   const std::uint32_t* lane_words = w.words.data() + MmaWeightLayout::word_index(slice, kb, w.k_blocks, lane, bits);
-  const int bit = c * bits;
-  std::uint64_t pair = lane_words[bit / 32];
-  if (bit % 32 + bits > 32) pair |= static_cast<std::uint64_t>(lane_words[bit / 32 + 1]) << 32;
-  const auto code = static_cast<std::uint32_t>((pair >> (bit % 32)) & ((1u << bits) - 1u));
+  const int word = MmaWeightLayout::code_word(c, bits);
+  const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
+  std::uint32_t code = (lane_words[word] >> MmaWeightLayout::code_shift(c, bits)) & ((1u << first) - 1u);
+  if (first < bits)
+    code |= ((lane_words[word + 1] >> (16 * (c % 2))) & ((1u << (bits - first)) - 1u)) << first;
   const int g = w.group_size == 0 ? 0 : static_cast<int>(k / w.group_size);
   const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + MmaWeightLayout::scale_column(n);
   const double scale = w.scales[at];

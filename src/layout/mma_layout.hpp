@@ -24,10 +24,17 @@ struct MmaWeight {
   int group_size = 0;  // K values per scale row; 0: one row for all of K
   MmaZeroMode zero_mode = MmaZeroMode::None;
   double global_scale = 1.0;
+  // Whether every scale (and scale × code range) is exact and normal in bf16 / fp16, which
+  // lets integer weights take the packed16 dequantization (dequant/mma_dequant.cuh).
+  bool scales_exact_in_bf16 = false;
+  bool scales_exact_in_fp16 = false;
   std::vector<std::uint32_t> words;  // [n_padded / 64][k_blocks][32 lanes][bits]
   std::vector<float> scales;         // [groups][n_padded], lane-permuted columns
   std::vector<float> zeros;          // same shape, empty unless zero_mode is Integer or Float
 };
+
+// Whether the packed16 dequantization serves this weight against `activation` (bf16 / fp16).
+bool packed16_dequant_applies(const MmaWeight& weight, const Format& activation);
 
 // Why the mma family cannot hold this weight (nullopt when it can).
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);

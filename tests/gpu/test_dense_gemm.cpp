@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <random>
 #include <string>
@@ -72,6 +73,13 @@ std::vector<Case> cases() {
       "w=int3:g32:s=bf16;a=bf16;o=bf16",
   };
   std::vector<Case> out;
+  // QGEMM_GPU_TEST_SUBSET=1: a few cases covering both dequant paths, split-K, zero points and
+  // float formats, for slow tools (compute-sanitizer).
+  if (const char* subset = std::getenv("QGEMM_GPU_TEST_SUBSET"); subset && *subset == '1') {
+    for (const char* text : {"w4a16", "w4a16-zp", "mxfp4-a16", "w=ternary:t:s=fp32;a=bf16;o=bf16"})
+      out.push_back({text, {1, 17, 64, 255}, 640, 1024});
+    return out;
+  }
   const std::int64_t ns[] = {4000, 5472, 640};
   for (std::size_t i = 0; i < schemes.size(); ++i) {
     Scheme s = parse_scheme(schemes[i]);
