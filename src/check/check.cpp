@@ -168,13 +168,17 @@ CheckResult run_check(const Scheme& scheme, std::int64_t m, std::int64_t n, std:
   result.error_vs_reference = frobenius_distance(output, reference_output) / reference_norm;
 
   ErrorBudget& budget = result.budget;
-  budget.weight = root_sum_of_squares(weight_error_radii(w, inputs.weight.data(), w_values)) /
-                  frobenius_norm(inputs.weight.data(), n * k);
+  const double weight_norm = frobenius_norm(inputs.weight.data(), n * k);
+  const double activation_norm = frobenius_norm(inputs.activation.data(), m * k);
+  budget.weight =
+      root_sum_of_squares(weight_error_radii(w, inputs.weight.data(), w_values)) / weight_norm;
   budget.activation =
       root_sum_of_squares(activation_error_radii(a, inputs.activation.data(), a_values)) /
-      frobenius_norm(inputs.activation.data(), m * k);
+      activation_norm;
   const double output_half_steps = output_rounding_bound(scheme.output, reference_output);
   budget.output = output_half_steps / exact_norm;
+  budget.norm_ratio =
+      activation_norm * weight_norm / (std::sqrt(static_cast<double>(k)) * exact_norm);
   budget.safety_factor = 1.25 + 3.0 / std::sqrt(static_cast<double>(m * n));
 
   if (!backend.is_reference()) {
@@ -195,8 +199,9 @@ CheckResult run_check(const Scheme& scheme, std::int64_t m, std::int64_t n, std:
   }
   timer.done("error bounds");
   result.tolerance_vs_exact =
-      budget.safety_factor *
-          (budget.weight + budget.activation + budget.weight * budget.activation + budget.output) +
+      budget.safety_factor * (budget.norm_ratio * (budget.weight + budget.activation +
+                                                   budget.weight * budget.activation) +
+                              budget.output) +
       result.tolerance_vs_reference;
   // Written so that NaN anywhere fails.
   result.pass = result.error_vs_exact <= result.tolerance_vs_exact &&
@@ -219,7 +224,8 @@ std::string to_json(const CheckResult& result) {
   json["tolerances"] = {
       {"vs_exact", result.tolerance_vs_exact}, {"vs_reference", result.tolerance_vs_reference},
       {"weight_bound", result.budget.weight},  {"activation_bound", result.budget.activation},
-      {"output_bound", result.budget.output},  {"safety_factor", result.budget.safety_factor}};
+      {"output_bound", result.budget.output},  {"safety_factor", result.budget.safety_factor},
+      {"norm_ratio", result.budget.norm_ratio}};
   json["pass"] = result.pass;
   json["time_ms"] = result.time_ms;
   json["gflops"] = result.gflops;

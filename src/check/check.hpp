@@ -14,14 +14,16 @@
 //
 //   ε_w = sqrt(Σ radius_w²) / ||W||_F      ε_a = sqrt(Σ radius_a²) / ||A||_F
 //   ε_o = sqrt(Σ half_ulp(output, C_ref)²) / ||A·Wᵀ||_F
-//   tolerance_vs_exact = safety · (ε_w + ε_a + ε_w·ε_a + ε_o)    (+ tolerance_vs_reference)
+//   tolerance_vs_exact = safety · (ρ·(ε_w + ε_a + ε_w·ε_a) + ε_o)    (+ tolerance_vs_reference)
+//   ρ = ||A||_F·||W||_F / (√k·||A·Wᵀ||_F)
 //
 // Why this bounds the output: A·Wᵀ − A_q·W_qᵀ = A·ΔWᵀ + ΔA·Wᵀ + ΔA·ΔWᵀ, and the radii bound
-// ||ΔW||_F and ||ΔA||_F. For check's independent Gaussian activations E||A·ΔWᵀ||² =
-// m·||ΔW||² while E||A·Wᵀ||² = m·||W||², so each term's relative size is its operand's relative
-// error in expectation (and the same for ΔA against iid weights). The radii are worst cases
-// per element (a uniform rounding error has RMS radius/√3), which leaves room; `safety` =
-// 1.25 + 3/√(m·n) covers the sampling spread of a relative norm over m·n outputs.
+// ||ΔW||_F and ||ΔA||_F. For check's independent Gaussian inputs ||A·ΔWᵀ||_F ≈
+// ||A||_F·||ΔW||_F/√k (in expectation over A), and the same for ΔA against the iid weights; the
+// exact product itself is ≈ ||A||_F·||W||_F/√k, and ρ corrects for the draws (few outputs) where
+// it came out smaller, which would otherwise inflate every relative error. The radii are worst
+// cases per element (a uniform rounding error has RMS radius/√3), which leaves room; `safety` =
+// 1.25 + 3/√(m·n) covers the sampling spread of a norm over m·n outputs.
 //
 // A non-reference backend must also stay within
 //   tolerance_vs_reference = safety · (δ + sqrt(4·ε'_o·δ))
@@ -47,6 +49,7 @@ struct ErrorBudget {
   double weight = 0;      // ε_w
   double activation = 0;  // ε_a
   double output = 0;      // ε_o
+  double norm_ratio = 0;  // ρ = ||A||_F·||W||_F / (√k·||A·Wᵀ||_F), ≈ 1 for random inputs
   double safety_factor = 0;
 };
 
