@@ -41,10 +41,12 @@ void print_text_report(const check::CheckResult& r, const std::string& backend_r
   fmt::print("  shape        m = {}, n = {}, k = {}\n", r.m, r.n, r.k);
   fmt::print("  backend      {} ({})\n", r.backend, backend_reason);
   fmt::print("  seed         {}  (rerun: --seed {})\n", r.seed, r.seed);
+  fmt::print("  vs exact     error {:.3e}   tolerance {:.3e}\n", r.error_vs_exact,
+             r.tolerance_vs_exact);
   fmt::print(
-      "  vs exact     error {:.3e}   tolerance {:.3e}   (weight {:.2e}, activation {:.2e}, "
-      "output {:.2e}, x{:.2f})\n",
-      r.error_vs_exact, r.tolerance_vs_exact, r.budget.weight, r.budget.activation, r.budget.output,
+      "               (bounds: weight {:.2e}, activation {:.2e}, output {:.2e}; rho {:.2f}, "
+      "safety x{:.2f})\n",
+      r.budget.weight, r.budget.activation, r.budget.output, r.budget.norm_ratio,
       r.budget.safety_factor);
   fmt::print("  vs reference error {:.3e}   tolerance {:.3e}\n", r.error_vs_reference,
              r.tolerance_vs_reference);
