@@ -15,11 +15,18 @@ cmake --build build-gpu -j16 > "$out/build.log" 2>&1 || { grep -E "error" "$out/
 export QGEMM_CACHE_DIR=/tmp/qgemm-cache
 build-gpu/qgemm info 2>&1 | tee "$out/info.txt"
 ctest --test-dir build-gpu -L gpu --output-on-failure -V > "$out/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; grep -E "rel=|Passed|Failed|FAILED|\[  " "$out/gpu_tests.log" | tail -60
+echo "gpu tests rc=$?"; grep -E "tests passed|Failed|FAILED|Failure" "$out/gpu_tests.log" | head -20
+echo "dense cases checked: $(grep -c 'rel=' "$out/gpu_tests.log")"
 # Memory errors and races on a subset (the README's sanitizer command).
 QGEMM_GPU_TEST_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
   build-gpu/tests/qgemm_tests_gpu --gtest_filter='DenseGemmGpu.*' > "$out/memcheck.log" 2>&1
 echo "memcheck rc=$?"; tail -4 "$out/memcheck.log"
 if [ "${1:-}" != "--quick" ]; then
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
+  # Where the decode kernel spends its time (w4a16 M=1 28672x8192, the first bench launch).
+  ncu --clock-control none --kernel-name regex:dense_gemm --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section SchedulerStats \
+    build-gpu/bench/qgemm_dense_bench --quick > "$out/ncu.txt" 2>&1
+  grep -E "Duration|Throughput|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Registers|Stall|One or More|No Eligible" "$out/ncu.txt" | head -40
 fi

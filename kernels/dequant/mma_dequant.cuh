@@ -28,7 +28,7 @@ namespace qgemm::kernels {
 enum MmaZeroMode {
   kZeroNone = 0,      // value = decode(u) · scale (floats; unsigned ints without zero point)
   kZeroConstant = 1,  // integers: zero = 2^(bits−1) (signed formats, and zp=mid)
-  kZeroInteger = 2,   // integers: per-group stored zero, kept as 2^23 + zero (exact)
+  kZeroInteger = 2,   // integers: per-group stored integer zero
   kZeroFloat = 3,     // integers: per-group stored float zero
 };
 
@@ -86,9 +86,7 @@ __device__ __forceinline__ float dequantize_value(unsigned code, float scale, fl
       return (magic - 8388608.0f) * scale;
     } else if constexpr (kZeroMode == kZeroConstant) {
       return (magic - (8388608.0f + static_cast<float>(1 << (f.bits - 1)))) * scale;
-    } else if constexpr (kZeroMode == kZeroInteger) {
-      return (magic - zero) * scale;  // zero holds 2^23 + z
-    } else {
+    } else {  // stored zeros, integer or float
       return (magic - 8388608.0f - zero) * scale;
     }
   }
@@ -130,7 +128,8 @@ __device__ __forceinline__ void dequantize_lane_packed16(
   for (int j = 0; j < 8; ++j) {
     float zero = 0.0f;
     if constexpr (kZeroMode == kZeroConstant) zero = static_cast<float>(1 << (f.bits - 1));
-    if constexpr (kZeroMode == kZeroInteger) zero = zeros[j] - 8388608.0f;  // stored 2^23 + z
+    // Padding groups past K read zero scales and zeros: 0 · (x − base) stays finite.
+    if constexpr (kZeroMode == kZeroInteger) zero = zeros[j];
     const unsigned minus_offset = ptx::pack_pair<kBf16>(-(kBase + zero), -(kBase + zero));
     const unsigned scale = ptx::pack_pair<kBf16>(scales[j], scales[j]);  // exact (host-checked)
 #pragma unroll

@@ -131,7 +131,7 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
         const double z = static_cast<double>(read_code(w.zeros.data() + (index / grid.cols) *
                                                            ((grid.cols * bits + 7) / 8),
                                                        index % grid.cols, bits));
-        out.zeros[at] = static_cast<float>(8388608.0 + z);  // the kernel's magic offset, exact
+        out.zeros[at] = static_cast<float>(z);
       } else if (out.zero_mode == MmaZeroMode::Float) {
         out.zeros[at] = static_cast<float>(read_float_zero(w, index) + signed_offset);
       }
@@ -176,7 +176,7 @@ double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   switch (w.zero_mode) {
     case MmaZeroMode::None: break;
     case MmaZeroMode::Constant: value -= std::ldexp(1.0, bits - 1); break;
-    case MmaZeroMode::Integer: value -= w.zeros[at] - 8388608.0; break;
+    case MmaZeroMode::Integer:
     case MmaZeroMode::Float: value -= w.zeros[at]; break;
   }
   return value * scale;
