@@ -1,10 +1,14 @@
 #include "check/backend.hpp"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 
+#include "common/log.hpp"
+#include "layout/mma_layout.hpp"
+#include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/reference.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/driver.hpp"
 
 namespace qgemm::check {
 namespace {
@@ -22,36 +26,64 @@ class CpuReferenceBackend final : public GemmBackend {
   }
 };
 
-// The GPU backend plugs in here (issue 4): nullptr while the library has none.
-std::unique_ptr<GemmBackend> make_gpu_backend() { return nullptr; }
+// Why the GPU path cannot run `scheme` (empty when it can).
+std::string gpu_unsupported_reason(const Scheme& scheme) {
+  if (scheme.activation.is_quantized())
+    return fmt::format("activations of {} are quantized ({}); the GPU path serves bf16/fp16 "
+                       "activations only so far", to_string(scheme), scheme.activation.format.name());
+  if (auto reason = layout::mma_unsupported_reason(scheme.weight)) return *reason;
+  return {};
+}
 
-constexpr const char* kNoGpuPath = "the GPU GEMM path is not built yet (issue 4)";
+// qgemm::Engine on device 0: upload A, run, download C.
+class GpuEngineBackend final : public GemmBackend {
+ public:
+  GpuEngineBackend() : engine_(0) {}
+  std::string name() const override { return "gpu"; }
+  std::string description() const override {
+    return fmt::format("GPU: qgemm::Engine on device {} ({} SMs)", engine_.device(), engine_.sm_count());
+  }
+  bool is_reference() const override { return false; }
+  BackendPrecision precision() const override { return {operand_format_, formats::fp32}; }
+  std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
+                           const PackedWeight& w) override {
+    if (const std::string why = gpu_unsupported_reason(scheme); !why.empty())
+      throw Error(ErrorCode::Unsupported, "gpu backend: " + why);
+    operand_format_ = a.quant.format;
+    const QuantWeight weight = engine_.prepare_weight(w);
+    runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a.codes);
+    const Format out = scheme.output;
+    runtime::DeviceBuffer c_device(static_cast<std::size_t>(a.m * w.n) * out.storage_bytes());
+    c_device.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails the check
+    engine_.gemm({a_device.as<void>(), a.m, a.k, a.k, a.quant.format}, weight,
+                 {c_device.as<void>(), a.m, w.n, w.n, out}, nullptr);
+    std::vector<double> c(static_cast<std::size_t>(a.m * w.n));
+    if (out == formats::fp32) {
+      const auto host = c_device.to_vector<float>(c.size());
+      for (std::size_t i = 0; i < c.size(); ++i) c[i] = host[i];
+    } else {
+      const auto host = c_device.to_vector<std::uint16_t>(c.size());
+      for (std::size_t i = 0; i < c.size(); ++i) c[i] = decode(out, host[i]);
+    }
+    return c;
+  }
+
+ private:
+  Engine engine_;
+  Format operand_format_ = formats::bf16;
+};
 
 }  // namespace
 
 std::unique_ptr<GemmBackend> make_cpu_backend() { return std::make_unique<CpuReferenceBackend>(); }
 
 GpuProbe probe_gpu() {
-  // The handle stays open on purpose: unloading a driver after cuInit is not supported, and the
-  // runtime loads the same library again (dlopen reference-counts it).
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (driver == nullptr) {
-    const char* why = dlerror();
-    return {false, why != nullptr ? why : "libcuda.so.1 could not be loaded"};
-  }
-  using CuInit = int (*)(unsigned int);
-  using CuDeviceGetCount = int (*)(int*);
-  auto cu_init = reinterpret_cast<CuInit>(dlsym(driver, "cuInit"));
-  auto cu_device_get_count = reinterpret_cast<CuDeviceGetCount>(dlsym(driver, "cuDeviceGetCount"));
-  if (cu_init == nullptr || cu_device_get_count == nullptr)
-    return {false, "libcuda.so.1 lacks cuInit/cuDeviceGetCount"};
-  if (const int status = cu_init(0); status != 0)
-    return {false, fmt::format("cuInit failed with CUresult {}", status)};
-  int devices = 0;
-  if (const int status = cu_device_get_count(&devices); status != 0)
-    return {false, fmt::format("cuDeviceGetCount failed with CUresult {}", status)};
+  std::string why;
+  if (!runtime::Driver::available(&why)) return {false, why};
+  const int devices = runtime::device_count();
   if (devices < 1) return {false, "the driver reports no CUDA device"};
-  return {true, fmt::format("{} CUDA device(s)", devices)};
+  const runtime::DeviceInfo info = runtime::device_info(0);
+  return {true, fmt::format("{} CUDA device(s), device 0: {}", devices, info.name)};
 }
 
 BackendChoice parse_backend_choice(std::string_view text) {
@@ -62,22 +94,23 @@ BackendChoice parse_backend_choice(std::string_view text) {
               fmt::format("backend '{}' is not a backend (rule: auto, cpu or gpu)", text));
 }
 
-BackendSelection select_backend(BackendChoice choice) {
+BackendSelection select_backend(BackendChoice choice, const Scheme& scheme) {
   if (choice == BackendChoice::Cpu) return {make_cpu_backend(), "asked for"};
   const GpuProbe gpu = probe_gpu();
+  const std::string unsupported = gpu.usable ? gpu_unsupported_reason(scheme) : std::string();
   if (choice == BackendChoice::Gpu) {
     if (!gpu.usable)
-      throw Error(ErrorCode::NoDevice,
-                  fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
-    auto backend = make_gpu_backend();
-    if (!backend)
-      throw Error(ErrorCode::Unsupported,
-                  fmt::format("gpu backend: {} found, but {}", gpu.detail, kNoGpuPath));
-    return {std::move(backend), gpu.detail};
+      throw Error(ErrorCode::NoDevice, fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
+    if (!unsupported.empty())
+      throw Error(ErrorCode::Unsupported, fmt::format("gpu backend: {}", unsupported));
+    return {std::make_unique<GpuEngineBackend>(), gpu.detail};
   }
   if (!gpu.usable) return {make_cpu_backend(), fmt::format("no GPU: {}", gpu.detail)};
-  if (auto backend = make_gpu_backend()) return {std::move(backend), gpu.detail};
-  return {make_cpu_backend(), fmt::format("{} found, but {}", gpu.detail, kNoGpuPath)};
+  if (!unsupported.empty()) {
+    log(LogLevel::Info, "check: falling back to the CPU backend: {}", unsupported);
+    return {make_cpu_backend(), fmt::format("{} found, but {}", gpu.detail, unsupported)};
+  }
+  return {std::make_unique<GpuEngineBackend>(), gpu.detail};
 }
 
 }  // namespace qgemm::check

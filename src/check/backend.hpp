@@ -3,9 +3,10 @@
 //
 //   cpu   the library's CPU backend: the reference path (dequantize exactly, multiply in
 //         double, round once to the output format)
-//   gpu   the JIT-compiled kernels (issue 4); until then a GPU is detected but not served
-//   auto  gpu when probe_gpu() finds a usable driver and device and a GPU backend exists,
-//         else cpu
+//   gpu   qgemm::Engine on device 0: the JIT-compiled kernels (bf16/fp16 activations today;
+//         quantized activations are not served on the GPU yet)
+//   auto  gpu when probe_gpu() finds a usable driver and device and the GPU serves the
+//         scheme, else cpu (saying why)
 #pragma once
 
 #include <memory>
@@ -58,8 +59,8 @@ struct BackendSelection {
   std::string reason;  // why this backend, e.g. "no GPU: libcuda.so.1: cannot open ..."
 };
 // Auto never fails. Gpu fails with ErrorCode::NoDevice ("gpu backend: no usable GPU/driver
-// (...)") when probe_gpu() finds none, and with ErrorCode::Unsupported while there is a GPU
-// but no GPU backend yet.
-BackendSelection select_backend(BackendChoice choice);
+// (...)") when probe_gpu() finds none, and with ErrorCode::Unsupported when there is a GPU but
+// the GPU path does not serve `scheme`.
+BackendSelection select_backend(BackendChoice choice, const Scheme& scheme);
 
 }  // namespace qgemm::check

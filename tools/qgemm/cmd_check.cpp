@@ -59,7 +59,7 @@ int run(const CheckOptions& options) {
   const check::BackendChoice choice = check::parse_backend_choice(options.backend);
   check::BackendSelection selection;
   try {
-    selection = check::select_backend(choice);
+    selection = check::select_backend(choice, scheme);
   } catch (const Error& error) {
     if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
     std::fprintf(stderr, "qgemm check: %s\n", error.what());
