@@ -139,6 +139,9 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   const layout::MmaWeight& w = weight.impl_->host;
   const std::int64_t m = a.rows;
   if (m < 1) throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: A has {} rows; M must be at least 1", m));
+  constexpr std::int64_t kIndexLimit = 0x7fffffff;  // the kernels index rows and columns in int
+  if (m > kIndexLimit)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: M = {} exceeds 2^31 - 1", m));
   check_matrix(a, "A", m, w.k);
   check_matrix(c, "C", m, w.n);
   if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))

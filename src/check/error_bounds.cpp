@@ -51,12 +51,8 @@ std::vector<double> decode_scales(const Format& scale_format,
           fmt::format("error bounds: the {} scales hold {} bytes (rule: {} scales of {} bytes)",
                       tensor, bytes.size(), count, width));
   std::vector<double> scales(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) {
-    std::uint32_t code = 0;
-    for (int byte = 0; byte < width; ++byte)
-      code |= std::uint32_t{bytes[static_cast<std::size_t>(i * width + byte)]} << (8 * byte);
-    scales[static_cast<std::size_t>(i)] = decode(scale_format, code);
-  }
+  for (std::int64_t i = 0; i < count; ++i)
+    scales[static_cast<std::size_t>(i)] = decode(scale_format, read_code(bytes.data(), i, 8 * width));
   return scales;
 }
 

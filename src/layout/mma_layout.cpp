@@ -21,20 +21,11 @@ std::uint32_t offset_code(const Format& format, std::uint32_t code) {
   return code;
 }
 
-double read_scale(const PackedWeight& w, std::int64_t index) {
-  const int bytes = w.quant.scale_format.storage_bytes();
-  std::uint32_t code = 0;
-  for (int b = 0; b < bytes; ++b)
-    code |= static_cast<std::uint32_t>(w.scales[index * bytes + b]) << (8 * b);
-  return decode(w.quant.scale_format, code);
-}
-
-double read_float_zero(const PackedWeight& w, std::int64_t index) {
-  const int bytes = w.quant.scale_format.storage_bytes();
-  std::uint32_t code = 0;
-  for (int b = 0; b < bytes; ++b)
-    code |= static_cast<std::uint32_t>(w.zeros[index * bytes + b]) << (8 * b);
-  return decode(w.quant.scale_format, code);
+// Scales and float zeros are stored as codes of the scale format, storage_bytes() each
+// (quant.hpp): element `index` of the scale grid.
+double read_scale_value(const std::vector<std::uint8_t>& stored, const Format& format,
+                        std::int64_t index) {
+  return decode(format, read_code(stored.data(), index, 8 * format.storage_bytes()));
 }
 
 }  // namespace
@@ -67,6 +58,10 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
     throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
   const WeightQuant& q = w.quant;
   const int bits = q.format.bits;
+  // The kernels index rows, columns and k16 blocks in int.
+  if (w.n + 64 > 0x7fffffff || w.k + 16 > 0x7fffffff)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("mma layout: weight {}x{} exceeds 2^31 - 1 rows or columns", w.n, w.k));
   MmaWeight out;
   out.format = q.format;
   out.n = w.n;
@@ -126,14 +121,14 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
       const std::int64_t k = static_cast<std::int64_t>(g) * (out.group_size == 0 ? 0 : out.group_size);
       const std::int64_t index = (n / grid.rows_per) * grid.cols + k / grid.cols_per;
       const std::size_t at = static_cast<std::size_t>(g) * out.n_padded + MmaWeightLayout::scale_column(n);
-      out.scales[at] = static_cast<float>(read_scale(w, index));
+      out.scales[at] = static_cast<float>(read_scale_value(w.scales, q.scale_format, index));
       if (out.zero_mode == MmaZeroMode::Integer) {
         const double z = static_cast<double>(read_code(w.zeros.data() + (index / grid.cols) *
                                                            ((grid.cols * bits + 7) / 8),
                                                        index % grid.cols, bits));
         out.zeros[at] = static_cast<float>(z);
       } else if (out.zero_mode == MmaZeroMode::Float) {
-        out.zeros[at] = static_cast<float>(read_float_zero(w, index) + signed_offset);
+        out.zeros[at] = static_cast<float>(read_scale_value(w.zeros, q.scale_format, index) + signed_offset);
       }
     }
   // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
