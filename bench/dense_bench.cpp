@@ -17,13 +17,13 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t status_ = (call);                                                     \
-    if (status_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_));           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CHECK_CUDA(call)                                                    \
+  do {                                                                      \
+    cudaError_t status_ = (call);                                           \
+    if (status_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                         \
+    }                                                                       \
   } while (0)
 
 struct Case {
@@ -59,7 +59,8 @@ double median_us(Run&& run, void* flush, std::size_t flush_bytes, int repeats) {
 std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<std::uint16_t> out(count);
-  for (auto& v : out) v = static_cast<std::uint16_t>(qgemm::encode(qgemm::formats::bf16, normal(rng)));
+  for (auto& v : out)
+    v = static_cast<std::uint16_t>(qgemm::encode(qgemm::formats::bf16, normal(rng)));
   return out;
 }
 
@@ -68,10 +69,10 @@ std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   std::vector<Case> cases = {
-      {"w4a16", 1, 28672, 8192}, {"w4a16", 1, 8192, 28672}, {"w4a16", 1, 8192, 8192},
-      {"w4a16", 16, 28672, 8192}, {"w3a16", 1, 28672, 8192}, {"w3a16", 16, 28672, 8192},
-      {"w8a16", 1, 28672, 8192}, {"w8a16", 16, 28672, 8192}, {"mxfp4-a16", 1, 28672, 8192},
-      {"w4a16", 64, 8192, 8192}, {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
+      {"w4a16", 1, 28672, 8192},  {"w4a16", 1, 8192, 28672},   {"w4a16", 1, 8192, 8192},
+      {"w4a16", 16, 28672, 8192}, {"w3a16", 1, 28672, 8192},   {"w3a16", 16, 28672, 8192},
+      {"w8a16", 1, 28672, 8192},  {"w8a16", 16, 28672, 8192},  {"mxfp4-a16", 1, 28672, 8192},
+      {"w4a16", 64, 8192, 8192},  {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
   };
   if (quick) cases.resize(3);
   std::mt19937 rng(std::random_device{}());
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
     const qgemm::PackedWeight packed = qgemm::quantize_weight(scheme.weight, w.data(), c.n, c.k);
     const qgemm::QuantWeight weight = engine.prepare_weight(packed);
     // Bytes a decode call must read at least: the canonical codes and scales (and zeros).
-    const double weight_bytes = static_cast<double>(packed.codes.size() + packed.scales.size() + packed.zeros.size());
+    const double weight_bytes =
+        static_cast<double>(packed.codes.size() + packed.scales.size() + packed.zeros.size());
 
     auto a_host = random_bf16(static_cast<std::size_t>(c.m * c.k), rng);
     auto w_bf16 = random_bf16(static_cast<std::size_t>(c.n * c.k), rng);
@@ -113,10 +115,10 @@ int main(int argc, char** argv) {
     const float alpha = 1.0f, beta = 0.0f;
     const double cublas_us = median_us(
         [&] {
-          cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(c.n), static_cast<int>(c.m),
-                       static_cast<int>(c.k), &alpha, w_dense, CUDA_R_16BF, static_cast<int>(c.k), a,
-                       CUDA_R_16BF, static_cast<int>(c.k), &beta, c_out, CUDA_R_16BF,
-                       static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(c.n),
+                       static_cast<int>(c.m), static_cast<int>(c.k), &alpha, w_dense, CUDA_R_16BF,
+                       static_cast<int>(c.k), a, CUDA_R_16BF, static_cast<int>(c.k), &beta, c_out,
+                       CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
         flush, flush_bytes, repeats);
     const double flops = 2.0 * c.m * c.n * c.k;

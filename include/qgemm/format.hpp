@@ -67,9 +67,7 @@ struct Format {
   constexpr bool is_integer() const { return kind == NumberKind::Integer; }
   constexpr bool is_float() const { return kind == NumberKind::Float; }
   constexpr bool has_inf() const { return is_float() && specials == FloatSpecials::IEEE; }
-  constexpr bool has_nan() const {
-    return is_float() && specials != FloatSpecials::FiniteNoNaN;
-  }
+  constexpr bool has_nan() const { return is_float() && specials != FloatSpecials::FiniteNoNaN; }
   constexpr std::uint32_t code_count() const { return bits >= 32 ? 0u : (1u << bits); }
   // Bytes one element occupies when stored unpacked (scales, activations, outputs).
   constexpr int storage_bytes() const { return bits <= 8 ? 1 : bits <= 16 ? 2 : 4; }

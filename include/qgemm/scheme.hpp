@@ -6,10 +6,12 @@
 //
 // Compact text form (what to_string prints and parse_scheme reads besides preset names):
 //
-//   w=<fmt>[:<wgran>][:s=<fmt>][:zp=<none|mid|int|float>][:global] ; a=<fmt>[:<agran>][:s=<fmt>] ; o=<fmt>
+//   w=<fmt>[:<wgran>][:s=<fmt>][:zp=<none|mid|int|float>][:global] ; a=<fmt>[:<agran>][:s=<fmt>] ;
+//   o=<fmt>
 //
-//   wgran : ch (per output channel) | g<G> (group of G along K) | b<BN>x<BK> (2-D block) | t (tensor)
-//   agran : t (static per tensor) | tok (dynamic per token) | g<G> (dynamic per group along K)
+//   wgran : ch (per output channel) | g<G> (group of G along K) | b<BN>x<BK> (2-D block) | t
+//   (tensor) agran : t (static per tensor) | tok (dynamic per token) | g<G> (dynamic per group
+//   along K)
 //           | mx (1x32, e8m0 scales) | nv (1x16, ue4m3 scales and an fp32 tensor scale)
 //   zp    : mid = the unsigned midpoint 2^(b-1) (GPTQ "symmetric"); int = a stored integer
 //           zero point of the weight's width per scale; float = a stored zero in the scale format
@@ -42,23 +44,23 @@ enum class ActivationScaling : std::uint8_t {
 struct WeightQuant {
   Format format = formats::uint4;
   WeightGranularity granularity = WeightGranularity::Group;
-  int group = 128;                  // Group: values along K that share a scale
-  int block_n = 0, block_k = 0;     // Block: the 2-D scale block
+  int group = 128;               // Group: values along K that share a scale
+  int block_n = 0, block_k = 0;  // Block: the 2-D scale block
   Format scale_format = formats::bf16;
   ZeroPoint zero_point = ZeroPoint::None;
-  bool global_scale = false;        // a second-level fp32 scale over the tensor (NVFP4)
+  bool global_scale = false;  // a second-level fp32 scale over the tensor (NVFP4)
 };
 
 struct ActivationQuant {
-  Format format = formats::bf16;    // fp16 / bf16: unquantized
+  Format format = formats::bf16;  // fp16 / bf16: unquantized
   ActivationScaling scaling = ActivationScaling::None;
-  int group = 0;                    // DynamicGroup: 16/32/64/128; MX: 32; NV: 16
+  int group = 0;  // DynamicGroup: 16/32/64/128; MX: 32; NV: 16
   Format scale_format = formats::fp32;
   bool is_quantized() const { return scaling != ActivationScaling::None; }
 };
 
 struct Scheme {
-  std::string name;                 // the preset it came from, empty otherwise (not part of ==)
+  std::string name;  // the preset it came from, empty otherwise (not part of ==)
   WeightQuant weight;
   ActivationQuant activation;
   Format output = formats::bf16;

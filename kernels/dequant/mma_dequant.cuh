@@ -95,9 +95,9 @@ __device__ __forceinline__ float dequantize_value(unsigned code, float scale, fl
 // words: the lane's codes; scales/zeros: the lane's 8 column values (j = 0..7).
 // out[j][0] = (k 2t, 2t+1) and out[j][1] = (k 2t+8, 2t+9) of column j · 8 + lane / 4.
 template <unsigned long long kFormat, int kZeroMode, bool kBf16>
-__device__ __forceinline__ void dequantize_lane(const unsigned (&words)[FormatCode::unpack(kFormat).bits],
-                                                const float (&scales)[8], const float (&zeros)[8],
-                                                unsigned (&out)[8][2]) {
+__device__ __forceinline__ void dequantize_lane(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const float (&scales)[8],
+    const float (&zeros)[8], unsigned (&out)[8][2]) {
   constexpr int kBits = FormatCode::unpack(kFormat).bits;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

@@ -5,18 +5,18 @@
 namespace qgemm::kernels {
 
 struct DenseGemmParams {
-  const void* a;          // [M, lda] bf16/fp16, 16-byte aligned rows (lda % 8 == 0)
-  const unsigned* b;      // prepared codes (mma_weight_layout.cuh)
-  const float* scales;    // [groups][n_padded], lane-permuted
-  const float* zeros;     // same shape, or null
-  void* c;                // [M, ldc] output
-  const float* bias;      // [N] fp32, or null
-  float* workspace;       // split-K: [M, N] fp32, zero between calls
-  unsigned* counters;     // split-K: one per output tile, zero between calls
+  const void* a;        // [M, lda] bf16/fp16, 16-byte aligned rows (lda % 8 == 0)
+  const unsigned* b;    // prepared codes (mma_weight_layout.cuh)
+  const float* scales;  // [groups][n_padded], lane-permuted
+  const float* zeros;   // same shape, or null
+  void* c;              // [M, ldc] output
+  const float* bias;    // [N] fp32, or null
+  float* workspace;     // split-K: [M, N] fp32, zero between calls
+  unsigned* counters;   // split-K: one per output tile, zero between calls
   long long lda, ldc;
   int m, n, k;
   int n_padded, k_blocks, groups;
-  int k_tiles;            // ceil(k_blocks · 16 / BK)
+  int k_tiles;  // ceil(k_blocks · 16 / BK)
   int tiles_per_split;
   float global_scale;
 };

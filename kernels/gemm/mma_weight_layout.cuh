@@ -52,9 +52,7 @@ struct MmaWeightLayout {
   QGEMM_HOST_DEVICE static constexpr long long k_blocks(long long k) { return (k + 15) / 16; }
 
   // Where element (n, k) lives: the lane and its code index c.
-  QGEMM_HOST_DEVICE static constexpr int lane_of(int n, int k) {
-    return (n % 8) * 4 + (k % 8) / 2;
-  }
+  QGEMM_HOST_DEVICE static constexpr int lane_of(int n, int k) { return (n % 8) * 4 + (k % 8) / 2; }
   QGEMM_HOST_DEVICE static constexpr int code_of(int n, int k) {
     return ((n % 64) / 8) * 4 + (k % 2) + 2 * ((k % 16) / 8);
   }

@@ -33,10 +33,10 @@
 
 namespace qgemm::kernels {
 
-// Launch shape of one instantiation; the host mirrors it (src/layout/mma_layout.cpp) from the
+// Launch shape of one instantiation; the host mirrors it (src/dispatch/dense_config.cpp) from the
 // same constants, so threads and shared memory never come from a compiled binary.
-template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
-          int kBits, int kGroup, bool kStoredZeros>
+template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages, int kBits,
+          int kGroup, bool kStoredZeros>
 struct DenseGemmShape {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kBlockM = 16 * kMTiles * kWarpsM;
@@ -55,7 +55,8 @@ struct DenseGemmShape {
 
   static_assert(kBlockK % 64 == 0, "BK must be a multiple of 64 (A swizzle spans 8 chunks)");
   static_assert(kKBlocks % kWarpsK == 0, "every K warp gets the same number of k16 blocks");
-  static_assert(kGroup == 0 || (kGroup % 16 == 0 && (kGroup % kBlockK == 0 || kBlockK % kGroup == 0)),
+  static_assert(kGroup == 0 ||
+                    (kGroup % 16 == 0 && (kGroup % kBlockK == 0 || kBlockK % kGroup == 0)),
                 "groups must be multiples of 16 that tile BK");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte stages");
 };
@@ -66,8 +67,8 @@ template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int k
 struct DenseGemm {
   static constexpr int kBits = FormatCode::unpack(kFormat).bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
-  using Shape = DenseGemmShape<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kBits,
-                               kGroup, kStoredZeros>;
+  using Shape = DenseGemmShape<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kBits, kGroup,
+                               kStoredZeros>;
   static constexpr int kThreads = Shape::kThreads;
   static constexpr int kBlockM = Shape::kBlockM, kBlockN = Shape::kBlockN;
   static constexpr int kKBlocks = Shape::kKBlocks;
@@ -102,9 +103,10 @@ struct DenseGemm {
       const int slice = slice0 + s;
       const int block = first_block + chunk / (8 * kBits);  // a k16 block is 8 · bits chunks
       const bool valid = slice * 64 < p.n_padded && block < p.k_blocks;
-      const char* src = reinterpret_cast<const char*>(p.b) +
-                        ((static_cast<long long>(slice) * p.k_blocks + first_block) * 32 * kBits * 4 +
-                         chunk * 16);
+      const char* src =
+          reinterpret_cast<const char*>(p.b) +
+          ((static_cast<long long>(slice) * p.k_blocks + first_block) * 32 * kBits * 4 +
+           chunk * 16);
       ptx::cp_async_16(b_stage + i * 16, valid ? src : reinterpret_cast<const char*>(p.b),
                        valid ? 16 : 0);
     }
@@ -165,7 +167,8 @@ struct DenseGemm {
       const int scale_row = Shape::kScaleRows == 1 ? 0 : (kb * 16) / kGroup;
       const float* scale_line = s_stage + scale_row * kBlockN + wn * 64 + (lane / 4) * 8;
       float scales[8], zeros[8];
-      load_shared<8>(reinterpret_cast<unsigned(&)[8]>(scales), reinterpret_cast<const unsigned*>(scale_line));
+      load_shared<8>(reinterpret_cast<unsigned(&)[8]>(scales),
+                     reinterpret_cast<const unsigned*>(scale_line));
       if constexpr (kStoredZeros) {
         load_shared<8>(reinterpret_cast<unsigned(&)[8]>(zeros),
                        reinterpret_cast<const unsigned*>(scale_line + Shape::kScaleRows * kBlockN));
@@ -211,7 +214,8 @@ struct DenseGemm {
       const unsigned short h0 = bf16 ? ptx::float_to_bf16_bits(v0) : ptx::float_to_fp16_bits(v0);
       if (pair && (at % 2 == 0)) {
         const unsigned short h1 = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
-        *reinterpret_cast<unsigned*>(c + at) = static_cast<unsigned>(h0) | (static_cast<unsigned>(h1) << 16);
+        *reinterpret_cast<unsigned*>(c + at) =
+            static_cast<unsigned>(h0) | (static_cast<unsigned>(h1) << 16);
       } else {
         c[at] = h0;
         if (pair) c[at + 1] = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
@@ -247,7 +251,8 @@ struct DenseGemm {
       __syncthreads();
       const int next = t + kStages - 1;
       if (next < tiles)
-        load_stage(p, shared + (next % kStages) * Shape::kStageBytes, tile_begin + next, m0, slice0);
+        load_stage(p, shared + (next % kStages) * Shape::kStageBytes, tile_begin + next, m0,
+                   slice0);
       ptx::cp_async_commit();
       compute_stage(shared + (t % kStages) * Shape::kStageBytes, wk, wm, wn, lane, acc);
     }
@@ -294,7 +299,8 @@ struct DenseGemm {
 #pragma unroll
           for (int half = 0; half < 2; ++half)
             store_pair(p, row_base + mt * 16 + half * 8, col_base + j * 8,
-                       acc[mt][j][half * 2] * p.global_scale, acc[mt][j][half * 2 + 1] * p.global_scale);
+                       acc[mt][j][half * 2] * p.global_scale,
+                       acc[mt][j][half * 2 + 1] * p.global_scale);
     } else {
       if (wk == 0) {
 #pragma unroll
@@ -350,8 +356,7 @@ struct DenseGemm {
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
           bool kSplitK, int kDequant, int kThreads, int kDynamicSmemBytes>
-__global__ void __launch_bounds__(kThreads)
-    dense_gemm_sm80(const DenseGemmParams params) {
+__global__ void __launch_bounds__(kThreads) dense_gemm_sm80(const DenseGemmParams params) {
   using Gemm = DenseGemm<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kFormat, kZeroMode,
                          kGroup, kActivation == 0, kOutput, kSplitK, kDequant == 1>;
   static_assert(kThreads == Gemm::kThreads, "spec threads differ from the kernel's shape");

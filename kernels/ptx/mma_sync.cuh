@@ -18,8 +18,8 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned shared_ad
 }
 
 template <bool kBf16>
-__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4],
-                                             unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1) {
   if constexpr (kBf16) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

@@ -8,9 +8,9 @@
 
 #include "common/log.hpp"
 #include "dispatch/dense_config.hpp"
+#include "gemm/dense_gemm_params.cuh"
 #include "jit/cache.hpp"
 #include "jit/print_configs.hpp"
-#include "gemm/dense_gemm_params.cuh"
 #include "qgemm/error.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
@@ -76,8 +76,9 @@ struct Engine::Impl {
 Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
   const int count = runtime::device_count();
   if (device < 0 || device >= count)
-    throw Error(ErrorCode::NoDevice,
-                fmt::format("engine: device {} does not exist ({} CUDA devices visible)", device, count));
+    throw Error(
+        ErrorCode::NoDevice,
+        fmt::format("engine: device {} does not exist ({} CUDA devices visible)", device, count));
   impl_->device = device;
   impl_->context = runtime::use_primary_context(device);
   impl_->info = runtime::device_info(device);
@@ -96,7 +97,8 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight) {
   prepared->host = layout::repack_for_mma(weight);
   prepared->words = runtime::DeviceBuffer::from(prepared->host.words);
   prepared->scales = runtime::DeviceBuffer::from(prepared->host.scales);
-  if (!prepared->host.zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(prepared->host.zeros);
+  if (!prepared->host.zeros.empty())
+    prepared->zeros = runtime::DeviceBuffer::from(prepared->host.zeros);
   prepared->host.words = {};
   prepared->host.scales = {};
   prepared->host.zeros = {};
@@ -122,7 +124,8 @@ void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, st
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output) const {
   const auto plan = dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count);
-  return jit::to_string(dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch)) +
+  return jit::to_string(
+             dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch)) +
          fmt::format(" splits={}", plan.splits);
 }
 
@@ -135,10 +138,13 @@ void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& ac
 
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
-  if (!weight) throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
+  if (!weight)
+    throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
   const layout::MmaWeight& w = weight.impl_->host;
   const std::int64_t m = a.rows;
-  if (m < 1) throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: A has {} rows; M must be at least 1", m));
+  if (m < 1)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A has {} rows; M must be at least 1", m));
   constexpr std::int64_t kIndexLimit = 0x7fffffff;  // the kernels index rows and columns in int
   if (m > kIndexLimit)
     throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: M = {} exceeds 2^31 - 1", m));
@@ -147,14 +153,16 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))
     throw Error(ErrorCode::Unsupported,
                 fmt::format("gemm: activation type {} is not bf16 or fp16 (quantized activations "
-                            "are not served on the GPU yet)", a.dtype.name()));
+                            "are not served on the GPU yet)",
+                            a.dtype.name()));
   if (!(c.dtype == formats::bf16 || c.dtype == formats::fp16 || c.dtype == formats::fp32))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: output type {} is not fp16, bf16 or fp32", c.dtype.name()));
   if (a.stride % 8 != 0 || reinterpret_cast<std::uintptr_t>(a.data) % 16 != 0)
     throw Error(ErrorCode::Unsupported,
                 fmt::format("gemm: A needs 16-byte aligned rows (stride {} must be a multiple of 8 "
-                            "and the pointer 16-byte aligned)", a.stride));
+                            "and the pointer 16-byte aligned)",
+                            a.stride));
   if (c.dtype.storage_bytes() == 2 && reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0)
     throw Error(ErrorCode::InvalidArgument, "gemm: C must be 4-byte aligned");
 
@@ -184,8 +192,9 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   params.tiles_per_split = plan.tiles_per_split;
   params.global_scale = static_cast<float>(w.global_scale);
   if (plan.splits > 1) {
-    auto& ws = impl_->workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
-                                static_cast<std::size_t>(plan.grid_x) * plan.grid_y * sizeof(unsigned));
+    auto& ws =
+        impl_->workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
+                         static_cast<std::size_t>(plan.grid_x) * plan.grid_y * sizeof(unsigned));
     params.workspace = ws.sums.as<float>();
     params.counters = ws.counters.as<unsigned>();
   }

@@ -29,8 +29,10 @@ class CpuReferenceBackend final : public GemmBackend {
 // Why the GPU path cannot run `scheme` (empty when it can).
 std::string gpu_unsupported_reason(const Scheme& scheme) {
   if (scheme.activation.is_quantized())
-    return fmt::format("activations of {} are quantized ({}); the GPU path serves bf16/fp16 "
-                       "activations only so far", to_string(scheme), scheme.activation.format.name());
+    return fmt::format(
+        "activations of {} are quantized ({}); the GPU path serves bf16/fp16 "
+        "activations only so far",
+        to_string(scheme), scheme.activation.format.name());
   if (auto reason = layout::mma_unsupported_reason(scheme.weight)) return *reason;
   return {};
 }
@@ -41,7 +43,8 @@ class GpuEngineBackend final : public GemmBackend {
   GpuEngineBackend() : engine_(0) {}
   std::string name() const override { return "gpu"; }
   std::string description() const override {
-    return fmt::format("GPU: qgemm::Engine on device {} ({} SMs)", engine_.device(), engine_.sm_count());
+    return fmt::format("GPU: qgemm::Engine on device {} ({} SMs)", engine_.device(),
+                       engine_.sm_count());
   }
   bool is_reference() const override { return false; }
   BackendPrecision precision() const override { return {operand_format_, formats::fp32}; }
@@ -100,7 +103,8 @@ BackendSelection select_backend(BackendChoice choice, const Scheme& scheme) {
   const std::string unsupported = gpu.usable ? gpu_unsupported_reason(scheme) : std::string();
   if (choice == BackendChoice::Gpu) {
     if (!gpu.usable)
-      throw Error(ErrorCode::NoDevice, fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
+      throw Error(ErrorCode::NoDevice,
+                  fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
     if (!unsupported.empty())
       throw Error(ErrorCode::Unsupported, fmt::format("gpu backend: {}", unsupported));
     return {std::make_unique<GpuEngineBackend>(), gpu.detail};

@@ -61,8 +61,9 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int s
       }
   }
   if (!chosen)
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("dense gemm: no tile config serves weight groups of {}", weight.group_size));
+    throw Error(
+        ErrorCode::Unsupported,
+        fmt::format("dense gemm: no tile config serves weight groups of {}", weight.group_size));
   DensePlan plan;
   plan.config = *chosen;
   const auto& c = plan.config;
@@ -116,11 +117,12 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
       jit::SpecParam::chosen("act", activation.name()),
       jit::SpecParam::chosen("out", output.name()),
       jit::SpecParam::boolean("split_k", plan.splits > 1),
-      jit::SpecParam::chosen("dequant",
-                             layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
+      jit::SpecParam::chosen(
+          "dequant", layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
   };
   spec.launch.threads_per_block = c.threads();
-  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);
+  spec.launch.dynamic_smem_bytes =
+      c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);
   return spec;
 }
 

@@ -99,8 +99,7 @@ std::uint32_t nan_code(const Format& f) {
       return (((1u << f.exponent_bits) - 1) << f.mantissa_bits) |
              (f.mantissa_bits > 0 ? 1u << (f.mantissa_bits - 1) : 0u);
     case FloatSpecials::FiniteOneNaN:
-    case FloatSpecials::ExponentOnly:
-      return (1u << (f.exponent_bits + f.mantissa_bits)) - 1;
+    case FloatSpecials::ExponentOnly: return (1u << (f.exponent_bits + f.mantissa_bits)) - 1;
     case FloatSpecials::FiniteNoNaN: break;
   }
   throw Error(ErrorCode::InvalidArgument,
@@ -171,14 +170,13 @@ std::string Format::name() const {
   std::string base = fmt::format("fp{}_e{}m{}", bits, exponent_bits, mantissa_bits);
   if (!is_signed) base = "u" + base;
   // parse_format makes every unsigned mantissa-less format exponent-only (as e8m0).
-  const FloatSpecials implied = !is_signed && mantissa_bits == 0 ? FloatSpecials::ExponentOnly
-                                                                 : default_specials(bits);
+  const FloatSpecials implied =
+      !is_signed && mantissa_bits == 0 ? FloatSpecials::ExponentOnly : default_specials(bits);
   // A base that is an alias of a fixed name (fp8_e4m3 = e4m3fn) must spell out its specials.
   bool base_is_alias = false;
   for (const auto& entry : named_float_table())
     for (const auto& alias : entry.names) base_is_alias = base_is_alias || alias == base;
-  if (specials != implied || base_is_alias)
-    base += "_" + std::string(specials_suffix(specials));
+  if (specials != implied || base_is_alias) base += "_" + std::string(specials_suffix(specials));
   if (bias != (1 << (exponent_bits - 1)) - 1) base += fmt::format("_b{}", bias);
   return base;
 }
@@ -186,7 +184,8 @@ std::string Format::name() const {
 double Format::max_finite() const {
   if (is_integer()) return max_int;
   const int m = mantissa_bits;
-  if (specials == FloatSpecials::ExponentOnly) return std::ldexp(1.0, max_exponent_field(*this) - bias);
+  if (specials == FloatSpecials::ExponentOnly)
+    return std::ldexp(1.0, max_exponent_field(*this) - bias);
   if (specials == FloatSpecials::FiniteOneNaN && m == 0)  // the top exponent is the NaN
     return std::ldexp(1.0, max_exponent_field(*this) - 1 - bias);
   double all_ones_mantissa = 2.0 - std::ldexp(1.0, -m);
@@ -234,7 +233,8 @@ Format parse_format(std::string_view text) {
     if (!parse_int(std::string_view(name).substr(prefix.size()), bits)) break;
     if (bits < 1 || bits > 8) return fail(fmt::format("integer width {} is outside 1..8", bits));
     bool is_signed = prefix != "uint" && prefix != "u";
-    if (is_signed && bits == 1) return fail("int1 has no positive value; use uint1 with a zero point");
+    if (is_signed && bits == 1)
+      return fail("int1 has no positive value; use uint1 with a zero point");
     return Format::integer(bits, is_signed);
   }
   // [u]fpN_eXmY[_ieee|_fn|_finite][_bB], or a bare eXmY
@@ -260,19 +260,24 @@ Format parse_format(std::string_view text) {
     return fail(fmt::format("exponent bits {} must be 1..8 and mantissa bits {} 0..23", e, m));
   int total = e + m + (is_signed ? 1 : 0);
   if (declared_bits >= 0 && declared_bits != total)
-    return fail(fmt::format("fp{} does not match e{}m{} ({} bits with sign)", declared_bits, e, m,
-                            total));
+    return fail(
+        fmt::format("fp{} does not match e{}m{} ({} bits with sign)", declared_bits, e, m, total));
   Format f = Format::floating(e, m, default_specials(total), is_signed);
   while (underscore != std::string_view::npos) {
     rest.remove_prefix(underscore + 1);
     underscore = rest.find('_');
     std::string_view option = rest.substr(0, underscore);
     int bias = 0;
-    if (option == "ieee") f.specials = FloatSpecials::IEEE;
-    else if (option == "fn") f.specials = FloatSpecials::FiniteOneNaN;
-    else if (option == "finite") f.specials = FloatSpecials::FiniteNoNaN;
-    else if (option.size() > 1 && option[0] == 'b' && parse_int(option.substr(1), bias)) f.bias = bias;
-    else return fail(fmt::format("unknown option '{}'", option));
+    if (option == "ieee")
+      f.specials = FloatSpecials::IEEE;
+    else if (option == "fn")
+      f.specials = FloatSpecials::FiniteOneNaN;
+    else if (option == "finite")
+      f.specials = FloatSpecials::FiniteNoNaN;
+    else if (option.size() > 1 && option[0] == 'b' && parse_int(option.substr(1), bias))
+      f.bias = bias;
+    else
+      return fail(fmt::format("unknown option '{}'", option));
   }
   if (!is_signed && m == 0) f.specials = FloatSpecials::ExponentOnly;  // as e8m0
   if (f.specials == FloatSpecials::IEEE && e < 2)
@@ -363,7 +368,9 @@ bool is_valid_code(const Format& format, std::uint32_t code) {
   return true;
 }
 
-double round_to(const Format& format, double value) { return decode(format, encode(format, value)); }
+double round_to(const Format& format, double value) {
+  return decode(format, encode(format, value));
+}
 
 double half_ulp(const Format& f, double value) {
   if (f.is_integer()) return 0.5;

@@ -41,7 +41,8 @@ const char* mma_zero_mode_name(MmaZeroMode mode) {
 }
 
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
-  if (q.format.bits > 8) return fmt::format("weight format {} is wider than 8 bits", q.format.name());
+  if (q.format.bits > 8)
+    return fmt::format("weight format {} is wider than 8 bits", q.format.name());
   if (q.format.is_float() && q.format.mantissa_bits > 23)
     return fmt::format("weight format {} has more mantissa bits than fp32", q.format.name());
   if (q.format.is_float() && q.format.bias > 126)
@@ -74,7 +75,8 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
     case WeightGranularity::Block: out.group_size = q.block_k; break;
     default: out.group_size = 0;
   }
-  out.groups = out.group_size == 0 ? 1 : static_cast<int>((w.k + out.group_size - 1) / out.group_size);
+  out.groups =
+      out.group_size == 0 ? 1 : static_cast<int>((w.k + out.group_size - 1) / out.group_size);
   if (q.format.is_integer()) {
     switch (q.zero_point) {
       case ZeroPoint::None:
@@ -90,45 +92,53 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
   const std::int64_t slices = out.n_padded / MmaWeightLayout::kSliceN;
   out.words.assign(slices * out.k_blocks * 32 * bits, 0u);
   const std::int64_t row_bytes = w.row_bytes();
-  quant_detail::parallel_rows(slices, out.k_blocks * 16 * 64, [&](std::int64_t first, std::int64_t last) {
-   for (std::int64_t slice = first; slice < last; ++slice)
-    for (std::int64_t kb = 0; kb < out.k_blocks; ++kb)
-      for (int lane = 0; lane < 32; ++lane) {
-        std::uint32_t* lane_words =
-            out.words.data() + MmaWeightLayout::word_index(slice, kb, out.k_blocks, lane, bits);
-        for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
-          const std::int64_t n = slice * 64 + MmaWeightLayout::n_of(lane, c);
-          const std::int64_t k = kb * 16 + MmaWeightLayout::k_of(lane, c);
-          std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
-          if (n < w.n && k < w.k) code = offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
-          const int word = MmaWeightLayout::code_word(c, bits);
-          const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
-          lane_words[word] |= (code & ((1u << first) - 1u)) << MmaWeightLayout::code_shift(c, bits);
-          if (first < bits) lane_words[word + 1] |= (code >> first) << (16 * (c % 2));
-        }
-      }
-  });
+  quant_detail::parallel_rows(
+      slices, out.k_blocks * 16 * 64, [&](std::int64_t first, std::int64_t last) {
+        for (std::int64_t slice = first; slice < last; ++slice)
+          for (std::int64_t kb = 0; kb < out.k_blocks; ++kb)
+            for (int lane = 0; lane < 32; ++lane) {
+              std::uint32_t* lane_words =
+                  out.words.data() +
+                  MmaWeightLayout::word_index(slice, kb, out.k_blocks, lane, bits);
+              for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
+                const std::int64_t n = slice * 64 + MmaWeightLayout::n_of(lane, c);
+                const std::int64_t k = kb * 16 + MmaWeightLayout::k_of(lane, c);
+                std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
+                if (n < w.n && k < w.k)
+                  code = offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
+                const int word = MmaWeightLayout::code_word(c, bits);
+                const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
+                lane_words[word] |= (code & ((1u << first) - 1u))
+                                    << MmaWeightLayout::code_shift(c, bits);
+                if (first < bits) lane_words[word + 1] |= (code >> first) << (16 * (c % 2));
+              }
+            }
+      });
 
   // Scales and zeros: one fp32 row per group, columns permuted per slice.
   const ScaleGrid grid = w.scale_grid();
-  const bool stored_zeros = out.zero_mode == MmaZeroMode::Integer || out.zero_mode == MmaZeroMode::Float;
+  const bool stored_zeros =
+      out.zero_mode == MmaZeroMode::Integer || out.zero_mode == MmaZeroMode::Float;
   out.scales.assign(static_cast<std::size_t>(out.groups) * out.n_padded, 0.0f);
   if (stored_zeros) out.zeros.assign(out.scales.size(), 0.0f);
   const double signed_offset = q.format.is_signed ? std::ldexp(1.0, bits - 1) : 0.0;
   for (int g = 0; g < out.groups; ++g)
     for (std::int64_t n = 0; n < w.n; ++n) {
       // The canonical scale covering (n, first k of this group).
-      const std::int64_t k = static_cast<std::int64_t>(g) * (out.group_size == 0 ? 0 : out.group_size);
+      const std::int64_t k =
+          static_cast<std::int64_t>(g) * (out.group_size == 0 ? 0 : out.group_size);
       const std::int64_t index = (n / grid.rows_per) * grid.cols + k / grid.cols_per;
-      const std::size_t at = static_cast<std::size_t>(g) * out.n_padded + MmaWeightLayout::scale_column(n);
+      const std::size_t at =
+          static_cast<std::size_t>(g) * out.n_padded + MmaWeightLayout::scale_column(n);
       out.scales[at] = static_cast<float>(read_scale_value(w.scales, q.scale_format, index));
       if (out.zero_mode == MmaZeroMode::Integer) {
-        const double z = static_cast<double>(read_code(w.zeros.data() + (index / grid.cols) *
-                                                           ((grid.cols * bits + 7) / 8),
-                                                       index % grid.cols, bits));
+        const double z = static_cast<double>(
+            read_code(w.zeros.data() + (index / grid.cols) * ((grid.cols * bits + 7) / 8),
+                      index % grid.cols, bits));
         out.zeros[at] = static_cast<float>(z);
       } else if (out.zero_mode == MmaZeroMode::Float) {
-        out.zeros[at] = static_cast<float>(read_scale_value(w.zeros, q.scale_format, index) + signed_offset);
+        out.zeros[at] =
+            static_cast<float>(read_scale_value(w.zeros, q.scale_format, index) + signed_offset);
       }
     }
   // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
@@ -148,7 +158,8 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
 }
 
 bool packed16_dequant_applies(const MmaWeight& w, const Format& activation) {
-  if (!w.format.is_integer() || w.format.bits > 7 || w.zero_mode == MmaZeroMode::Float) return false;
+  if (!w.format.is_integer() || w.format.bits > 7 || w.zero_mode == MmaZeroMode::Float)
+    return false;
   return activation == formats::bf16 ? w.scales_exact_in_bf16 : w.scales_exact_in_fp16;
 }
 
@@ -157,14 +168,17 @@ double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   const std::int64_t slice = n / 64, kb = k / 16;
   const int lane = MmaWeightLayout::lane_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
   const int c = MmaWeightLayout::code_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
-  const std::uint32_t* lane_words = w.words.data() + MmaWeightLayout::word_index(slice, kb, w.k_blocks, lane, bits);
+  const std::uint32_t* lane_words =
+      w.words.data() + MmaWeightLayout::word_index(slice, kb, w.k_blocks, lane, bits);
   const int word = MmaWeightLayout::code_word(c, bits);
   const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
-  std::uint32_t code = (lane_words[word] >> MmaWeightLayout::code_shift(c, bits)) & ((1u << first) - 1u);
+  std::uint32_t code =
+      (lane_words[word] >> MmaWeightLayout::code_shift(c, bits)) & ((1u << first) - 1u);
   if (first < bits)
     code |= ((lane_words[word + 1] >> (16 * (c % 2))) & ((1u << (bits - first)) - 1u)) << first;
   const int g = w.group_size == 0 ? 0 : static_cast<int>(k / w.group_size);
-  const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + MmaWeightLayout::scale_column(n);
+  const std::size_t at =
+      static_cast<std::size_t>(g) * w.n_padded + MmaWeightLayout::scale_column(n);
   const double scale = w.scales[at];
   if (w.format.is_float()) return decode(w.format, code) * scale;
   double value = code;

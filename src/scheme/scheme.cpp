@@ -87,32 +87,42 @@ WeightQuant parse_weight(std::string_view text, std::string_view context) {
       w.granularity = WeightGranularity::PerTensor;
     } else if (field == "ch") {
       w.granularity = WeightGranularity::PerChannel;
-    } else if (field.size() > 1 && field[0] == 'g' && std::isdigit(static_cast<unsigned char>(field[1]))) {
+    } else if (field.size() > 1 && field[0] == 'g' &&
+               std::isdigit(static_cast<unsigned char>(field[1]))) {
       w.granularity = WeightGranularity::Group;
       w.group = parse_positive(std::string_view(field).substr(1), "weight group", context);
     } else if (field.size() > 1 && field[0] == 'b' && field.find('x') != std::string::npos) {
       auto x = field.find('x');
       w.granularity = WeightGranularity::Block;
-      w.block_n = parse_positive(std::string_view(field).substr(1, x - 1), "weight block rows", context);
-      w.block_k = parse_positive(std::string_view(field).substr(x + 1), "weight block columns", context);
+      w.block_n =
+          parse_positive(std::string_view(field).substr(1, x - 1), "weight block rows", context);
+      w.block_k =
+          parse_positive(std::string_view(field).substr(x + 1), "weight block columns", context);
     } else if (field.rfind("s=", 0) == 0) {
       w.scale_format = parse_format(field.substr(2));
     } else if (field.rfind("zp=", 0) == 0) {
       std::string z = field.substr(3);
-      if (z == "none") w.zero_point = ZeroPoint::None;
-      else if (z == "mid") w.zero_point = ZeroPoint::Midpoint;
-      else if (z == "int") w.zero_point = ZeroPoint::Integer;
-      else if (z == "float") w.zero_point = ZeroPoint::Float;
+      if (z == "none")
+        w.zero_point = ZeroPoint::None;
+      else if (z == "mid")
+        w.zero_point = ZeroPoint::Midpoint;
+      else if (z == "int")
+        w.zero_point = ZeroPoint::Integer;
+      else if (z == "float")
+        w.zero_point = ZeroPoint::Float;
       else
         throw Error(ErrorCode::InvalidArgument,
                     fmt::format("scheme '{}': weight zero point '{}' is not one of none, mid, int, "
-                                "float", context, z));
+                                "float",
+                                context, z));
     } else if (field == "global") {
       w.global_scale = true;
     } else {
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("scheme '{}': weight option '{}' is not one of t, ch, g<G>, b<N>x<K>, "
-                              "s=<format>, zp=<none|mid|int|float>, global", context, field));
+      throw Error(
+          ErrorCode::InvalidArgument,
+          fmt::format("scheme '{}': weight option '{}' is not one of t, ch, g<G>, b<N>x<K>, "
+                      "s=<format>, zp=<none|mid|int|float>, global",
+                      context, field));
     }
   }
   return w;
@@ -131,7 +141,8 @@ ActivationQuant parse_activation(std::string_view text, std::string_view context
       a.scaling = ActivationScaling::StaticTensor;
     } else if (field == "tok") {
       a.scaling = ActivationScaling::DynamicToken;
-    } else if (field.size() > 1 && field[0] == 'g' && std::isdigit(static_cast<unsigned char>(field[1]))) {
+    } else if (field.size() > 1 && field[0] == 'g' &&
+               std::isdigit(static_cast<unsigned char>(field[1]))) {
       a.scaling = ActivationScaling::DynamicGroup;
       a.group = parse_positive(std::string_view(field).substr(1), "activation group", context);
     } else if (field == "mx") {
@@ -146,7 +157,8 @@ ActivationQuant parse_activation(std::string_view text, std::string_view context
     } else {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("scheme '{}': activation option '{}' is not one of t, tok, g<G>, mx, "
-                              "nv, s=<format>", context, field));
+                              "nv, s=<format>",
+                              context, field));
     }
   }
   if (!scale_given) {
@@ -213,7 +225,8 @@ Scheme parse_scheme(std::string_view text) {
     for (const auto& preset : presets()) names += (names.empty() ? "" : ", ") + preset.name;
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("scheme '{}' is neither a preset ({}) nor the text form "
-                            "'w=<fmt>[:...];a=<fmt>[:...];o=<fmt>'", context, names));
+                            "'w=<fmt>[:...];a=<fmt>[:...];o=<fmt>'",
+                            context, names));
   }
   return parse_text_form(context);
 }
@@ -226,7 +239,8 @@ std::string to_string(const Scheme& s) {
   if (w.global_scale) text += ":global";
   const ActivationQuant& a = s.activation;
   text += fmt::format(";a={}", a.format.name());
-  if (a.is_quantized()) text += fmt::format(":{}:s={}", activation_scaling_text(a), a.scale_format.name());
+  if (a.is_quantized())
+    text += fmt::format(":{}:s={}", activation_scaling_text(a), a.scale_format.name());
   text += fmt::format(";o={}", s.output.name());
   return text;
 }
@@ -265,11 +279,13 @@ void validate(const Scheme& s) {
   const ActivationQuant& a = s.activation;
   if (!a.is_quantized()) {
     if (!is_one_of(a.format, {formats::fp16, formats::bf16}))
-      fail(fmt::format("unquantized activation format {} is not fp16 or bf16; quantized formats "
-                       "are e4m3, e5m2, int8, int4, e2m1", a.format.name()));
+      fail(
+          fmt::format("unquantized activation format {} is not fp16 or bf16; quantized formats "
+                      "are e4m3, e5m2, int8, int4, e2m1",
+                      a.format.name()));
   } else {
-    if (!is_one_of(a.format, {formats::e4m3, formats::e5m2, formats::int8, formats::int_(4),
-                              formats::e2m1}))
+    if (!is_one_of(a.format,
+                   {formats::e4m3, formats::e5m2, formats::int8, formats::int_(4), formats::e2m1}))
       fail(fmt::format("quantized activation format {} is not one of e4m3, e5m2, int8, int4, e2m1",
                        a.format.name()));
     switch (a.scaling) {

@@ -41,17 +41,31 @@ TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
   const std::uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const char* text :
-       {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "gptq-w4a16-g128", "mxfp4-a16", "nvfp4-a16",
-        "fp8-block", "bitnet", "w=int4:g32:s=bf16;a=bf16", "w=uint1:g64:s=bf16:zp=int;a=bf16",
-        "w=uint5:g128:s=bf16:zp=int;a=bf16", "w=uint6:g128:s=fp16:zp=float;a=fp16",
-        "w=int3:g32:s=bf16:zp=float;a=bf16", "w=uint7:ch:s=fp32:zp=mid;a=bf16",
-        "w=e5m2:g64:s=bf16;a=fp16", "w=e3m2:g32:s=e8m0;a=bf16", "w=e2m3:g16:s=e8m0;a=bf16",
-        "w=int8:t:s=fp32;a=bf16"}) {
+  for (const char* text : {"w4a16",
+                           "w4a16-zp",
+                           "w2a16",
+                           "w3a16",
+                           "w8a16",
+                           "gptq-w4a16-g128",
+                           "mxfp4-a16",
+                           "nvfp4-a16",
+                           "fp8-block",
+                           "bitnet",
+                           "w=int4:g32:s=bf16;a=bf16",
+                           "w=uint1:g64:s=bf16:zp=int;a=bf16",
+                           "w=uint5:g128:s=bf16:zp=int;a=bf16",
+                           "w=uint6:g128:s=fp16:zp=float;a=fp16",
+                           "w=int3:g32:s=bf16:zp=float;a=bf16",
+                           "w=uint7:ch:s=fp32:zp=mid;a=bf16",
+                           "w=e5m2:g64:s=bf16;a=fp16",
+                           "w=e3m2:g32:s=e8m0;a=bf16",
+                           "w=e2m3:g16:s=e8m0;a=bf16",
+                           "w=int8:t:s=fp32;a=bf16"}) {
     SCOPED_TRACE(std::string(text) + " seed " + std::to_string(seed));
     const Scheme scheme = parse_scheme(text);
     const std::int64_t n = 64 * 2 + 37;  // a partial slice
-    const std::int64_t k = scheme.weight.granularity == WeightGranularity::Group ? 2 * 128 : 200 + 8;
+    const std::int64_t k =
+        scheme.weight.granularity == WeightGranularity::Group ? 2 * 128 : 200 + 8;
     std::vector<float> w(static_cast<std::size_t>(n * k));
     for (float& x : w) x = normal(rng);
     const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
@@ -87,15 +101,16 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
   for (jit::Arch arch : {jit::Arch::sm_80, jit::Arch::sm_89, jit::Arch::sm_90a}) {
     for (std::size_t s = 0; s < std::size(schemes); ++s) {
       const Scheme scheme = parse_scheme(schemes[s]);
-      const layout::MmaWeight prepared = layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
+      const layout::MmaWeight prepared =
+          layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
       for (const auto& config : dispatch::dense_gemm_configs()) {
         // All configs on sm_90a; one scheme per config elsewhere.
         if (arch != jit::Arch::sm_90a && s != 0) continue;
         dispatch::DensePlan plan;
         plan.config = config;
         plan.splits = config.warps_k > 1 ? 2 : 1;
-        const jit::KernelSpec spec =
-            dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format, scheme.output, arch);
+        const jit::KernelSpec spec = dispatch::dense_gemm_spec(
+            plan, prepared, scheme.activation.format, scheme.output, arch);
         SCOPED_TRACE(jit::to_string(spec));
         const auto lookup = cache.get(spec);
         EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);

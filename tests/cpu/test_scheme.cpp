@@ -23,9 +23,10 @@ void expect_rejected(const std::string& text, std::initializer_list<std::string>
 }
 
 TEST(Scheme, EveryIssueNamedPresetExists) {
-  for (const char* name : {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "gptq-w4a16-g128",
-                           "awq-w4a16-g128", "w4a8-fp8", "w8a8-fp8", "fp8-block", "w8a8-int8",
-                           "mxfp4-a16", "mxfp4-a8", "mxfp8-mxfp4", "nvfp4-a16", "nvfp4", "bitnet"}) {
+  for (const char* name :
+       {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "gptq-w4a16-g128", "awq-w4a16-g128",
+        "w4a8-fp8", "w8a8-fp8", "fp8-block", "w8a8-int8", "mxfp4-a16", "mxfp4-a8", "mxfp8-mxfp4",
+        "nvfp4-a16", "nvfp4", "bitnet"}) {
     SCOPED_TRACE(name);
     Scheme scheme = parse_scheme(name);
     EXPECT_EQ(scheme.name, name);

@@ -36,7 +36,9 @@ bool have_gpu() {
 // Relative tolerance: the kernel rounds each dequantized weight to the activation type and
 // the result to the output type (half an ulp each, relative), on top of the exact reference.
 double tolerance(const Format& activation, const Format& output) {
-  auto unit = [](const Format& f) { return f == formats::fp32 ? 0.0 : std::ldexp(1.0, -(f.mantissa_bits + 1)); };
+  auto unit = [](const Format& f) {
+    return f == formats::fp32 ? 0.0 : std::ldexp(1.0, -(f.mantissa_bits + 1));
+  };
   return unit(activation) + unit(output) + 1e-6;
 }
 
@@ -56,8 +58,15 @@ std::int64_t pick_k(const Scheme& s) {
 std::vector<Case> cases() {
   const std::vector<std::int64_t> decode_to_medium = {1, 3, 16, 17, 64, 255};
   const std::vector<std::string> schemes = {
-      "w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "gptq-w4a16-g128", "awq-w4a16-g128",
-      "mxfp4-a16", "nvfp4-a16",
+      "w4a16",
+      "w4a16-zp",
+      "w2a16",
+      "w3a16",
+      "w8a16",
+      "gptq-w4a16-g128",
+      "awq-w4a16-g128",
+      "mxfp4-a16",
+      "nvfp4-a16",
       "w=int4:g128:s=bf16;a=bf16;o=bf16",
       "w=int8:ch:s=fp32;a=bf16;o=fp32",
       "w=e4m3:ch:s=fp32;a=bf16;o=bf16",
@@ -94,7 +103,8 @@ std::vector<Case> cases() {
 
 std::vector<std::uint16_t> to_codes(const Format& f, const std::vector<double>& values) {
   std::vector<std::uint16_t> codes(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) codes[i] = static_cast<std::uint16_t>(encode(f, values[i]));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    codes[i] = static_cast<std::uint16_t>(encode(f, values[i]));
   return codes;
 }
 
