@@ -159,6 +159,15 @@ const std::vector<KernelFamily>& kernel_families() {
         // Order = the kernel's kDequant: generic fp32 math, or packed 16-bit pairs.
         {"dequant", ParamKind::Choice, {"fp32", "packed16"}}},
        false},
+      // kernels/gemm/mma_repack.cuh: canonical weight -> the dense GEMM's layout on the GPU.
+      {"mma_repack",
+       "gemm/mma_repack.cuh",
+       "qgemm::kernels::mma_repack_kernel",
+       "qgemm::kernels::MmaRepackArgs",
+       {{"weight", ParamKind::Format, {}},
+        {"scale", ParamKind::Format, {}},
+        {"zero", ParamKind::Choice, {"none", "int", "float"}}},
+       false},
       {"repack_weight",
        "util/repack.cuh",
        "qgemm::kernels::repack_weight_kernel",

@@ -54,7 +54,7 @@ std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
   return std::nullopt;
 }
 
-MmaWeight repack_for_mma(const PackedWeight& w) {
+MmaWeight mma_metadata(const PackedWeight& w) {
   if (auto reason = mma_unsupported_reason(w.quant))
     throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
   const WeightQuant& q = w.quant;
@@ -87,6 +87,28 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
       case ZeroPoint::Float: out.zero_mode = MmaZeroMode::Float; break;
     }
   }
+
+  const ScaleGrid grid = w.scale_grid();
+  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
+  auto exact_in = [&](const Format& type) {
+    const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
+    for (std::int64_t i = 0; i < grid.count(); ++i) {
+      const double s = std::fabs(read_scale_value(w.scales, q.scale_format, i));
+      if (s == 0.0) continue;
+      if (round_to(type, s) != s || s < type.min_normal() || s * largest_factor > type.max_finite())
+        return false;
+    }
+    return true;
+  };
+  out.scales_exact_in_bf16 = exact_in(formats::bf16);
+  out.scales_exact_in_fp16 = exact_in(formats::fp16);
+  return out;
+}
+
+MmaWeight repack_for_mma(const PackedWeight& w) {
+  MmaWeight out = mma_metadata(w);
+  const WeightQuant& q = w.quant;
+  const int bits = q.format.bits;
 
   // Codes: every (slice, k-block, lane) owns 32 codes in `bits` words.
   const std::int64_t slices = out.n_padded / MmaWeightLayout::kSliceN;
@@ -141,19 +163,6 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
             static_cast<float>(read_scale_value(w.zeros, q.scale_format, index) + signed_offset);
       }
     }
-  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
-  auto exact_in = [&](const Format& type) {
-    const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
-    for (float scale : out.scales) {
-      const double s = std::fabs(static_cast<double>(scale));
-      if (s == 0.0) continue;
-      if (round_to(type, s) != s || s < type.min_normal() || s * largest_factor > type.max_finite())
-        return false;
-    }
-    return true;
-  };
-  out.scales_exact_in_bf16 = exact_in(formats::bf16);
-  out.scales_exact_in_fp16 = exact_in(formats::fp16);
   return out;
 }
 

@@ -39,7 +39,11 @@ bool packed16_dequant_applies(const MmaWeight& weight, const Format& activation)
 // Why the mma family cannot hold this weight (nullopt when it can).
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
 
-// Repacks a canonical packed weight. Throws Unsupported with mma_unsupported_reason.
+// The prepared weight's sizes, groups, zero mode and scale flags, without its arrays. Throws
+// Unsupported with mma_unsupported_reason.
+MmaWeight mma_metadata(const PackedWeight& weight);
+
+// Repacks a canonical packed weight on the host (metadata and arrays).
 MmaWeight repack_for_mma(const PackedWeight& weight);
 
 // The dequantized value the kernel reconstructs at (n, k) before rounding to 16 bits, computed

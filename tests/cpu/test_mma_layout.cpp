@@ -9,6 +9,7 @@
 #include "jit/cache.hpp"
 #include "jit/compiler.hpp"
 #include "layout/mma_layout.hpp"
+#include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm {
@@ -118,6 +119,23 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
         EXPECT_GT(lookup.kernel->resources.registers, 0);
       }
     }
+  }
+}
+
+// The device twin of the repack compiles for every weight family (integer, float, zero points).
+TEST(MmaRepackSpecs, CompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  std::vector<float> w(64 * 128, 0.25f);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 17) - 8.0f;
+  for (const char* text : {"w4a16", "w4a16-zp", "w=uint6:g128:s=fp16:zp=float;a=fp16", "nvfp4-a16",
+                           "mxfp4-a16", "fp8-block", "w=int3:g32:s=bf16;a=bf16"}) {
+    const Scheme scheme = parse_scheme(text);
+    const jit::KernelSpec spec = layout::mma_repack_spec(
+        quantize_weight(scheme.weight, w.data(), 64, 128), jit::Arch::sm_90a);
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
   }
 }
 

@@ -3,6 +3,7 @@
 // Fresh random data every run (the seed is printed), outputs poisoned before each launch.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "jit/kernel_spec.hpp"
+#include "layout/mma_repack_gpu.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/reference.hpp"
 #include "runtime/device_memory.hpp"
@@ -182,6 +185,53 @@ TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
                   relative, tolerance(act, out));
     }
   }
+}
+
+// The device repack against its host twin, word for word and scale for scale; then its speed on
+// a Llama-3-70B-sized weight (counted as canonical bytes read + prepared bytes written).
+TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const runtime::DeviceInfo info = runtime::device_info(0);
+  const jit::Arch arch = jit::arch_for_device(info.major, info.minor);
+  runtime::use_primary_context(0);
+  for (const char* text :
+       {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "mxfp4-a16", "nvfp4-a16", "fp8-block",
+        "bitnet", "w=uint6:g128:s=fp16:zp=float;a=fp16", "w=int3:g32:s=bf16:zp=float;a=bf16",
+        "w=uint1:g64:s=bf16:zp=int;a=bf16"}) {
+    SCOPED_TRACE(std::string(text) + " seed " + std::to_string(seed));
+    const Scheme scheme = parse_scheme(text);
+    const std::int64_t n = 64 * 3 + 21,
+                       k = scheme.weight.granularity == WeightGranularity::Group ? 640 : 656;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const layout::MmaWeight host = layout::repack_for_mma(packed);
+    const layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(packed, arch, nullptr);
+    EXPECT_EQ(device.words.to_vector<std::uint32_t>(host.words.size()), host.words);
+    EXPECT_EQ(device.scales.to_vector<float>(host.scales.size()), host.scales);
+    if (!host.zeros.empty())
+      EXPECT_EQ(device.zeros.to_vector<float>(host.zeros.size()), host.zeros);
+  }
+  // Speed (printed, not asserted: a benchmark): the second of two runs (module loaded), end to
+  // end, so the host-to-device upload of the canonical weight is included.
+  const Scheme scheme = parse_scheme("w4a16");
+  const std::int64_t n = 28672, k = 8192;
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  for (float& x : w) x = normal(rng);
+  const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+  layout::repack_for_mma_on_device(packed, arch, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  const layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(packed, arch, nullptr);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double bytes =
+      2.0 * static_cast<double>(packed.codes.size()) + static_cast<double>(device.scales.bytes());
+  std::printf("mma repack w4a16 %lldx%lld incl. upload: %.2f ms, %.1f GB/s of codes in+out\n",
+              static_cast<long long>(n), static_cast<long long>(k), seconds * 1e3,
+              bytes / seconds / 1e9);
 }
 
 }  // namespace

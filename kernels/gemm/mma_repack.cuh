@@ -1,0 +1,80 @@
+// mma_repack: canonical packed weight -> the prepared layout of the mma.sync family, on the GPU
+// (the device twin of src/layout/mma_layout.cpp).
+//
+//   index space  [0, lanes)            one thread per (slice, k16 block, lane): gathers the 32
+//                                      codes that lane owns (8 rows × 4 k pairs), converts signed
+//                                      codes to offset binary (flip the sign bit) and writes its
+//                                      `bits` words
+//                [lanes, lanes + g·n)  one thread per (group, column): decodes the scale (and
+//                                      zero) and stores it at its lane-permuted column
+//
+// Reads are gathered (a lane touches 8 rows), but the 4 lanes of a row read the same 2-4
+// bytes, so a warp reads 8 short row segments per k16 block: L1 absorbs the reuse.
+#pragma once
+
+#include "gemm/mma_repack_args.cuh"
+#include "gemm/mma_weight_layout.cuh"
+#include "util/format_code.cuh"
+#include "util/number_codec.cuh"
+#include "util/packed_codes.cuh"
+
+namespace qgemm::kernels {
+
+// kZero: 0 none (or an implied constant), 1 stored integer zeros, 2 stored float zeros.
+template <unsigned long long kWeight, unsigned long long kScale, int kZero, int kThreads,
+          int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
+  static_assert(kDynamicSmemBytes == 0, "mma_repack uses no shared memory");
+  constexpr FormatCode weight = FormatCode::unpack(kWeight);
+  constexpr FormatCode scale_format = FormatCode::unpack(kScale);
+  constexpr int kBits = weight.bits;
+  constexpr int kScaleBytes = scale_format.bits <= 8 ? 1 : scale_format.bits <= 16 ? 2 : 4;
+  constexpr unsigned kSignFlip = !weight.is_float() && weight.is_signed ? 1u << (kBits - 1) : 0u;
+  const long long lanes = a.n_padded / 64 * a.k_blocks * 32;
+  const long long total = lanes + static_cast<long long>(a.groups) * a.n;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
+       index += stride) {
+    if (index < lanes) {
+      const int lane = static_cast<int>(index % 32);
+      const long long block = index / 32;
+      const long long kb = block % a.k_blocks, slice = block / a.k_blocks;
+      unsigned words[kBits];
+#pragma unroll
+      for (int w = 0; w < kBits; ++w) words[w] = 0u;
+#pragma unroll
+      for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
+        const long long n = slice * 64 + MmaWeightLayout::n_of(lane, c);
+        const long long k = kb * 16 + MmaWeightLayout::k_of(lane, c);
+        unsigned code = 0;  // padding: code 0, a finite value of every format
+        if (n < a.n && k < a.k)
+          code = read_packed_code<kBits>(a.codes + n * a.row_bytes, a.row_bytes, k) ^ kSignFlip;
+        const int word = MmaWeightLayout::code_word(c, kBits);
+        const int first = MmaWeightLayout::code_bits_in_first_word(c, kBits);
+        words[word] |= (code & ((1u << first) - 1u)) << MmaWeightLayout::code_shift(c, kBits);
+        if (first < kBits) words[word + 1] |= (code >> first) << (16 * (c % 2));
+      }
+#pragma unroll
+      for (int w = 0; w < kBits; ++w) a.words[index * kBits + w] = words[w];
+    } else {
+      const long long s = index - lanes;
+      const int group = static_cast<int>(s / a.n);
+      const long long n = s % a.n;
+      const long long k0 = static_cast<long long>(group) * a.group_size;
+      const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;
+      const long long at =
+          static_cast<long long>(group) * a.n_padded + MmaWeightLayout::scale_column(n);
+      a.scales_out[at] = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
+      if constexpr (kZero == 1) {
+        a.zeros_out[at] = static_cast<float>(
+            read_packed_code<kBits>(a.zeros + (cell / a.grid_cols) * a.zero_row_bytes,
+                                    a.zero_row_bytes, cell % a.grid_cols));
+      } else if constexpr (kZero == 2) {
+        a.zeros_out[at] =
+            decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.zeros, cell)) + a.zero_offset;
+      }
+    }
+  }
+}
+
+}  // namespace qgemm::kernels

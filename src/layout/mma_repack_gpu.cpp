@@ -1,0 +1,92 @@
+#include "layout/mma_repack_gpu.hpp"
+
+#include <algorithm>
+
+#include "gemm/mma_repack_args.cuh"
+#include "jit/cache.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/kernel_loader.hpp"
+
+namespace qgemm::layout {
+namespace {
+
+constexpr int kThreads = 256;
+
+const char* zero_choice(MmaZeroMode mode) {
+  switch (mode) {
+    case MmaZeroMode::Integer: return "int";
+    case MmaZeroMode::Float: return "float";
+    default: return "none";
+  }
+}
+
+}  // namespace
+
+jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch) {
+  const MmaWeight meta = mma_metadata(weight);
+  jit::KernelSpec spec;
+  spec.family = "mma_repack";
+  spec.arch = arch;
+  spec.params = {jit::SpecParam::number_format("weight", weight.quant.format),
+                 jit::SpecParam::number_format("scale", weight.quant.scale_format),
+                 jit::SpecParam::chosen("zero", zero_choice(meta.zero_mode))};
+  spec.launch.threads_per_block = kThreads;
+  spec.launch.dynamic_smem_bytes = 0;
+  return spec;
+}
+
+MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream) {
+  MmaDeviceWeight out;
+  out.meta = mma_metadata(w);
+  const MmaWeight& m = out.meta;
+  const int bits = w.quant.format.bits;
+  const bool stored_zeros =
+      m.zero_mode == MmaZeroMode::Integer || m.zero_mode == MmaZeroMode::Float;
+  const std::size_t lanes = static_cast<std::size_t>(m.n_padded / 64 * m.k_blocks * 32);
+  const std::size_t scale_count = static_cast<std::size_t>(m.groups) * m.n_padded;
+
+  const runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(w.codes);
+  const runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(w.scales);
+  runtime::DeviceBuffer zeros;
+  if (!w.zeros.empty()) zeros = runtime::DeviceBuffer::from(w.zeros);
+  out.words = runtime::DeviceBuffer(lanes * bits * sizeof(std::uint32_t));
+  out.scales = runtime::DeviceBuffer(scale_count * sizeof(float));
+  out.scales.fill_bytes(0);  // padding columns stay 0 (words are all written)
+  if (stored_zeros) {
+    out.zeros = runtime::DeviceBuffer(scale_count * sizeof(float));
+    out.zeros.fill_bytes(0);
+  }
+
+  const ScaleGrid grid = w.scale_grid();
+  kernels::MmaRepackArgs args{};
+  args.codes = codes.as<const unsigned char>();
+  args.scales = scales.as<const unsigned char>();
+  args.zeros = zeros.bytes() ? zeros.as<const unsigned char>() : nullptr;
+  args.row_bytes = w.row_bytes();
+  args.zero_row_bytes = (grid.cols * bits + 7) / 8;
+  args.n = w.n;
+  args.k = w.k;
+  args.grid_cols = grid.cols;
+  args.rows_per = grid.rows_per;
+  args.cols_per = grid.cols_per;
+  args.words = out.words.as<unsigned>();
+  args.scales_out = out.scales.as<float>();
+  args.zeros_out = stored_zeros ? out.zeros.as<float>() : nullptr;
+  args.n_padded = m.n_padded;
+  args.k_blocks = m.k_blocks;
+  args.groups = m.groups;
+  args.group_size = m.group_size;
+  args.zero_offset = w.quant.format.is_signed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
+
+  const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch));
+  const runtime::LoadedKernel kernel = runtime::KernelLoader::global().get(*compiled.kernel);
+  const std::size_t total = lanes + static_cast<std::size_t>(m.groups) * w.n;
+  const auto blocks =
+      static_cast<unsigned>(std::min<std::size_t>((total + kThreads - 1) / kThreads, 65535u * 8));
+  runtime::launch_kernel(kernel, {blocks, 1, 1}, args, stream);
+  const auto& driver = runtime::Driver::get();
+  driver.check(driver.cuStreamSynchronize(stream), "mma repack: cuStreamSynchronize");
+  return out;
+}
+
+}  // namespace qgemm::layout
