@@ -106,12 +106,6 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpy(w_dense, w_bf16.data(), w_bf16.size() * 2, cudaMemcpyHostToDevice));
 
     const int repeats = c.m >= 1024 ? 10 : 30;
-    const double qgemm_us = median_us(
-        [&] {
-          engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,
-                      {c_out, c.m, c.n, c.n, qgemm::formats::bf16}, nullptr);
-        },
-        flush, flush_bytes, repeats);
     const float alpha = 1.0f, beta = 0.0f;
     const double cublas_us = median_us(
         [&] {
@@ -121,12 +115,27 @@ int main(int argc, char** argv) {
                        CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
         flush, flush_bytes, repeats);
-    const double flops = 2.0 * c.m * c.n * c.k;
-    std::printf("%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",
-                c.scheme.c_str(), c.m, c.n, c.k, qgemm_us, weight_bytes / qgemm_us / 1e6,
-                flops / qgemm_us / 1e6, cublas_us, flops / cublas_us / 1e6, cublas_us / qgemm_us,
-                engine.kernel_for(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16).c_str());
-    std::fflush(stdout);
+    // The heuristic's choice, then (decode) the occupancy candidates of src/dispatch.
+    std::vector<std::string> configs = {""};
+    if (c.m <= 16 && !quick) configs.insert(configs.end(), {"decode-s3", "decode-w8"});
+    for (const std::string& config : configs) {
+      qgemm::GemmOptions options;
+      options.tile_config = config;
+      const double qgemm_us = median_us(
+          [&] {
+            engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,
+                        {c_out, c.m, c.n, c.n, qgemm::formats::bf16}, nullptr, options);
+          },
+          flush, flush_bytes, repeats);
+      const double flops = 2.0 * c.m * c.n * c.k;
+      std::printf(
+          "%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",
+          c.scheme.c_str(), c.m, c.n, c.k, qgemm_us, weight_bytes / qgemm_us / 1e6,
+          flops / qgemm_us / 1e6, cublas_us, flops / cublas_us / 1e6, cublas_us / qgemm_us,
+          engine.kernel_for(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16, options)
+              .c_str());
+      std::fflush(stdout);
+    }
     cudaFree(a);
     cudaFree(c_out);
     cudaFree(w_dense);

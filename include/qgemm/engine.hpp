@@ -28,6 +28,9 @@ struct DeviceMatrix {
 
 struct GemmOptions {
   const float* bias = nullptr;  // device fp32 [N], or null
+  // A tile config by name (src/dispatch/dense_config.cpp), for benches and the tuner; empty:
+  // the built-in heuristic chooses.
+  std::string tile_config;
 };
 
 namespace detail {
@@ -70,11 +73,11 @@ class Engine {
   // Compiles (or finds in the cache) the kernel gemm() would launch for M rows, without
   // launching it. Thread-safe: several threads compile different kernels concurrently.
   void warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
-               const Format& output) const;
+               const Format& output, const GemmOptions& options = {}) const;
 
   // The kernel spec gemm() would launch for M rows against `weight` (for logs and benches).
   std::string kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                         const Format& output) const;
+                         const Format& output, const GemmOptions& options = {}) const;
 
  private:
   struct Impl;

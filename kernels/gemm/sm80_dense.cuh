@@ -351,12 +351,14 @@ struct DenseGemm {
 };
 
 // kActivation: 0 bf16, 1 fp16 (the order of the JIT family's "act" choice); kDequant: 0 fp32,
-// 1 packed16 (its "dequant" choice, dequant/mma_dequant.cuh). kThreads and
+// 1 packed16 (its "dequant" choice, dequant/mma_dequant.cuh); kMinBlocks: the blocks per SM the
+// register allocation must allow (the config's residency target). kThreads and
 // kDynamicSmemBytes come from the spec (the host's mirror of DenseGemmShape) and must agree.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
-          bool kSplitK, int kDequant, int kThreads, int kDynamicSmemBytes>
-__global__ void __launch_bounds__(kThreads) dense_gemm_sm80(const DenseGemmParams params) {
+          bool kSplitK, int kDequant, int kMinBlocks, int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    dense_gemm_sm80(const DenseGemmParams params) {
   using Gemm = DenseGemm<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kFormat, kZeroMode,
                          kGroup, kActivation == 0, kOutput, kSplitK, kDequant == 1>;
   static_assert(kThreads == Gemm::kThreads, "spec threads differ from the kernel's shape");

@@ -122,16 +122,18 @@ void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, st
 }  // namespace
 
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                               const Format& output) const {
-  const auto plan = dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count);
+                               const Format& output, const GemmOptions& options) const {
+  const auto plan =
+      dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count, options.tile_config);
   return jit::to_string(
              dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch)) +
          fmt::format(" splits={}", plan.splits);
 }
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                     const Format& output) const {
-  const auto plan = dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count);
+                     const Format& output, const GemmOptions& options) const {
+  const auto plan =
+      dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count, options.tile_config);
   jit::KernelCache::global().get(
       dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch));
 }
@@ -168,7 +170,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
 
   std::lock_guard lock(impl_->mutex);
   impl_->make_current();
-  const auto plan = dispatch::plan_dense_gemm(m, w, impl_->info.sm_count);
+  const auto plan = dispatch::plan_dense_gemm(m, w, impl_->info.sm_count, options.tile_config);
   const jit::KernelSpec spec = dispatch::dense_gemm_spec(plan, w, a.dtype, c.dtype, impl_->arch);
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
   const runtime::LoadedKernel kernel = impl_->kernel(spec);

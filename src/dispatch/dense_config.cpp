@@ -33,6 +33,10 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       // M <= 16: one m16 tile, four warps splitting K inside the block, deep stages of weight.
       {"decode", 1, 1, 1, 4, 256, 4, 3},
       {"decode-bk128", 1, 1, 1, 4, 128, 6, 3},
+      // Occupancy candidates for decode (bench/NOTES.md v2: the default is limited to 12 warps
+      // per SM by shared memory): fewer stages (16 warps per SM), or 8 K warps per block.
+      {"decode-s3", 1, 1, 1, 4, 256, 3, 4},
+      {"decode-w8", 1, 1, 1, 8, 256, 3, 2},
       // Up to 128 rows: 64x128 tiles.
       {"medium", 2, 2, 2, 1, 64, 4, 2},
       // Prefill: 128x128 tiles, 64x64 per warp (dequantized B reused over 4 m16 tiles).
@@ -41,10 +45,22 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
   return configs;
 }
 
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count) {
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count,
+                          std::string_view forced) {
   std::string wanted = m <= 16 ? "decode" : m <= 128 ? "medium" : "prefill";
   const DenseGemmConfig* chosen = nullptr;
+  if (!forced.empty()) {
+    for (const auto& config : dense_gemm_configs())
+      if (config.name == forced) chosen = &config;
+    if (!chosen)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("dense gemm: config '{}' is not a tile config", forced));
+    if (auto reason = chosen->unsupported_reason(weight.group_size))
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("dense gemm: config '{}' cannot serve: {}", forced, *reason));
+  }
   for (const auto& config : dense_gemm_configs()) {
+    if (chosen) break;
     if (config.name.rfind(wanted, 0) != 0) continue;
     if (auto reason = config.unsupported_reason(weight.group_size)) {
       log(LogLevel::Debug, "dense gemm: config {} skipped: {}", config.name, *reason);
@@ -119,6 +135,7 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
       jit::SpecParam::boolean("split_k", plan.splits > 1),
       jit::SpecParam::chosen(
           "dequant", layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
+      jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
   };
   spec.launch.threads_per_block = c.threads();
   spec.launch.dynamic_smem_bytes =

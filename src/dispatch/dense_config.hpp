@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "jit/kernel_spec.hpp"
@@ -19,7 +20,9 @@ struct DenseGemmConfig {
   std::string name;  // "decode", "medium", "prefill"
   int m_tiles = 1, warps_m = 1, warps_n = 1, warps_k = 4;
   int block_k = 256, stages = 4;
-  int blocks_per_sm = 2;  // expected residency, for the split-K heuristic
+  // Residency target: the kernel's __launch_bounds__ minimum (it caps registers) and the
+  // split-K heuristic's expectation (further capped by shared memory).
+  int blocks_per_sm = 2;
 
   int threads() const { return 32 * warps_m * warps_n * warps_k; }
   int block_m() const { return 16 * m_tiles * warps_m; }
@@ -41,8 +44,10 @@ struct DensePlan {
 };
 
 // Picks the config and split-K factor for (M, prepared weight) on a device with `sm_count`
-// SMs. Every rule that removes a candidate says why at QGEMM_LOG_LEVEL >= 3.
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count);
+// SMs. Every rule that removes a candidate says why at QGEMM_LOG_LEVEL >= 3. A non-empty
+// `forced` names the config to use (benches, the tuner); Error when it cannot serve.
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count,
+                          std::string_view forced = {});
 
 // The KernelSpec of a plan for an activation type (bf16/fp16) and output format.
 jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& weight,

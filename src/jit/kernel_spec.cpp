@@ -157,7 +157,9 @@ const std::vector<KernelFamily>& kernel_families() {
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
         {"split_k", ParamKind::Bool, {}},
         // Order = the kernel's kDequant: generic fp32 math, or packed 16-bit pairs.
-        {"dequant", ParamKind::Choice, {"fp32", "packed16"}}},
+        {"dequant", ParamKind::Choice, {"fp32", "packed16"}},
+        // __launch_bounds__ minimum blocks per SM (caps registers per thread).
+        {"min_blocks", ParamKind::Int, {}}},
        false},
       // kernels/gemm/mma_repack.cuh: canonical weight -> the dense GEMM's layout on the GPU.
       {"mma_repack",

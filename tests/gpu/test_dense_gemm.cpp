@@ -111,6 +111,49 @@ std::vector<std::uint16_t> to_codes(const Format& f, const std::vector<double>& 
   return codes;
 }
 
+// Runs C = A · Wᵀ on the GPU for a fresh random A (output poisoned first) and checks it against
+// the double reference of the dequantized weight.
+void expect_matches_reference(Engine& engine, const Scheme& scheme,
+                              const std::vector<double>& w_ref, const QuantWeight& weight,
+                              std::int64_t m, const GemmOptions& options, std::mt19937& rng,
+                              const std::string& label) {
+  const Format act = scheme.activation.format, out = scheme.output;
+  const std::int64_t n = weight.n(), k = weight.k();
+  SCOPED_TRACE(label + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
+               " K=" + std::to_string(k));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> a(static_cast<std::size_t>(m * k));
+  for (double& x : a) x = round_to(act, normal(rng));
+  const std::vector<double> expected = reference::matmul_nt(a.data(), w_ref.data(), m, n, k);
+
+  auto a_device = runtime::DeviceBuffer::from(to_codes(act, a));
+  runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
+  c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
+  engine.gemm({a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
+              nullptr, options);
+  std::vector<double> got(static_cast<std::size_t>(m * n));
+  if (out == formats::fp32) {
+    auto host = c_device.to_vector<float>(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) got[i] = host[i];
+  } else {
+    auto host = c_device.to_vector<std::uint16_t>(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) got[i] = decode(out, host[i]);
+  }
+  double err = 0, ref = 0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) ++bad;
+    err += (got[i] - expected[i]) * (got[i] - expected[i]);
+    ref += expected[i] * expected[i];
+  }
+  const double relative = std::sqrt(err / ref);
+  EXPECT_EQ(bad, 0u) << "non-finite (unwritten?) outputs";
+  EXPECT_LE(relative, tolerance(act, out)) << engine.kernel_for(m, weight, act, out, options);
+  std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e tol=%.3e\n", label.c_str(),
+              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+              relative, tolerance(act, out));
+}
+
 TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const std::uint32_t seed = fresh_seed();
@@ -146,43 +189,36 @@ TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
   }
 
   for (const Prepared& p : prepared) {
-    const Format act = p.scheme.activation.format, out = p.scheme.output;
     const std::vector<double> w_ref = dequantize_weight(p.packed);
-    for (std::int64_t m : p.c.ms) {
-      SCOPED_TRACE(p.c.scheme + " M=" + std::to_string(m) + " N=" + std::to_string(p.c.n) +
-                   " K=" + std::to_string(p.c.k) + " seed=" + std::to_string(seed));
-      const std::int64_t n = p.c.n, k = p.c.k;
-      std::normal_distribution<double> normal(0.0, 1.0);
-      std::vector<double> a(static_cast<std::size_t>(m * k));
-      for (double& x : a) x = round_to(act, normal(rng));
-      const std::vector<double> expected = reference::matmul_nt(a.data(), w_ref.data(), m, n, k);
+    for (std::int64_t m : p.c.ms)
+      expect_matches_reference(engine, p.scheme, w_ref, p.weight, m, {}, rng,
+                               p.c.scheme + " seed=" + std::to_string(seed));
+  }
+}
 
-      auto a_device = runtime::DeviceBuffer::from(to_codes(act, a));
-      runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
-      c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
-      engine.gemm({a_device.as<void>(), m, k, k, act}, p.weight,
-                  {c_device.as<void>(), m, n, n, out}, nullptr);
-      std::vector<double> got(static_cast<std::size_t>(m * n));
-      if (out == formats::fp32) {
-        auto host = c_device.to_vector<float>(got.size());
-        for (std::size_t i = 0; i < got.size(); ++i) got[i] = host[i];
-      } else {
-        auto host = c_device.to_vector<std::uint16_t>(got.size());
-        for (std::size_t i = 0; i < got.size(); ++i) got[i] = decode(out, host[i]);
-      }
-      double err = 0, ref = 0;
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i])) ++bad;
-        err += (got[i] - expected[i]) * (got[i] - expected[i]);
-        ref += expected[i] * expected[i];
-      }
-      const double relative = std::sqrt(err / ref);
-      EXPECT_EQ(bad, 0u) << "non-finite (unwritten?) outputs";
-      EXPECT_LE(relative, tolerance(act, out)) << engine.kernel_for(m, p.weight, act, out);
-      std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e tol=%.3e\n", p.c.scheme.c_str(),
-                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                  relative, tolerance(act, out));
+// Every decode tile config (the heuristic's and the candidates a bench or tuner may force).
+TEST(DenseGemmGpu, EveryDecodeTileConfigMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  Engine engine(0);
+  for (const char* text :
+       {"w4a16", "w=uint3:g128:s=bf16:zp=int;a=fp16;o=fp16", "mxfp4-a16", "w8a16"}) {
+    const Scheme scheme = parse_scheme(text);
+    const std::int64_t n = 640, k = 2048;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const QuantWeight weight = engine.prepare_weight(packed);
+    const std::vector<double> w_ref = dequantize_weight(packed);
+    for (const char* config : {"decode", "decode-bk128", "decode-s3", "decode-w8"}) {
+      GemmOptions options;
+      options.tile_config = config;
+      for (std::int64_t m : {1, 16})
+        expect_matches_reference(
+            engine, scheme, w_ref, weight, m, options, rng,
+            std::string(text) + " config=" + config + " seed=" + std::to_string(seed));
     }
   }
 }
