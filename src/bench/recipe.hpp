@@ -87,7 +87,8 @@ std::vector<ExpandedRun> expand(const Recipe& recipe);
 std::string expanded_runs_json(const Recipe& recipe);
 // The same runs as CSV with a header row.
 std::string expanded_runs_csv(const Recipe& recipe);
-// One line per run for people, e.g. "  3  llama3-8b.o_proj  w4a16  dense  m=4  n=4096  k=4096  qgemm".
+// One line per run for people, e.g. "  3  llama3-8b.o_proj  w4a16  dense  m=4  n=4096  k=4096
+// qgemm".
 std::string describe_run(const ExpandedRun& run);
 
 }  // namespace qgemm::bench

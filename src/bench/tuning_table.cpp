@@ -82,11 +82,12 @@ class TableReader {
     }
     if (!doc.is_object()) fail("(document)", "must be a JSON object");
     if (text(doc, "", "format") != kFormatName)
-      fail("format", fmt::format("'{}' is not '{}'", doc["format"].get<std::string>(), kFormatName));
+      fail("format",
+           fmt::format("'{}' is not '{}'", doc["format"].get<std::string>(), kFormatName));
     const json& version = member(doc, "", "format_version");
     if (!version.is_number_integer() || version.get<std::int64_t>() != kFormatVersion)
-      fail("format_version",
-           fmt::format("{} is not a version this build reads ({})", version.dump(), kFormatVersion));
+      fail("format_version", fmt::format("{} is not a version this build reads ({})",
+                                         version.dump(), kFormatVersion));
 
     TuningTable table;
     const json& machine = member(doc, "", "machine");
@@ -161,8 +162,7 @@ std::int64_t m_bucket(std::int64_t m) {
   return bucket;
 }
 
-TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k,
-                          std::int64_t m) {
+TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k, std::int64_t m) {
   require(n >= 1 && k >= 1, fmt::format("tuning key: n = {}, k = {} (rule: both >= 1)", n, k));
   return {to_string(parse_scheme(scheme)), n, k, m_bucket(m)};
 }
@@ -198,8 +198,7 @@ TuningTable load_tuning_table(const std::string& path) {
     throw Error(ErrorCode::IoError, fmt::format("tuning table {}: cannot open the file", path));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad())
-    throw Error(ErrorCode::IoError, fmt::format("tuning table {}: read failed", path));
+  if (in.bad()) throw Error(ErrorCode::IoError, fmt::format("tuning table {}: read failed", path));
   return parse_tuning_table(text.str(), path);
 }
 
@@ -238,7 +237,8 @@ void save_tuning_table(const TuningTable& table, const std::string& path) {
     out.flush();
     if (!out) {
       std::remove(temp.c_str());
-      throw Error(ErrorCode::IoError, fmt::format("tuning table {}: write to {} failed", path, temp));
+      throw Error(ErrorCode::IoError,
+                  fmt::format("tuning table {}: write to {} failed", path, temp));
     }
   }
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
@@ -263,8 +263,8 @@ std::string mismatch_reason(const MachineKey& table, const MachineKey& current) 
   return reason;
 }
 
-std::optional<TuningTable> load_applicable_table(const std::string& path,
-                                                 const MachineKey& current, std::string& reason) {
+std::optional<TuningTable> load_applicable_table(const std::string& path, const MachineKey& current,
+                                                 std::string& reason) {
   TuningTable table;
   try {
     table = load_tuning_table(path);

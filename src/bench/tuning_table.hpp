@@ -66,8 +66,7 @@ struct TuningTable {
 };
 
 // Builds a key from any spelling of the scheme (validated; canonical text stored).
-TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k,
-                          std::int64_t m);
+TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k, std::int64_t m);
 
 // Parses a table; errors (InvalidArgument) name `source` and the field, e.g.
 //   "tuning table t.json: entries[2].us: must be a positive number".
@@ -85,8 +84,8 @@ std::string mismatch_reason(const MachineKey& table, const MachineKey& current);
 
 // Loads `path` for `current`: the table when it fits, else nullopt with `reason` saying why
 // (another machine, or the file is missing or invalid). Never throws for those.
-std::optional<TuningTable> load_applicable_table(const std::string& path,
-                                                 const MachineKey& current, std::string& reason);
+std::optional<TuningTable> load_applicable_table(const std::string& path, const MachineKey& current,
+                                                 std::string& reason);
 
 // Merges `incoming` into `base`: per key the newer measurement wins, other entries of both are
 // kept. Both must be for the same machine (InvalidArgument naming the difference otherwise).

@@ -1,5 +1,6 @@
 // Tests of bench recipes (src/bench/recipe.hpp) and `qgemm bench --dry-run` through the binary.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
 
 #include <array>
@@ -9,7 +10,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <sys/wait.h>
 
 #include "bench/recipe.hpp"
 #include "qgemm/error.hpp"
@@ -32,16 +32,18 @@ TEST(BenchRecipe, ParsesEveryKeyWithRandomShapes) {
   const std::int64_t m2 = std::uniform_int_distribution<std::int64_t>(1, 5000)(rng);
   const int experts = std::uniform_int_distribution<int>(2, 256)(rng);
   const int top_k = std::uniform_int_distribution<int>(1, experts)(rng);
-  const std::string text = "name: mine\ntiming: graph\nrepeats: 7\nwarmup: 0\n"
-                           "backends: [qdq, cublaslt-fp8-exact]\ncases:\n"
-                           "  - scheme: w4a16\n    n: " + std::to_string(n) +
-                           "\n    k: " + std::to_string(k) + "\n    m: [" + std::to_string(m1) +
-                           ", " + std::to_string(m2) + "]\n    label: first\n"
-                           "  - scheme: w=e4m3:ch:s=fp32;a=e4m3:tok:s=fp32;o=bf16\n    kind: moe\n"
-                           "    experts: " + std::to_string(experts) + "\n    top_k: " +
-                           std::to_string(top_k) + "\n    n: " + std::to_string(n) +
-                           "\n    k: " + std::to_string(k) + "\n    m: " + std::to_string(m2) +
-                           "\n";
+  const std::string text =
+      "name: mine\ntiming: graph\nrepeats: 7\nwarmup: 0\n"
+      "backends: [qdq, cublaslt-fp8-exact]\ncases:\n"
+      "  - scheme: w4a16\n    n: " +
+      std::to_string(n) + "\n    k: " + std::to_string(k) + "\n    m: [" + std::to_string(m1) +
+      ", " + std::to_string(m2) +
+      "]\n    label: first\n"
+      "  - scheme: w=e4m3:ch:s=fp32;a=e4m3:tok:s=fp32;o=bf16\n    kind: moe\n"
+      "    experts: " +
+      std::to_string(experts) + "\n    top_k: " + std::to_string(top_k) +
+      "\n    n: " + std::to_string(n) + "\n    k: " + std::to_string(k) +
+      "\n    m: " + std::to_string(m2) + "\n";
   const Recipe r = parse_recipe(text, "mine.yaml");
   EXPECT_EQ(r.name, "mine");
   EXPECT_EQ(r.source, "mine.yaml");
@@ -97,42 +99,59 @@ TEST(BenchRecipe, EveryErrorNamesFileKeyLineAndRule) {
   const std::string head = "name: bad\ncases:\n";
   const std::string good_case = "  - scheme: w4a16\n    n: 256\n    k: 512\n    m: [1, 8]\n";
   const std::vector<BadRecipe> cases = {
-      {"unknown top key", "name: bad\nrepeat: 3\n" + std::string("cases:\n") + good_case,
+      {"unknown top key",
+       "name: bad\nrepeat: 3\n" + std::string("cases:\n") + good_case,
        {"line 2", "'repeat'", "unknown key"}},
       {"missing name", "cases:\n" + good_case, {"line 1", "'name'", "missing"}},
       {"missing cases", "name: bad\n", {"line 1", "'cases'", "missing"}},
       {"empty cases", "name: bad\ncases: []\n", {"line 2", "'cases'", "non-empty"}},
-      {"bad timing", "name: bad\ntiming: hot\ncases:\n" + good_case,
+      {"bad timing",
+       "name: bad\ntiming: hot\ncases:\n" + good_case,
        {"line 2", "'timing'", "'hot'", "cold-l2"}},
-      {"repeats zero", "name: bad\nrepeats: 0\ncases:\n" + good_case,
+      {"repeats zero",
+       "name: bad\nrepeats: 0\ncases:\n" + good_case,
        {"line 2", "'repeats'", "minimum 1"}},
-      {"warmup negative", "name: bad\nwarmup: -1\ncases:\n" + good_case,
+      {"warmup negative",
+       "name: bad\nwarmup: -1\ncases:\n" + good_case,
        {"line 2", "'warmup'", "minimum 0"}},
-      {"repeats not int", "name: bad\nrepeats: 2.5\ncases:\n" + good_case,
+      {"repeats not int",
+       "name: bad\nrepeats: 2.5\ncases:\n" + good_case,
        {"line 2", "'repeats'", "not an integer"}},
-      {"bad backend", "name: bad\nbackends: [qgemm,\n  cutlass]\ncases:\n" + good_case,
+      {"bad backend",
+       "name: bad\nbackends: [qgemm,\n  cutlass]\ncases:\n" + good_case,
        {"line 3", "'backends[1]'", "'cutlass'", "not a backend"}},
-      {"duplicate backend", "name: bad\nbackends: [qdq, qdq]\ncases:\n" + good_case,
+      {"duplicate backend",
+       "name: bad\nbackends: [qdq, qdq]\ncases:\n" + good_case,
        {"line 2", "'backends[1]'", "twice"}},
       {"unknown case key",
        head + good_case + "  - scheme: w4a16\n    n: 256\n    k: 512\n    mm: 3\n    m: 1\n",
        {"line 10", "'cases[1].mm'", "unknown key"}},
-      {"bad scheme", head + "  - scheme: w9a16\n    n: 256\n    k: 512\n    m: 1\n",
+      {"bad scheme",
+       head + "  - scheme: w9a16\n    n: 256\n    k: 512\n    m: 1\n",
        {"line 3", "'cases[0].scheme'", "w9a16"}},
-      {"group does not divide K", head + "  - scheme: w4a16\n    n: 256\n    k: 200\n    m: 1\n",
+      {"group does not divide K",
+       head + "  - scheme: w4a16\n    n: 256\n    k: 200\n    m: 1\n",
        {"line 5", "'cases[0].k'", "K % group"}},
-      {"n zero", head + "  - scheme: w4a16\n    n: 0\n    k: 512\n    m: 1\n",
+      {"n zero",
+       head + "  - scheme: w4a16\n    n: 0\n    k: 512\n    m: 1\n",
        {"line 4", "'cases[0].n'", "minimum 1"}},
-      {"m list entry bad", head + "  - scheme: w4a16\n    n: 256\n    k: 512\n    m: [4, x]\n",
+      {"m list entry bad",
+       head + "  - scheme: w4a16\n    n: 256\n    k: 512\n    m: [4, x]\n",
        {"line 6", "'cases[0].m[1]'", "not an integer"}},
-      {"missing m", head + "  - scheme: w4a16\n    n: 256\n    k: 512\n",
+      {"missing m",
+       head + "  - scheme: w4a16\n    n: 256\n    k: 512\n",
        {"line 3", "'cases[0].m'", "missing"}},
-      {"bad kind", head + good_case + "    kind: sparse\n", {"line 7", "'cases[0].kind'", "sparse"}},
-      {"moe without experts", head + good_case + "    kind: moe\n    top_k: 2\n",
+      {"bad kind",
+       head + good_case + "    kind: sparse\n",
+       {"line 7", "'cases[0].kind'", "sparse"}},
+      {"moe without experts",
+       head + good_case + "    kind: moe\n    top_k: 2\n",
        {"line 3", "'cases[0].experts'", "moe"}},
-      {"top_k above experts", head + good_case + "    kind: moe\n    experts: 4\n    top_k: 5\n",
+      {"top_k above experts",
+       head + good_case + "    kind: moe\n    experts: 4\n    top_k: 5\n",
        {"line 9", "'cases[0].top_k'", "top_k <= experts"}},
-      {"experts on dense", head + good_case + "    experts: 4\n",
+      {"experts on dense",
+       head + good_case + "    experts: 4\n",
        {"line 7", "'cases[0].experts'", "only allowed"}},
       {"case not a map", head + "  - w4a16\n", {"line 3", "'cases[0]'", "mapping"}},
       {"syntax error", "name: bad\ncases: [\n", {"not valid YAML"}},
@@ -147,8 +166,8 @@ TEST(BenchRecipe, EveryErrorNamesFileKeyLineAndRule) {
       const std::string message = error.what();
       EXPECT_NE(message.find("bad.yaml"), std::string::npos) << message;
       for (const std::string& fragment : c.fragments)
-        EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: "
-                                                             << message;
+        EXPECT_NE(message.find(fragment), std::string::npos)
+            << "'" << fragment << "' not in: " << message;
     }
   }
 }
@@ -259,8 +278,8 @@ TEST(BenchCli, DryRunJsonParsesWithExpectedFields) {
   EXPECT_EQ(doc.at("count"), doc.at("runs").size());
   bool saw_moe = false;
   for (const auto& run : doc.at("runs")) {
-    for (const char* key : {"case", "label", "scheme", "scheme_text", "kind", "m", "n", "k",
-                            "backend"})
+    for (const char* key :
+         {"case", "label", "scheme", "scheme_text", "kind", "m", "n", "k", "backend"})
       EXPECT_TRUE(run.contains(key)) << key << " missing in " << run.dump();
     // the canonical text form must name the same scheme as the recipe's spelling
     EXPECT_EQ(parse_scheme(run.at("scheme_text").get<std::string>()),

@@ -3,8 +3,8 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -42,8 +42,8 @@ std::string temp_path(const std::string& name) {
 }
 
 TEST(TuningTable, MBucketIsTheNextPowerOfTwo) {
-  const std::int64_t expected[][2] = {{1, 1},   {2, 2},    {3, 4},       {4, 4},      {5, 8},
-                                      {63, 64}, {64, 64},  {65, 128},    {4097, 8192}};
+  const std::int64_t expected[][2] = {{1, 1},   {2, 2},   {3, 4},    {4, 4},      {5, 8},
+                                      {63, 64}, {64, 64}, {65, 128}, {4097, 8192}};
   for (const auto& row : expected) EXPECT_EQ(m_bucket(row[0]), row[1]) << row[0];
   EXPECT_THROW(m_bucket(0), Error);
   EXPECT_THROW(m_bucket(-3), Error);
@@ -162,9 +162,9 @@ TEST(TuningTable, TableOfAnotherMachineIsNeverAppliedAndSaysWhy) {
   cuda.cuda = "12.8";
   driver.driver = "570.1";
   version.qgemm = "0.0.1-other";
-  for (const Variant& v : {Variant{"gpu", gpu, "H100"}, Variant{"sm", sms, "114"},
-                           Variant{"cuda", cuda, "12.8"}, Variant{"driver", driver, "570.1"},
-                           Variant{"qgemm", version, "0.0.1-other"}}) {
+  for (const Variant& v :
+       {Variant{"gpu", gpu, "H100"}, Variant{"sm", sms, "114"}, Variant{"cuda", cuda, "12.8"},
+        Variant{"driver", driver, "570.1"}, Variant{"qgemm", version, "0.0.1-other"}}) {
     SCOPED_TRACE(v.field);
     reason.clear();
     EXPECT_FALSE(load_applicable_table(path, v.machine, reason).has_value());

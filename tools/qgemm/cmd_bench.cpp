@@ -49,13 +49,13 @@ int run(const BenchOptions& options) {
   const std::vector<bench::ExpandedRun> runs = bench::expand(recipe);
   if (!options.dry_run) {
     const check::GpuProbe gpu = check::probe_gpu();
-    std::fprintf(stderr,
-                 "qgemm bench: recipe %s is valid (%zu runs), but timing needs a GPU and the GPU "
-                 "timing part of qgemm bench is future work (not built yet); %s. Use --dry-run "
-                 "to list the runs.\n",
-                 options.recipe.c_str(), runs.size(),
-                 gpu.usable ? ("GPU found: " + gpu.detail).c_str()
-                            : ("no GPU here: " + gpu.detail).c_str());
+    std::fprintf(
+        stderr,
+        "qgemm bench: recipe %s is valid (%zu runs), but timing needs a GPU and the GPU "
+        "timing part of qgemm bench is future work (not built yet); %s. Use --dry-run "
+        "to list the runs.\n",
+        options.recipe.c_str(), runs.size(),
+        gpu.usable ? ("GPU found: " + gpu.detail).c_str() : ("no GPU here: " + gpu.detail).c_str());
     return kStatusTimingUnavailable;
   }
   // The listing goes to stdout unless the JSON does; then stdout holds only the JSON.
@@ -85,7 +85,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
       "Bake-off of a recipe (bench/recipes/*.yaml); --dry-run validates it and lists the runs "
       "without a GPU");
   command->add_option("recipe", options->recipe, "Recipe file (YAML)")->required();
-  command->add_option("--json", options->json_out, "Write the results as JSON to OUT ('-': stdout)");
+  command->add_option("--json", options->json_out,
+                      "Write the results as JSON to OUT ('-': stdout)");
   command->add_option("--csv", options->csv_out, "Write the results as CSV to OUT ('-': stdout)");
   command->add_option("--plot", options->plot_out, "Write a speedup plot (PNG) to OUT");
   command->add_flag("--dry-run", options->dry_run, "Validate and list the runs; no GPU needed");
