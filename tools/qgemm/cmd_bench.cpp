@@ -22,9 +22,6 @@
 namespace qgemm::cli {
 namespace {
 
-constexpr int kStatusInvalid = 2;
-constexpr int kStatusTimingUnavailable = 3;
-
 struct BenchOptions {
   std::string recipe;
   std::string json_out, csv_out, plot_out;
@@ -56,7 +53,7 @@ int run(const BenchOptions& options) {
         "to list the runs.\n",
         options.recipe.c_str(), runs.size(),
         gpu.usable ? ("GPU found: " + gpu.detail).c_str() : ("no GPU here: " + gpu.detail).c_str());
-    return kStatusTimingUnavailable;
+    return kExitUnavailable;
   }
   // The listing goes to stdout unless the JSON does; then stdout holds only the JSON.
   const bool json_on_stdout = options.json_out == "-";
@@ -95,7 +92,7 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
       status = run(*options);
     } catch (const Error& error) {
       std::fprintf(stderr, "qgemm bench: %s\n", error.what());
-      status = kStatusInvalid;
+      status = kExitInvalid;
     }
   });
 });

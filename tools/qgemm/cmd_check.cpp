@@ -24,8 +24,6 @@
 namespace qgemm::cli {
 namespace {
 
-constexpr int kStatusOutsideTolerance = 1;
-constexpr int kStatusBackendUnavailable = 3;
 
 struct CheckOptions {
   std::string scheme;
@@ -63,7 +61,7 @@ int run(const CheckOptions& options) {
   } catch (const Error& error) {
     if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
     std::fprintf(stderr, "qgemm check: %s\n", error.what());
-    return kStatusBackendUnavailable;
+    return kExitUnavailable;
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
   const check::CheckResult result =
@@ -73,7 +71,7 @@ int run(const CheckOptions& options) {
   } else {
     print_text_report(result, selection.reason);
   }
-  return result.pass ? 0 : kStatusOutsideTolerance;
+  return result.pass ? kExitOk : kExitFailed;
 }
 
 const CommandRegistration registration([](CLI::App& app, int& status) {

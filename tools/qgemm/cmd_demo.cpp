@@ -44,7 +44,7 @@ int run(const DemoOptions& options) {
   } catch (const Error& error) {
     if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
     std::fprintf(stderr, "qgemm demo: %s\n", error.what());
-    return 3;
+    return kExitUnavailable;
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
   const check::CheckResult r =
@@ -67,7 +67,7 @@ int run(const DemoOptions& options) {
   fmt::print("            {:.2e} vs the CPU reference (allowed {:.2e})\n", r.error_vs_reference,
              r.tolerance_vs_reference);
   fmt::print("  {}  (seed {})\n", r.pass ? "OK" : "FAILED: outside tolerance", r.seed);
-  return r.pass ? 0 : 1;
+  return r.pass ? kExitOk : kExitFailed;
 }
 
 const CommandRegistration registration([](CLI::App& app, int& status) {

@@ -9,6 +9,14 @@
 
 namespace qgemm::cli {
 
+// Exit statuses shared by every sub-command.
+enum ExitStatus : int {
+  kExitOk = 0,
+  kExitFailed = 1,       // ran, and the result is outside what is allowed (check, demo)
+  kExitInvalid = 2,      // bad arguments or input (a qgemm::Error reached main)
+  kExitUnavailable = 3,  // the backend or device the command needs is not there
+};
+
 // Adds a sub-command to `app`; the sub-command's callback stores its exit status in `status`.
 using AddCommand = std::function<void(CLI::App& app, int& status)>;
 

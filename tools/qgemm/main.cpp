@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     return app.exit(error);
   } catch (const qgemm::Error& error) {
     std::fprintf(stderr, "qgemm: %s\n", error.what());
-    return 2;
+    return qgemm::cli::kExitInvalid;
   }
   return status;
 }
