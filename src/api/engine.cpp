@@ -50,6 +50,19 @@ struct Engine::Impl {
 
   void make_current() const { runtime::use_primary_context(device); }
 
+  // The one place a call's tile config, split factor and kernel spec are chosen.
+  struct Launch {
+    dispatch::DensePlan plan;
+    jit::KernelSpec spec;
+  };
+  Launch choose(std::int64_t m, const layout::MmaWeight& w, const Format& activation,
+                const Format& output, const GemmOptions& options) const {
+    Launch launch;
+    launch.plan = dispatch::plan_dense_gemm(m, w, info.sm_count, options.tile_config);
+    launch.spec = dispatch::dense_gemm_spec(launch.plan, w, activation, output, arch);
+    return launch;
+  }
+
   Workspace& workspace(void* stream, std::size_t sum_bytes, std::size_t counter_bytes) {
     Workspace& w = workspaces[stream];
     auto grow = [](runtime::DeviceBuffer& buffer, std::size_t bytes) {
@@ -123,19 +136,14 @@ void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, st
 
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
-  const auto plan =
-      dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count, options.tile_config);
-  return jit::to_string(
-             dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch)) +
-         fmt::format(" splits={}", plan.splits);
+  const Impl::Launch launch = impl_->choose(m, weight.impl_->host, activation, output, options);
+  return jit::to_string(launch.spec) + fmt::format(" splits={}", launch.plan.splits);
 }
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
-  const auto plan =
-      dispatch::plan_dense_gemm(m, weight.impl_->host, impl_->info.sm_count, options.tile_config);
   jit::KernelCache::global().get(
-      dispatch::dense_gemm_spec(plan, weight.impl_->host, activation, output, impl_->arch));
+      impl_->choose(m, weight.impl_->host, activation, output, options).spec);
 }
 
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
@@ -170,8 +178,9 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
 
   std::lock_guard lock(impl_->mutex);
   impl_->make_current();
-  const auto plan = dispatch::plan_dense_gemm(m, w, impl_->info.sm_count, options.tile_config);
-  const jit::KernelSpec spec = dispatch::dense_gemm_spec(plan, w, a.dtype, c.dtype, impl_->arch);
+  const Impl::Launch launch = impl_->choose(m, w, a.dtype, c.dtype, options);
+  const auto& plan = launch.plan;
+  const jit::KernelSpec& spec = launch.spec;
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
   const runtime::LoadedKernel kernel = impl_->kernel(spec);
 

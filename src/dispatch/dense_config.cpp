@@ -10,8 +10,10 @@
 
 namespace qgemm::dispatch {
 
-int DenseGemmConfig::shared_bytes(int bits, int group_size, bool stored_zeros) const {
+int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight) const {
   // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
+  const int bits = weight.format.bits, group_size = weight.group_size;
+  const bool stored_zeros = weight.stores_zeros();
   const int k_blocks = block_k / 16;
   const int scale_rows = (group_size == 0 || group_size >= block_k) ? 1 : block_k / group_size;
   const int a_bytes = block_m() * block_k * 2;
@@ -90,9 +92,7 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int s
   // as long as 2 (the SMs idle through the second). Try 1..8 splits, keeping at least two K
   // tiles per split so that each one still pipelines; take the first that reaches 90 % wave
   // efficiency, else the best. Residency: the config's expectation, capped by shared memory.
-  const bool stored_zeros = weight.zero_mode == layout::MmaZeroMode::Integer ||
-                            weight.zero_mode == layout::MmaZeroMode::Float;
-  const int smem = c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);
+  const int smem = c.shared_bytes(weight);
   const int per_sm = std::max(1, std::min(c.blocks_per_sm, (227 * 1024) / (smem + 1024)));
   const std::int64_t blocks = static_cast<std::int64_t>(plan.grid_x) * plan.grid_y;
   const std::int64_t resident = static_cast<std::int64_t>(sm_count) * per_sm;
@@ -115,8 +115,6 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int s
 jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& weight,
                                 const Format& activation, const Format& output, jit::Arch arch) {
   const auto& c = plan.config;
-  const bool stored_zeros = weight.zero_mode == layout::MmaZeroMode::Integer ||
-                            weight.zero_mode == layout::MmaZeroMode::Float;
   jit::KernelSpec spec;
   spec.family = "dense_gemm_sm80";
   spec.arch = arch;
@@ -138,8 +136,7 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
       jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
   };
   spec.launch.threads_per_block = c.threads();
-  spec.launch.dynamic_smem_bytes =
-      c.shared_bytes(weight.format.bits, weight.group_size, stored_zeros);
+  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight);
   return spec;
 }
 

@@ -27,7 +27,7 @@ struct DenseGemmConfig {
   int threads() const { return 32 * warps_m * warps_n * warps_k; }
   int block_m() const { return 16 * m_tiles * warps_m; }
   int block_n() const { return 64 * warps_n; }
-  int shared_bytes(int bits, int group_size, bool stored_zeros) const;
+  int shared_bytes(const layout::MmaWeight& weight) const;
   // Why this config cannot serve a weight with these groups (nullopt when it can).
   std::optional<std::string> unsupported_reason(int group_size) const;
 };

@@ -139,8 +139,7 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
 
   // Scales and zeros: one fp32 row per group, columns permuted per slice.
   const ScaleGrid grid = w.scale_grid();
-  const bool stored_zeros =
-      out.zero_mode == MmaZeroMode::Integer || out.zero_mode == MmaZeroMode::Float;
+  const bool stored_zeros = out.stores_zeros();
   out.scales.assign(static_cast<std::size_t>(out.groups) * out.n_padded, 0.0f);
   if (stored_zeros) out.zeros.assign(out.scales.size(), 0.0f);
   const double signed_offset = q.format.is_signed ? std::ldexp(1.0, bits - 1) : 0.0;

@@ -30,7 +30,12 @@ struct MmaWeight {
   bool scales_exact_in_fp16 = false;
   std::vector<std::uint32_t> words;  // [n_padded / 64][k_blocks][32 lanes][bits]
   std::vector<float> scales;         // [groups][n_padded], lane-permuted columns
-  std::vector<float> zeros;          // same shape, empty unless zero_mode is Integer or Float
+  std::vector<float> zeros;          // same shape, empty unless stores_zeros()
+
+  // Whether the layout carries a zero array (integer or float zero points per group).
+  bool stores_zeros() const {
+    return zero_mode == MmaZeroMode::Integer || zero_mode == MmaZeroMode::Float;
+  }
 };
 
 // Whether the packed16 dequantization serves this weight against `activation` (bf16 / fp16).

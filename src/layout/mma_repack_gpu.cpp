@@ -40,8 +40,7 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, 
   out.meta = mma_metadata(w);
   const MmaWeight& m = out.meta;
   const int bits = w.quant.format.bits;
-  const bool stored_zeros =
-      m.zero_mode == MmaZeroMode::Integer || m.zero_mode == MmaZeroMode::Float;
+  const bool stored_zeros = m.stores_zeros();
   const std::size_t lanes = static_cast<std::size_t>(m.n_padded / 64 * m.k_blocks * 32);
   const std::size_t scale_count = static_cast<std::size_t>(m.groups) * m.n_padded;
 
