@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
         flush, flush_bytes, repeats);
     // The heuristic's choice, then (decode) the occupancy candidates of src/dispatch.
     std::vector<std::string> configs = {""};
-    if (c.m <= 16 && !quick) configs.insert(configs.end(), {"decode-s3", "decode-w8"});
+    if (c.m <= 16 && !quick)
+      configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.tile_config = config;

@@ -140,4 +140,86 @@ __device__ __forceinline__ void dequantize_lane_packed16(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Unscaled dequantization (the decode kernel, gemm/sm80_decode.cuh): the same lane operands, but
+// the B registers hold the exact code value (u − zero for integers, the format's value for
+// floats) and the group scale is applied to the fp32 accumulators once per group. No scale
+// needs to be exact in the activation type, and each pair costs 2–6 instructions.
+//
+//   int16     integers that fit the 16-bit trick (≤ 7 bits in bf16, ≤ 10 in fp16): the pair is
+//             lifted into base + u (as packed16), then one FMA subtracts base + zero. Both are
+//             exact, so the operand is u − zero exactly (|u − zero| < 256 fits either type).
+//   int_f32   8-bit integers against bf16 (base + u would need 9 significant bits): each code
+//             goes into the float 2^23 + u with one PRMT, one FADD subtracts 2^23 + zero, one
+//             CVT packs the exact pair.
+//   float16   float codes of formats whose every value the activation type holds: the sign and
+//             the (exponent, mantissa) field are moved to the activation type's positions, which
+//             reads as the value times 2^(bias_act − bias); one FMA by 2^(bias − bias_act)
+//             restores it exactly (subnormal codes land on subnormals of the same scale).
+// ---------------------------------------------------------------------------------------------
+
+enum UnscaledDequant { kDequantInt16 = 0, kDequantIntF32 = 1, kDequantFloat16 = 2 };
+
+// offsets[j]: −(base + zero of column j · 8 + lane / 4) in both halves (int16), or the float
+// 2^23 + zero (int_f32, low word only); unused for floats.
+template <unsigned long long kFormat, int kDequant, bool kBf16>
+__device__ __forceinline__ void dequantize_lane_unscaled(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
+    unsigned (&out)[8][2]) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  constexpr int kBits = f.bits;
+  if constexpr (kDequant == kDequantInt16) {
+    constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;  // 128 or 1024, both halves
+    constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        out[j][r] = fma_pair<kBf16>(extract_pair<kBits>(words, j * 2 + r, kPattern), kOne,
+                                    offsets[j]);
+  } else if constexpr (kDequant == kDequantIntF32) {
+    static_assert(kBits == 8, "int_f32 serves 8-bit codes");
+    // Pair p = j · 2 + r: word p / 2 holds pairs 2w (bytes 0, 2) and 2w + 1 (bytes 1, 3).
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float minus = -__uint_as_float(offsets[j]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const unsigned word = words[(j * 2 + r) / 2];
+        const unsigned byte = (j * 2 + r) % 2;
+        unsigned lo, hi;  // 0x4B0000uu: the float 2^23 + u
+        asm("prmt.b32 %0, %1, 0x4B000000, %2;\n" : "=r"(lo) : "r"(word), "n"(0x7540 | byte));
+        asm("prmt.b32 %0, %1, 0x4B000000, %2;\n" : "=r"(hi) : "r"(word), "n"(0x7542 | byte));
+        out[j][r] = ptx::pack_pair<kBf16>(__uint_as_float(lo) + minus, __uint_as_float(hi) + minus);
+      }
+    }
+  } else {
+    static_assert(f.is_float() && f.specials != kExponentOnly, "float16 serves float codes");
+    constexpr int kActMantissa = kBf16 ? 7 : 10;
+    constexpr int kActBias = kBf16 ? 127 : 15;
+    constexpr int kMagnitudeBits = f.exponent_bits + f.mantissa_bits;
+    constexpr unsigned kMagnitude = ((1u << kMagnitudeBits) - 1u) << (kActMantissa - f.mantissa_bits);
+    constexpr unsigned kMagnitudePair = kMagnitude * 0x10001u;
+    constexpr unsigned kSignPair = 0x80008000u;
+    // The placed code reads 2^(e − bias_act) · 1.m; the value is 2^(e − bias) · 1.m, so it is
+    // multiplied by 2^(bias_act − bias), whose exponent field is 2 · bias_act − bias.
+    constexpr int kRebiasField = 2 * kActBias - f.bias;
+    static_assert(f.mantissa_bits <= kActMantissa && kRebiasField >= 1 &&
+                      kRebiasField <= 2 * kActBias,
+                  "the float format does not fit the activation type (host-checked)");
+    constexpr unsigned kRebias = (static_cast<unsigned>(kRebiasField) << kActMantissa) * 0x10001u;
+    constexpr unsigned kMinusZero = 0x80008000u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const unsigned x = extract_pair<kBits>(words, j * 2 + r, 0u);
+        unsigned placed = (x << (kActMantissa - f.mantissa_bits)) & kMagnitudePair;
+        if constexpr (f.is_signed) placed |= (x << (15 - (kBits - 1))) & kSignPair;
+        out[j][r] = fma_pair<kBf16>(placed, kRebias, kMinusZero);
+      }
+  }
+}
+
 }  // namespace qgemm::kernels

@@ -1,5 +1,5 @@
-// The argument struct of the dense mma.sync GEMM (gemm/sm80_dense.cuh), plain C++ so that the
-// host fills the very same struct it passes to cuLaunchKernel.
+// The argument struct of the dense mma.sync GEMMs (gemm/sm80_dense.cuh, gemm/sm80_decode.cuh),
+// plain C++ so that the host fills the very same struct it passes to cuLaunchKernel.
 #pragma once
 
 namespace qgemm::kernels {
@@ -18,6 +18,7 @@ struct DenseGemmParams {
   int n_padded, k_blocks, groups;
   int k_tiles;  // ceil(k_blocks · 16 / BK)
   int tiles_per_split;
+  int blocks_per_warp;  // decode kernel: k16 blocks each warp streams (a multiple of its stage)
   float global_scale;
 };
 

@@ -18,14 +18,13 @@
 // Pipeline: kStages stages in flight; at step t the block waits for stage t, then issues the
 // copies of stage t + kStages − 1 into the slot freed by step t − 1, then computes stage t.
 //
-// Split-K (kSplitK): blockIdx.z takes a contiguous range of K stages; partial sums go to an fp32
-// workspace with atomicAdd and the last block of an output tile (a per-tile counter) applies the
-// epilogue, then returns the workspace tile and the counter to zero, so no memset is needed
-// between calls and the launch stays graph-capturable.
+// Split-K (kSplitK): blockIdx.z takes a contiguous range of K stages; the partial sums meet in
+// the workspace (gemm/epilogue.cuh).
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
 #include "gemm/dense_gemm_params.cuh"
+#include "gemm/epilogue.cuh"
 #include "gemm/mma_weight_layout.cuh"
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
@@ -195,34 +194,6 @@ struct DenseGemm {
     }
   }
 
-  __device__ static void store_pair(const DenseGemmParams& p, int row, int col, float v0,
-                                    float v1) {
-    if (row >= p.m || col >= p.n) return;
-    const bool pair = col + 1 < p.n;
-    if (p.bias) {
-      v0 += p.bias[col];
-      if (pair) v1 += p.bias[col + 1];
-    }
-    const long long at = static_cast<long long>(row) * p.ldc + col;
-    if constexpr (kOutput == kOutFp32) {
-      float* c = static_cast<float*>(p.c);
-      c[at] = v0;
-      if (pair) c[at + 1] = v1;
-    } else {
-      unsigned short* c = static_cast<unsigned short*>(p.c);
-      const bool bf16 = kOutput == kOutBf16;
-      const unsigned short h0 = bf16 ? ptx::float_to_bf16_bits(v0) : ptx::float_to_fp16_bits(v0);
-      if (pair && (at % 2 == 0)) {
-        const unsigned short h1 = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
-        *reinterpret_cast<unsigned*>(c + at) =
-            static_cast<unsigned>(h0) | (static_cast<unsigned>(h1) << 16);
-      } else {
-        c[at] = h0;
-        if (pair) c[at + 1] = bf16 ? ptx::float_to_bf16_bits(v1) : ptx::float_to_fp16_bits(v1);
-      }
-    }
-  }
-
   __device__ static void run(const DenseGemmParams& p, char* shared) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wn = warp % kWarpsN, wm = (warp / kWarpsN) % kWarpsM, wk = warp / (kWarpsN * kWarpsM);
@@ -290,63 +261,26 @@ struct DenseGemm {
 
     const int row_base = m0 + wm * kMTiles * 16 + lane / 4;
     const int col_base = (slice0 + wn) * 64 + (lane % 4) * 2;
-    if constexpr (!kSplitK) {
-      if (wk != 0) return;
+    if (!kSplitK && wk != 0) return;
+    if (wk == 0) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int half = 0; half < 2; ++half)
-            store_pair(p, row_base + mt * 16 + half * 8, col_base + j * 8,
-                       acc[mt][j][half * 2] * p.global_scale,
-                       acc[mt][j][half * 2 + 1] * p.global_scale);
-    } else {
-      if (wk == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int row = row_base + mt * 16 + half * 8, col = col_base + j * 8;
-              if (row >= p.m) continue;
-              float* at = p.workspace + static_cast<long long>(row) * p.n + col;
-              if (col < p.n) atomicAdd(at, acc[mt][j][half * 2]);
-              if (col + 1 < p.n) atomicAdd(at + 1, acc[mt][j][half * 2 + 1]);
+          for (int half = 0; half < 2; ++half) {
+            const int row = row_base + mt * 16 + half * 8, col = col_base + j * 8;
+            const float v0 = acc[mt][j][half * 2], v1 = acc[mt][j][half * 2 + 1];
+            if constexpr (kSplitK) {
+              add_split_pair(p, row, col, v0, v1);
+            } else {
+              store_pair<kOutput>(p, row, col, v0 * p.global_scale, v1 * p.global_scale);
             }
-        __threadfence();
-      }
-      __shared__ bool last;
-      __syncthreads();
-      const unsigned tile_id = blockIdx.y * gridDim.x + blockIdx.x;
-      if (threadIdx.x == 0) last = atomicAdd(p.counters + tile_id, 1u) == gridDim.z - 1;
-      __syncthreads();
-      if (!last) return;
-      __threadfence();
-      // The last block: read the sums back (L2, not a stale L1 line), emit, and zero them.
-      for (int i = threadIdx.x; i < kBlockM * kBlockN; i += kThreads) {
-        const int row = m0 + i / kBlockN, col = slice0 * 64 + i % kBlockN;
-        if (row >= p.m || col >= p.n) continue;
-        float* at = p.workspace + static_cast<long long>(row) * p.n + col;
-        const float sum = __ldcg(at);
-        *at = 0.0f;
-        store_single(p, row, col, sum * p.global_scale);
-      }
-      if (threadIdx.x == 0) p.counters[tile_id] = 0;
+          }
     }
-  }
-
-  __device__ static void store_single(const DenseGemmParams& p, int row, int col, float v) {
-    if (p.bias) v += p.bias[col];
-    const long long at = static_cast<long long>(row) * p.ldc + col;
-    if constexpr (kOutput == kOutFp32) {
-      static_cast<float*>(p.c)[at] = v;
-    } else if constexpr (kOutput == kOutBf16) {
-      static_cast<unsigned short*>(p.c)[at] = ptx::float_to_bf16_bits(v);
-    } else {
-      static_cast<unsigned short*>(p.c)[at] = ptx::float_to_fp16_bits(v);
-    }
+    if constexpr (kSplitK)
+      finish_split_tile<kOutput>(p, blockIdx.y * gridDim.x + blockIdx.x, m0, kBlockM, slice0 * 64,
+                                 kBlockN);
   }
 };
 

@@ -58,7 +58,7 @@ struct Engine::Impl {
   Launch choose(std::int64_t m, const layout::MmaWeight& w, const Format& activation,
                 const Format& output, const GemmOptions& options) const {
     Launch launch;
-    launch.plan = dispatch::plan_dense_gemm(m, w, info.sm_count, options.tile_config);
+    launch.plan = dispatch::plan_dense_gemm(m, w, activation, info.sm_count, options.tile_config);
     launch.spec = dispatch::dense_gemm_spec(launch.plan, w, activation, output, arch);
     return launch;
   }
@@ -201,6 +201,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   params.groups = w.groups;
   params.k_tiles = plan.k_tiles;
   params.tiles_per_split = plan.tiles_per_split;
+  params.blocks_per_warp = plan.blocks_per_warp;
   params.global_scale = static_cast<float>(w.global_scale);
   if (plan.splits > 1) {
     auto& ws =

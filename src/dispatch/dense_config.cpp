@@ -10,10 +10,40 @@
 
 namespace qgemm::dispatch {
 
-int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight) const {
-  // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
+namespace {
+
+constexpr int kMaxSharedBytes = 227 * 1024;  // per block, SM80 and later
+
+// Blocks of `config` resident per SM: its target, capped by shared memory.
+int resident_blocks(const DenseGemmConfig& config, const layout::MmaWeight& weight, int rows) {
+  const int smem = config.shared_bytes(weight, rows);
+  return std::max(1, std::min(config.blocks_per_sm, kMaxSharedBytes / (smem + 1024)));
+}
+
+// The streamed kernel's A rows for M <= 16: a power of two (five instantiations serve every M).
+int streamed_rows(std::int64_t m) {
+  int rows = 1;
+  while (rows < m) rows *= 2;
+  return rows;
+}
+
+}  // namespace
+
+int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) const {
   const int bits = weight.format.bits, group_size = weight.group_size;
   const bool stored_zeros = weight.stores_zeros();
+  if (kernel == DenseKernel::Streamed) {
+    // = DecodeGemmShape::kSharedBytes in kernels/gemm/sm80_decode.cuh.
+    const int stage_blocks = block_k / 16;
+    const int scale_rows = (group_size == 0 || group_size >= block_k) ? 1 : block_k / group_size;
+    const int w_bytes = stage_blocks * 32 * bits * 4;
+    const int a_bytes = rows * (block_k * 2 + 16);
+    const int s_bytes = scale_rows * 64 * 4 * (stored_zeros ? 2 : 1);
+    const int pipeline = warps_k * (16 + stages * (w_bytes + a_bytes + s_bytes));
+    const int reduce = (warps_k - 1) * 32 * 32 * 4;
+    return std::max(pipeline, reduce);
+  }
+  // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
   const int k_blocks = block_k / 16;
   const int scale_rows = (group_size == 0 || group_size >= block_k) ? 1 : block_k / group_size;
   const int a_bytes = block_m() * block_k * 2;
@@ -24,82 +54,58 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight) const {
   return std::max(pipeline, reduce);
 }
 
-std::optional<std::string> DenseGemmConfig::unsupported_reason(int group_size) const {
+std::optional<std::string> DenseGemmConfig::unsupported_reason(
+    std::int64_t m, const layout::MmaWeight& weight, const Format& activation) const {
+  const int group_size = weight.group_size;
   if (group_size != 0 && group_size % block_k != 0 && block_k % group_size != 0)
     return fmt::format("group {} neither divides nor is a multiple of BK {}", group_size, block_k);
+  const int rows = kernel == DenseKernel::Streamed ? streamed_rows(std::min<std::int64_t>(m, 16))
+                                                   : block_m();
+  if (const int bytes = shared_bytes(weight, rows); bytes > kMaxSharedBytes)
+    return fmt::format("needs {} bytes of shared memory (at most {})", bytes, kMaxSharedBytes);
+  if (kernel == DenseKernel::Streamed) {
+    if (m > 16) return fmt::format("M = {} exceeds the 16 rows of the streamed kernel", m);
+    std::string why;
+    if (!layout::unscaled_dequant(weight, activation, &why))
+      return fmt::format("no unscaled dequantization: {}", why);
+  }
   return std::nullopt;
 }
 
 const std::vector<DenseGemmConfig>& dense_gemm_configs() {
+  using K = DenseKernel;
   static const std::vector<DenseGemmConfig> configs = {
-      // M <= 16: one m16 tile, four warps splitting K inside the block, deep stages of weight.
-      {"decode", 1, 1, 1, 4, 256, 4, 3},
-      {"decode-bk128", 1, 1, 1, 4, 128, 6, 3},
-      // Occupancy candidates for decode (bench/NOTES.md v2: the default is limited to 12 warps
-      // per SM by shared memory): fewer stages (16 warps per SM), or 8 K warps per block.
-      {"decode-s3", 1, 1, 1, 4, 256, 3, 4},
-      {"decode-w8", 1, 1, 1, 8, 256, 3, 2},
+      // M <= 16, streamed: 4 warps per block, each with 3 stages of 128 K (2 in flight).
+      {"decode", K::Streamed, 1, 1, 1, 4, 128, 3, 4},
+      // Candidates for the bench: shorter stages (finer K splits, more warps), a deeper ring,
+      // 8-warp blocks.
+      {"decode-k64", K::Streamed, 1, 1, 1, 4, 64, 4, 4},
+      {"decode-s4", K::Streamed, 1, 1, 1, 4, 128, 4, 3},
+      {"decode-w8", K::Streamed, 1, 1, 1, 8, 128, 3, 2},
+      // M <= 16 on the tiled kernel (weights the streamed one cannot serve): one m16 tile, four
+      // warps splitting K inside the block.
+      {"decode-tiled", K::Tiled, 1, 1, 1, 4, 256, 4, 3},
       // Up to 128 rows: 64x128 tiles.
-      {"medium", 2, 2, 2, 1, 64, 4, 2},
+      {"medium", K::Tiled, 2, 2, 2, 1, 64, 4, 2},
       // Prefill: 128x128 tiles, 64x64 per warp (dequantized B reused over 4 m16 tiles).
-      {"prefill", 4, 2, 2, 1, 64, 4, 1},
+      {"prefill", K::Tiled, 4, 2, 2, 1, 64, 4, 1},
   };
   return configs;
 }
 
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count,
-                          std::string_view forced) {
-  std::string wanted = m <= 16 ? "decode" : m <= 128 ? "medium" : "prefill";
-  const DenseGemmConfig* chosen = nullptr;
-  if (!forced.empty()) {
-    for (const auto& config : dense_gemm_configs())
-      if (config.name == forced) chosen = &config;
-    if (!chosen)
-      throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("dense gemm: config '{}' is not a tile config", forced));
-    if (auto reason = chosen->unsupported_reason(weight.group_size))
-      throw Error(ErrorCode::Unsupported,
-                  fmt::format("dense gemm: config '{}' cannot serve: {}", forced, *reason));
-  }
-  for (const auto& config : dense_gemm_configs()) {
-    if (chosen) break;
-    if (config.name.rfind(wanted, 0) != 0) continue;
-    if (auto reason = config.unsupported_reason(weight.group_size)) {
-      log(LogLevel::Debug, "dense gemm: config {} skipped: {}", config.name, *reason);
-      continue;
-    }
-    chosen = &config;
-    break;
-  }
-  if (!chosen) {
-    for (const auto& config : dense_gemm_configs())
-      if (!config.unsupported_reason(weight.group_size)) {
-        chosen = &config;
-        break;
-      }
-  }
-  if (!chosen)
-    throw Error(
-        ErrorCode::Unsupported,
-        fmt::format("dense gemm: no tile config serves weight groups of {}", weight.group_size));
-  DensePlan plan;
-  plan.config = *chosen;
-  const auto& c = plan.config;
-  plan.grid_x = static_cast<unsigned>((weight.n_padded / 64 + c.warps_n - 1) / c.warps_n);
-  plan.grid_y = static_cast<unsigned>((m + c.block_m() - 1) / c.block_m());
-  plan.k_tiles = static_cast<int>((weight.k_blocks * 16 + c.block_k - 1) / c.block_k);
-  // Split K so that the blocks fill whole waves of resident blocks: a grid of 1.13 waves runs
-  // as long as 2 (the SMs idle through the second). Try 1..8 splits, keeping at least two K
-  // tiles per split so that each one still pipelines; take the first that reaches 90 % wave
-  // efficiency, else the best. Residency: the config's expectation, capped by shared memory.
-  const int smem = c.shared_bytes(weight);
-  const int per_sm = std::max(1, std::min(c.blocks_per_sm, (227 * 1024) / (smem + 1024)));
-  const std::int64_t blocks = static_cast<std::int64_t>(plan.grid_x) * plan.grid_y;
-  const std::int64_t resident = static_cast<std::int64_t>(sm_count) * per_sm;
+namespace {
+
+// Split factor that fills whole waves of resident blocks: a grid of 1.13 waves runs as long as
+// 2 (the SMs idle through the second). `blocks_for(s)` is the grid for s splits (0: s is not
+// allowed); the first s reaching 90 % wave efficiency wins, else the best.
+template <typename BlocksFor>
+int wave_filling_splits(std::int64_t resident, int max_splits, BlocksFor blocks_for) {
   int splits = 1;
   double best = 0.0;
-  for (int s = 1; s <= 8 && (s == 1 || plan.k_tiles / s >= 2); ++s) {
-    const double waves = static_cast<double>(blocks * s) / static_cast<double>(resident);
+  for (int s = 1; s <= max_splits; ++s) {
+    const std::int64_t blocks = blocks_for(s);
+    if (blocks == 0) continue;
+    const double waves = static_cast<double>(blocks) / static_cast<double>(resident);
     const double efficiency = waves / std::ceil(waves);
     if (efficiency > best + 1e-9) {
       best = efficiency;
@@ -107,6 +113,102 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int s
     }
     if (efficiency >= 0.9) break;
   }
+  return splits;
+}
+
+}  // namespace
+
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
+                          const Format& activation, int sm_count, std::string_view forced) {
+  const auto& configs = dense_gemm_configs();
+  const DenseGemmConfig* chosen = nullptr;
+  if (!forced.empty()) {
+    for (const auto& config : configs)
+      if (config.name == forced) chosen = &config;
+    if (!chosen)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("dense gemm: config '{}' is not a tile config", forced));
+    if (auto reason = chosen->unsupported_reason(m, weight, activation))
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("dense gemm: config '{}' cannot serve: {}", forced, *reason));
+  } else if (m <= 16) {
+    // Decode: the streamed config with the most resident warps for this weight and M (stage
+    // bytes grow with the code width and A rows), the first on ties; else the tiled one.
+    int best_warps = 0;
+    std::string refused;
+    for (const auto& config : configs) {
+      if (config.name.rfind("decode", 0) != 0) continue;
+      if (auto reason = config.unsupported_reason(m, weight, activation)) {
+        log(LogLevel::Debug, "dense gemm: config {} skipped: {}", config.name, *reason);
+        if (refused.empty()) refused = config.name + ": " + *reason;
+        continue;
+      }
+      const int rows = config.kernel == DenseKernel::Streamed ? streamed_rows(m) : 16;
+      const int warps = config.kernel == DenseKernel::Streamed
+                            ? resident_blocks(config, weight, rows) * config.warps_k
+                            : 0;  // the tiled decode config only when nothing streams
+      if (!chosen || warps > best_warps) chosen = &config, best_warps = warps;
+    }
+    if (chosen && chosen->kernel != DenseKernel::Streamed)
+      log(LogLevel::Info, "dense gemm: M = {} falls back to the tiled kernel ({})", m, refused);
+  } else {
+    const std::string wanted = m <= 128 ? "medium" : "prefill";
+    for (const auto& config : configs)
+      if (config.name == wanted && !config.unsupported_reason(m, weight, activation))
+        chosen = &config;
+  }
+  // Any config that serves.
+  for (const auto& config : configs) {
+    if (chosen) break;
+    if (!config.unsupported_reason(m, weight, activation)) chosen = &config;
+  }
+  if (!chosen)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("dense gemm: no config serves M = {} with weight groups of {}", m,
+                            weight.group_size));
+  DensePlan plan;
+  plan.config = *chosen;
+  const auto& c = plan.config;
+  const std::int64_t slices = weight.n_padded / 64;
+  plan.rows = c.kernel == DenseKernel::Streamed ? streamed_rows(m) : c.block_m();
+  const std::int64_t resident =
+      static_cast<std::int64_t>(sm_count) * resident_blocks(c, weight, plan.rows);
+
+  if (c.kernel == DenseKernel::Streamed) {
+    // Each warp takes a whole number of stages; a split is a block of warps_k warps per slice.
+    const int stage_blocks = c.block_k / 16;
+    const auto k_blocks = weight.k_blocks;
+    auto per_warp = [&](int s) {
+      const std::int64_t warps = static_cast<std::int64_t>(s) * c.warps_k;
+      const std::int64_t blocks = (k_blocks + warps - 1) / warps;
+      return (blocks + stage_blocks - 1) / stage_blocks * stage_blocks;
+    };
+    auto real_splits = [&](int s) {
+      return (k_blocks + per_warp(s) * c.warps_k - 1) / (per_warp(s) * c.warps_k);
+    };
+    const int splits = wave_filling_splits(resident, 32, [&](int s) -> std::int64_t {
+      // Keep two stages per warp so that its ring pipelines (one split always serves).
+      if (s > 1 && per_warp(s) < 2 * stage_blocks) return 0;
+      return slices * real_splits(s);
+    });
+    plan.blocks_per_warp = static_cast<int>(per_warp(splits));
+    plan.splits = static_cast<int>(real_splits(splits));
+    plan.grid_x = static_cast<unsigned>(slices);
+    plan.grid_y = 1;
+    plan.k_tiles = static_cast<int>(k_blocks);
+    plan.tiles_per_split = plan.blocks_per_warp * c.warps_k;
+    return plan;
+  }
+
+  plan.grid_x = static_cast<unsigned>((slices + c.warps_n - 1) / c.warps_n);
+  plan.grid_y = static_cast<unsigned>((m + c.block_m() - 1) / c.block_m());
+  plan.k_tiles = static_cast<int>((weight.k_blocks * 16 + c.block_k - 1) / c.block_k);
+  // Keep at least two K tiles per split so that each one still pipelines.
+  const std::int64_t tiles = static_cast<std::int64_t>(plan.grid_x) * plan.grid_y;
+  const int splits = wave_filling_splits(resident, 8, [&](int s) -> std::int64_t {
+    if (s > 1 && plan.k_tiles / s < 2) return 0;
+    return tiles * s;
+  });
   plan.tiles_per_split = (plan.k_tiles + splits - 1) / splits;
   plan.splits = (plan.k_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
   return plan;
@@ -116,27 +218,48 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
                                 const Format& activation, const Format& output, jit::Arch arch) {
   const auto& c = plan.config;
   jit::KernelSpec spec;
-  spec.family = "dense_gemm_sm80";
   spec.arch = arch;
-  spec.params = {
-      jit::SpecParam::integer("m_tiles", c.m_tiles),
-      jit::SpecParam::integer("warps_m", c.warps_m),
-      jit::SpecParam::integer("warps_n", c.warps_n),
-      jit::SpecParam::integer("warps_k", c.warps_k),
-      jit::SpecParam::integer("block_k", c.block_k),
-      jit::SpecParam::integer("stages", c.stages),
-      jit::SpecParam::number_format("weight", weight.format),
-      jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
-      jit::SpecParam::integer("group", weight.group_size),
-      jit::SpecParam::chosen("act", activation.name()),
-      jit::SpecParam::chosen("out", output.name()),
-      jit::SpecParam::boolean("split_k", plan.splits > 1),
-      jit::SpecParam::chosen(
-          "dequant", layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
-      jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
-  };
+  if (c.kernel == DenseKernel::Streamed) {
+    const auto dequant = layout::unscaled_dequant(weight, activation);
+    if (!dequant)
+      throw Error(ErrorCode::Internal, "dense gemm: streamed config without an unscaled dequant");
+    spec.family = "dense_decode_sm80";
+    spec.params = {
+        jit::SpecParam::integer("rows", plan.rows),
+        jit::SpecParam::integer("warps", c.warps_k),
+        jit::SpecParam::integer("stage_blocks", c.block_k / 16),
+        jit::SpecParam::integer("stages", c.stages),
+        jit::SpecParam::number_format("weight", weight.format),
+        jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+        jit::SpecParam::integer("group", weight.group_size),
+        jit::SpecParam::chosen("act", activation.name()),
+        jit::SpecParam::chosen("out", output.name()),
+        jit::SpecParam::boolean("split_k", plan.splits > 1),
+        jit::SpecParam::chosen("dequant", *dequant),
+        jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
+    };
+  } else {
+    spec.family = "dense_gemm_sm80";
+    spec.params = {
+        jit::SpecParam::integer("m_tiles", c.m_tiles),
+        jit::SpecParam::integer("warps_m", c.warps_m),
+        jit::SpecParam::integer("warps_n", c.warps_n),
+        jit::SpecParam::integer("warps_k", c.warps_k),
+        jit::SpecParam::integer("block_k", c.block_k),
+        jit::SpecParam::integer("stages", c.stages),
+        jit::SpecParam::number_format("weight", weight.format),
+        jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+        jit::SpecParam::integer("group", weight.group_size),
+        jit::SpecParam::chosen("act", activation.name()),
+        jit::SpecParam::chosen("out", output.name()),
+        jit::SpecParam::boolean("split_k", plan.splits > 1),
+        jit::SpecParam::chosen(
+            "dequant", layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
+        jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
+    };
+  }
   spec.launch.threads_per_block = c.threads();
-  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight);
+  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight, plan.rows);
   return spec;
 }
 

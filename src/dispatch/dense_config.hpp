@@ -1,8 +1,9 @@
-// Tile configurations of the mma.sync dense GEMM family and how one is chosen for a problem.
+// Configurations of the mma.sync dense GEMM kernels and how one is chosen for a problem.
 //
-// DenseGemmConfig mirrors the template constants of kernels/gemm/sm80_dense.cuh; its launch
-// shape (threads, shared memory) is computed here from the same formulas as the kernel's
-// DenseGemmShape, and the kernel static_asserts that the spec's values agree.
+// Two kernels: the tiled GEMM (kernels/gemm/sm80_dense.cuh, any M) and the streamed decode GEMM
+// (kernels/gemm/sm80_decode.cuh, M <= 16). DenseGemmConfig mirrors their template constants; the
+// launch shape (threads, shared memory) is computed here from the same formulas as the kernels'
+// DenseGemmShape / DecodeGemmShape, and the kernels static_assert that the spec's values agree.
 #pragma once
 
 #include <optional>
@@ -16,9 +17,17 @@
 
 namespace qgemm::dispatch {
 
+enum class DenseKernel {
+  Tiled,     // block tiles through a block-wide cp.async pipeline (sm80_dense.cuh)
+  Streamed,  // M <= 16: every warp streams its own K range (sm80_decode.cuh)
+};
+
 struct DenseGemmConfig {
-  std::string name;  // "decode", "medium", "prefill"
+  std::string name;  // "decode", "medium", "prefill", ...
+  DenseKernel kernel = DenseKernel::Tiled;
+  // Tiled: warps (k, m, n) of a block. Streamed: warps_k warps per block, each on its own K range.
   int m_tiles = 1, warps_m = 1, warps_n = 1, warps_k = 4;
+  // K per pipeline stage (tiled: of the block; streamed: of each warp), and stages in flight.
   int block_k = 256, stages = 4;
   // Residency target: the kernel's __launch_bounds__ minimum (it caps registers) and the
   // split-K heuristic's expectation (further capped by shared memory).
@@ -27,9 +36,11 @@ struct DenseGemmConfig {
   int threads() const { return 32 * warps_m * warps_n * warps_k; }
   int block_m() const { return 16 * m_tiles * warps_m; }
   int block_n() const { return 64 * warps_n; }
-  int shared_bytes(const layout::MmaWeight& weight) const;
-  // Why this config cannot serve a weight with these groups (nullopt when it can).
-  std::optional<std::string> unsupported_reason(int group_size) const;
+  // `rows`: the streamed kernel's A rows (a power of two up to 16); ignored by the tiled one.
+  int shared_bytes(const layout::MmaWeight& weight, int rows) const;
+  // Why this config cannot serve (M, weight, activation type) (nullopt when it can).
+  std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
+                                                const Format& activation) const;
 };
 
 const std::vector<DenseGemmConfig>& dense_gemm_configs();
@@ -38,16 +49,18 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs();
 struct DensePlan {
   DenseGemmConfig config;
   int splits = 1;
-  int tiles_per_split = 0;
-  int k_tiles = 0;
+  int tiles_per_split = 0;  // tiled: K tiles of one split
+  int k_tiles = 0;          // tiled: K tiles in all
+  int rows = 16;            // streamed: A rows of the instantiation (M rounded up to 1, 2, 4, 8, 16)
+  int blocks_per_warp = 0;  // streamed: k16 blocks of one warp
   unsigned grid_x = 1, grid_y = 1;
 };
 
 // Picks the config and split-K factor for (M, prepared weight) on a device with `sm_count`
 // SMs. Every rule that removes a candidate says why at QGEMM_LOG_LEVEL >= 3. A non-empty
 // `forced` names the config to use (benches, the tuner); Error when it cannot serve.
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, int sm_count,
-                          std::string_view forced = {});
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
+                          const Format& activation, int sm_count, std::string_view forced = {});
 
 // The KernelSpec of a plan for an activation type (bf16/fp16) and output format.
 jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& weight,

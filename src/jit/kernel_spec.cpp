@@ -161,6 +161,25 @@ const std::vector<KernelFamily>& kernel_families() {
         // __launch_bounds__ minimum blocks per SM (caps registers per thread).
         {"min_blocks", ParamKind::Int, {}}},
        false},
+      // kernels/gemm/sm80_decode.cuh (M <= 16); configs in src/dispatch/dense_config.cpp.
+      {"dense_decode_sm80",
+       "gemm/sm80_decode.cuh",
+       "qgemm::kernels::dense_decode_sm80",
+       "qgemm::kernels::DenseGemmParams",
+       {{"rows", ParamKind::Int, {}},
+        {"warps", ParamKind::Int, {}},
+        {"stage_blocks", ParamKind::Int, {}},
+        {"stages", ParamKind::Int, {}},
+        {"weight", ParamKind::Format, {}},
+        {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
+        {"group", ParamKind::Int, {}},
+        {"act", ParamKind::Choice, {"bf16", "fp16"}},
+        {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
+        {"split_k", ParamKind::Bool, {}},
+        // Order = kernels::UnscaledDequant.
+        {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
+        {"min_blocks", ParamKind::Int, {}}},
+       false},
       // kernels/gemm/mma_repack.cuh: canonical weight -> the dense GEMM's layout on the GPU.
       {"mma_repack",
        "gemm/mma_repack.cuh",

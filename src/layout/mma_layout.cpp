@@ -171,6 +171,42 @@ bool packed16_dequant_applies(const MmaWeight& w, const Format& activation) {
   return activation == formats::bf16 ? w.scales_exact_in_bf16 : w.scales_exact_in_fp16;
 }
 
+std::optional<std::string> unscaled_dequant(const MmaWeight& w, const Format& activation,
+                                            std::string* why) {
+  auto refuse = [&](std::string reason) -> std::optional<std::string> {
+    if (why) *why = std::move(reason);
+    return std::nullopt;
+  };
+  const Format& f = w.format;
+  const bool bf16 = activation == formats::bf16;
+  if (!bf16 && activation != formats::fp16)
+    return refuse(fmt::format("activation {} is not bf16 or fp16", activation.name()));
+  if (f.is_integer()) {
+    // base + u must be exact: 8 significant bits in bf16, 11 in fp16.
+    if (f.bits <= (bf16 ? 7 : 8)) return std::string("int16");
+    if (f.bits == 8) return std::string("int_f32");
+    return refuse(fmt::format("{}-bit integers", f.bits));
+  }
+  if (f.specials == FloatSpecials::ExponentOnly)
+    return refuse(fmt::format("{} has no mantissa field to place", f.name()));
+  if (f.mantissa_bits > activation.mantissa_bits)
+    return refuse(fmt::format("{} has more mantissa bits than {}", f.name(), activation.name()));
+  const int act_bias = activation.bias, rebias_field = 2 * act_bias - f.bias;
+  if (rebias_field < 1 || rebias_field > 2 * act_bias)
+    return refuse(fmt::format("2^({} - {}) is not a normal {}", act_bias, f.bias,
+                              activation.name()));
+  const int top_exponent = (1 << activation.exponent_bits) - 1;
+  for (std::uint32_t code = 0; code < (1u << f.bits); ++code) {
+    const double v = decode(f, code);
+    if (!std::isfinite(v)) continue;
+    const int exponent = static_cast<int>((code >> f.mantissa_bits) & ((1u << f.exponent_bits) - 1));
+    if (exponent >= top_exponent || round_to(activation, v) != v)
+      return refuse(fmt::format("{} value {} is not exact in {} by placement", f.name(), v,
+                                activation.name()));
+  }
+  return std::string("float16");
+}
+
 double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   const int bits = w.format.bits;
   const std::int64_t slice = n / 64, kb = k / 16;

@@ -41,6 +41,12 @@ struct MmaWeight {
 // Whether the packed16 dequantization serves this weight against `activation` (bf16 / fp16).
 bool packed16_dequant_applies(const MmaWeight& weight, const Format& activation);
 
+// Which unscaled dequantization of the decode kernel (kernels/dequant/mma_dequant.cuh) serves
+// this weight against `activation` (bf16 / fp16): "int16", "int_f32" or "float16"; nullopt, with
+// the reason in *why, when none does (those weights take the tiled kernel).
+std::optional<std::string> unscaled_dequant(const MmaWeight& weight, const Format& activation,
+                                            std::string* why = nullptr);
+
 // Why the mma family cannot hold this weight (nullopt when it can).
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
 
