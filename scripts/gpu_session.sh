@@ -5,15 +5,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt"
+# At most 8 files come back: info.txt, build.log, gpu_tests.log, memcheck.log, bench.log,
+# decode_w4.sass, ncu.txt.
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/info.txt"
 extra=()
 # xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
 [ -f /usr/include/xxhash.h ] || extra+=(-DXXHASH_INCLUDE_DIR=$PWD/.deps/include)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/cmake.log" 2>&1 \
-  || { tail -30 "$out/cmake.log"; exit 1; }
-cmake --build build-gpu -j16 > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/build.log" 2>&1 \
+  || { tail -30 "$out/build.log"; exit 1; }
+cmake --build build-gpu -j16 >> "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
 export QGEMM_CACHE_DIR=/tmp/qgemm-cache
-build-gpu/qgemm info 2>&1 | tee "$out/info.txt"
+build-gpu/qgemm info 2>&1 | tee -a "$out/info.txt"
 ctest --test-dir build-gpu -L gpu --output-on-failure -V > "$out/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "tests passed|Failed|FAILED|Failure" "$out/gpu_tests.log" | head -20
 echo "dense cases checked: $(grep -c 'rel=' "$out/gpu_tests.log")"

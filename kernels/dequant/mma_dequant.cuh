@@ -44,6 +44,15 @@ __device__ __forceinline__ unsigned extract_code(const unsigned (&words)[kBits],
   return value;
 }
 
+// (a & mask) | pattern in one LOP3. Written out because the compiler splits it into two when
+// both mask and pattern are immediates (a LOP3 takes one); here the pattern stays a register.
+__device__ __forceinline__ unsigned and_or(unsigned a, unsigned mask, unsigned pattern) {
+  if (pattern == 0u) return a & mask;
+  unsigned out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(out) : "r"(a), "r"(mask), "r"(pattern));
+  return out;
+}
+
 // Pair p (codes 2p, 2p + 1) in the two 16-bit halves, ORed with `pattern` in both halves.
 template <int kBits>
 __device__ __forceinline__ unsigned extract_pair(const unsigned (&words)[kBits], int p,
@@ -51,7 +60,7 @@ __device__ __forceinline__ unsigned extract_pair(const unsigned (&words)[kBits],
   const int bit = p * kBits, word = bit / 16, shift = bit % 16;
   const int first = 16 - shift < kBits ? 16 - shift : kBits;
   const unsigned low_mask = ((1u << first) - 1u) * 0x10001u;
-  unsigned x = ((words[word] >> shift) & low_mask) | pattern;  // one LOP3
+  unsigned x = and_or(words[word] >> shift, low_mask, pattern);
   if (first < kBits) {
     const unsigned high_mask = (((1u << kBits) - 1u) ^ ((1u << first) - 1u)) * 0x10001u;
     x |= (words[word + 1] << first) & high_mask;
@@ -188,9 +197,10 @@ __device__ __forceinline__ void dequantize_lane_unscaled(
       for (int r = 0; r < 2; ++r) {
         const unsigned word = words[(j * 2 + r) / 2];
         const unsigned byte = (j * 2 + r) % 2;
-        unsigned lo, hi;  // 0x4B0000uu: the float 2^23 + u
-        asm("prmt.b32 %0, %1, 0x4B000000, %2;\n" : "=r"(lo) : "r"(word), "n"(0x7540 | byte));
-        asm("prmt.b32 %0, %1, 0x4B000000, %2;\n" : "=r"(hi) : "r"(word), "n"(0x7542 | byte));
+        // 0x4B0000uu, the float 2^23 + u: byte `byte` (first code) or `byte` + 2 (second) of
+        // the word under the top byte 0x4B of the constant (selector nibbles name bytes 0-7).
+        const unsigned lo = __byte_perm(word, 0x4B000000u, 0x7540u | byte);
+        const unsigned hi = __byte_perm(word, 0x4B000000u, 0x7542u | byte);
         out[j][r] = ptx::pack_pair<kBf16>(__uint_as_float(lo) + minus, __uint_as_float(hi) + minus);
       }
     }

@@ -194,19 +194,11 @@ struct DecodeGemm {
       unsigned b[8][2];
       dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
 
-      // A: ldmatrix rows r < M from the stage, rows ≥ M from the zero chunk.
+      // A: ldmatrix.x4 rows r < M from the stage, rows ≥ M from the zero chunk (also for
+      // kRows ≤ 8: the four registers land as the quad the mma reads, with no moves).
       unsigned a[4];
-      if constexpr (kRows <= 8) {
-        const int row = lane % 8, chunk = i * 2 + (lane / 8) % 2;
-        unsigned pair[2];
-        ptx::ldmatrix_x2(pair, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
-                                         : zero_chunk);
-        a[0] = pair[0], a[1] = 0u, a[2] = pair[1], a[3] = 0u;
-      } else {
-        const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
-        ptx::ldmatrix_x4(a, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
-                                      : zero_chunk);
-      }
+      const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
+      ptx::ldmatrix_x4(a, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
 #pragma unroll
       for (int j = 0; j < 8; ++j) ptx::mma_m16n8k16<kBf16>(part[j], a, b[j][0], b[j][1]);
       if constexpr (kRowSums) ptx::mma_m16n8k16<kBf16>(rowsum, a, kOnes, kOnes);

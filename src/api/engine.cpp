@@ -11,6 +11,7 @@
 #include "gemm/dense_gemm_params.cuh"
 #include "jit/cache.hpp"
 #include "jit/print_configs.hpp"
+#include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
@@ -21,7 +22,7 @@ namespace qgemm {
 namespace detail {
 struct PreparedWeight {
   WeightQuant quant;
-  layout::MmaWeight host;  // metadata (the host copies of the arrays are dropped after upload)
+  layout::MmaWeight host;  // metadata only: the arrays live on the device
   runtime::DeviceBuffer words, scales, zeros;
   std::size_t bytes() const { return words.bytes() + scales.bytes() + zeros.bytes(); }
 };
@@ -107,14 +108,13 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight) {
   impl_->make_current();
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->quant = weight.quant;
-  prepared->host = layout::repack_for_mma(weight);
-  prepared->words = runtime::DeviceBuffer::from(prepared->host.words);
-  prepared->scales = runtime::DeviceBuffer::from(prepared->host.scales);
-  if (!prepared->host.zeros.empty())
-    prepared->zeros = runtime::DeviceBuffer::from(prepared->host.zeros);
-  prepared->host.words = {};
-  prepared->host.scales = {};
-  prepared->host.zeros = {};
+  // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the tests
+  // compare it with): the canonical weight goes up once and is reordered there.
+  layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(weight, impl_->arch, nullptr);
+  prepared->host = std::move(device.meta);
+  prepared->words = std::move(device.words);
+  prepared->scales = std::move(device.scales);
+  prepared->zeros = std::move(device.zeros);
   QuantWeight out;
   out.impl_ = std::move(prepared);
   return out;

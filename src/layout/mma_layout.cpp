@@ -90,12 +90,18 @@ MmaWeight mma_metadata(const PackedWeight& w) {
 
   const ScaleGrid grid = w.scale_grid();
   // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
+  // Exactness by the significand's width (frexp), not round_to: this runs over every scale of
+  // every layer a server loads.
   auto exact_in = [&](const Format& type) {
     const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
+    const int significand_bits = type.mantissa_bits + 1;
+    const double min_normal = type.min_normal(), max_finite = type.max_finite();
     for (std::int64_t i = 0; i < grid.count(); ++i) {
       const double s = std::fabs(read_scale_value(w.scales, q.scale_format, i));
       if (s == 0.0) continue;
-      if (round_to(type, s) != s || s < type.min_normal() || s * largest_factor > type.max_finite())
+      int exponent = 0;
+      const double scaled = std::ldexp(std::frexp(s, &exponent), significand_bits);
+      if (scaled != std::floor(scaled) || s < min_normal || s * largest_factor > max_finite)
         return false;
     }
     return true;

@@ -17,12 +17,15 @@ namespace {
 
 using quant_detail::packed_bytes;
 
+// Called per code by read_code: the messages are formatted only on failure.
 void require_packable(std::int64_t count, int bits, const char* function) {
-  require(
-      bits >= 1 && (bits <= 8 || bits == 16 || bits == 32),
-      fmt::format("{}: bits = {} is not a packable width (rule: 1..8, 16 or 32)", function, bits));
-  require(count >= 0,
-          fmt::format("{}: count = {} is negative (rule: count >= 0)", function, count));
+  if (!(bits >= 1 && (bits <= 8 || bits == 16 || bits == 32)))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{}: bits = {} is not a packable width (rule: 1..8, 16 or 32)",
+                            function, bits));
+  if (count < 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{}: count = {} is negative (rule: count >= 0)", function, count));
 }
 
 // Byte-multiple widths: little-endian copies, no shifting.
