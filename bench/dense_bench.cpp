@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> configs = {""};
     if (c.m <= 16 && !quick)
       configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
+    if (c.m > 128 && !quick) configs.insert(configs.end(), {"prefill-n256", "prefill-m256"});
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.tile_config = config;

@@ -89,6 +89,10 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       {"medium", K::Tiled, 2, 2, 2, 1, 64, 4, 2},
       // Prefill: 128x128 tiles, 64x64 per warp (dequantized B reused over 4 m16 tiles).
       {"prefill", K::Tiled, 4, 2, 2, 1, 64, 4, 1},
+      // Prefill candidates with 8 warps per SM (v2 ran 4: one 128-thread block, register
+      // bound): 128x256 and 256x128 tiles.
+      {"prefill-n256", K::Tiled, 4, 2, 4, 1, 64, 4, 1},
+      {"prefill-m256", K::Tiled, 4, 4, 2, 1, 64, 3, 1},
   };
   return configs;
 }
