@@ -24,7 +24,8 @@ QGEMM_GPU_TEST_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
   build-gpu/tests/qgemm_tests_gpu --gtest_filter='DenseGemmGpu.*' > "$out/memcheck.log" 2>&1
 echo "memcheck rc=$?"; tail -4 "$out/memcheck.log"
 if [ "${1:-}" != "--quick" ]; then
-  build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
+  nvcc -O3 -arch=sm_90a -o build-gpu/mma_ceiling bench/mma_ceiling.cu && build-gpu/mma_ceiling | tee "$out/bench.log"
+  build-gpu/bench/qgemm_dense_bench 2>&1 | tee -a "$out/bench.log"
   # The decode kernel's SASS (w4a16 g128, M = 1) for instruction counts per k16 block.
   printf '#include "gemm/sm80_decode.cuh"\ntemplate __global__ void qgemm::kernels::dense_decode_sm80<1,4,8,3,0x1001f00010000010ull,1,128,0,1,true,0,4,128,55552>(qgemm::kernels::DenseGemmParams);\n' > /tmp/decode_w4.cu
   nvcc -arch=sm_90a -cubin -O3 -std=c++17 --expt-relaxed-constexpr -Ikernels -o /tmp/decode_w4.cubin /tmp/decode_w4.cu \
