@@ -121,34 +121,46 @@ __device__ __forceinline__ void dequantize_lane(
   }
 }
 
-// The packed16 path of dequantize_lane (same operands and result layout).
+// The packed16 factors of one group for a lane's 8 columns: the scale and −(base + zero) in
+// both halves. They change once per group, so the callers hoist them out of the k16 loop.
 template <unsigned long long kFormat, int kZeroMode, bool kBf16>
-__device__ __forceinline__ void dequantize_lane_packed16(
-    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const float (&scales)[8],
-    const float (&zeros)[8], unsigned (&out)[8][2]) {
+__device__ __forceinline__ void packed16_factors(const float (&scales)[8], const float (&zeros)[8],
+                                                 unsigned (&scale_pairs)[8],
+                                                 unsigned (&offset_pairs)[8]) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
   static_assert(!f.is_float() && f.bits <= 7 && kZeroMode != kZeroFloat,
                 "packed16 serves integer codes of at most 7 bits with integer zero points");
-  constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;  // 128 or 1024, both halves
   constexpr float kBase = kBf16 ? 128.0f : 1024.0f;
-  constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-  constexpr unsigned kMinusZero = 0x80008000u;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float zero = 0.0f;
     if constexpr (kZeroMode == kZeroConstant) zero = static_cast<float>(1 << (f.bits - 1));
     // Padding groups past K read zero scales and zeros: 0 · (x − base) stays finite.
     if constexpr (kZeroMode == kZeroInteger) zero = zeros[j];
-    const unsigned minus_offset = ptx::pack_pair<kBf16>(-(kBase + zero), -(kBase + zero));
-    const unsigned scale = ptx::pack_pair<kBf16>(scales[j], scales[j]);  // exact (host-checked)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const unsigned x = extract_pair<f.bits>(words, j * 2 + r, kPattern);
-      out[j][r] = fma_pair<kBf16>(fma_pair<kBf16>(x, kOne, minus_offset), scale, kMinusZero);
-    }
+    offset_pairs[j] = ptx::pack_pair<kBf16>(-(kBase + zero), -(kBase + zero));
+    scale_pairs[j] = ptx::pack_pair<kBf16>(scales[j], scales[j]);  // exact (host-checked)
   }
 }
 
+// The packed16 path of dequantize_lane (same operands and result layout), with the factors of
+// packed16_factors.
+template <unsigned long long kFormat, bool kBf16>
+__device__ __forceinline__ void dequantize_lane_packed16(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&scale_pairs)[8],
+    const unsigned (&offset_pairs)[8], unsigned (&out)[8][2]) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;  // 128 or 1024, both halves
+  constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
+  constexpr unsigned kMinusZero = 0x80008000u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned x = extract_pair<f.bits>(words, j * 2 + r, kPattern);
+      out[j][r] = fma_pair<kBf16>(fma_pair<kBf16>(x, kOne, offset_pairs[j]), scale_pairs[j],
+                                  kMinusZero);
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Unscaled dequantization (the decode kernel, gemm/sm80_decode.cuh): the same lane operands, but

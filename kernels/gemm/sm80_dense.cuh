@@ -154,18 +154,12 @@ struct DenseGemm {
     const char* b_stage = stage + Shape::kABytes;
     const float* s_stage = reinterpret_cast<const float*>(b_stage + Shape::kBBytes);
     const unsigned a_base = ptx::shared_address(stage);
-#pragma unroll
-    for (int step = 0; step < kKBlocks / kWarpsK; ++step) {
-      const int kb = step * kWarpsK + wk;
-      // This lane's codes.
-      unsigned words[kBits];
-      const unsigned* lane_words =
-          reinterpret_cast<const unsigned*>(b_stage) + ((wn * kKBlocks + kb) * 32 + lane) * kBits;
-      load_shared<kBits>(words, lane_words);
-      // This lane's 8 scales (and zeros) for the k16 block's group: 32-byte aligned runs.
-      const int scale_row = Shape::kScaleRows == 1 ? 0 : (kb * 16) / kGroup;
-      const float* scale_line = s_stage + scale_row * kBlockN + wn * 64 + (lane / 4) * 8;
-      float scales[8], zeros[8];
+    // The lane's 8 scales (and zeros) of scale row r, 32-byte aligned runs, and their packed16
+    // factors: once per stage when the stage lies in one group, else per k16 block.
+    float scales[8], zeros[8];
+    unsigned scale_pairs[8], offset_pairs[8];
+    auto prepare_group = [&](int r) {
+      const float* scale_line = s_stage + r * kBlockN + wn * 64 + (lane / 4) * 8;
       load_shared<8>(reinterpret_cast<unsigned(&)[8]>(scales),
                      reinterpret_cast<const unsigned*>(scale_line));
       if constexpr (kStoredZeros) {
@@ -175,9 +169,22 @@ struct DenseGemm {
 #pragma unroll
         for (int j = 0; j < 8; ++j) zeros[j] = 0.0f;
       }
+      if constexpr (kPacked16)
+        packed16_factors<kFormat, kZeroMode, kBf16>(scales, zeros, scale_pairs, offset_pairs);
+    };
+    if constexpr (Shape::kScaleRows == 1) prepare_group(0);
+#pragma unroll
+    for (int step = 0; step < kKBlocks / kWarpsK; ++step) {
+      const int kb = step * kWarpsK + wk;
+      // This lane's codes.
+      unsigned words[kBits];
+      const unsigned* lane_words =
+          reinterpret_cast<const unsigned*>(b_stage) + ((wn * kKBlocks + kb) * 32 + lane) * kBits;
+      load_shared<kBits>(words, lane_words);
+      if constexpr (Shape::kScaleRows > 1) prepare_group((kb * 16) / kGroup);
       unsigned b[8][2];
       if constexpr (kPacked16) {
-        dequantize_lane_packed16<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
+        dequantize_lane_packed16<kFormat, kBf16>(words, scale_pairs, offset_pairs, b);
       } else {
         dequantize_lane<kFormat, kZeroMode, kBf16>(words, scales, zeros, b);
       }
