@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "qgemm/engine.hpp"
+#include "qgemm/error.hpp"
 
 namespace {
 
@@ -123,6 +124,13 @@ int main(int argc, char** argv) {
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.tile_config = config;
+      try {  // a forced candidate may not serve this weight (shared memory, groups)
+        engine.warm_up(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16, options);
+      } catch (const qgemm::Error& e) {
+        std::printf("%-10s %6lld %6lld %6lld | %s: %s\n", c.scheme.c_str(), c.m, c.n, c.k,
+                    config.c_str(), e.what());
+        continue;
+      }
       const double qgemm_us = median_us(
           [&] {
             engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,

@@ -47,7 +47,8 @@ int main() {
     cudaEventSynchronize(stop);
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
-    const double flops = 5.0 * blocks * (threads / 32) * kIterations * kAccumulators * 2.0 * 16 * 8 * 16;
+    // FLOPs of one launch over the time of one launch.
+    const double flops = static_cast<double>(blocks) * (threads / 32) * kIterations * kAccumulators * 2.0 * 16 * 8 * 16;
     std::printf("%8d %10.3f %10.1f\n", warps, ms / 5, flops / (ms / 5 * 1e-3) / 1e12);
   }
   const cudaError_t error = cudaGetLastError();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "gemm/mma_weight_layout.cuh"
@@ -90,24 +91,38 @@ MmaWeight mma_metadata(const PackedWeight& w) {
 
   const ScaleGrid grid = w.scale_grid();
   // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
-  // Exactness by the significand's width (frexp), not round_to: this runs over every scale of
-  // every layer a server loads.
-  auto exact_in = [&](const Format& type) {
-    const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
-    const int significand_bits = type.mantissa_bits + 1;
-    const double min_normal = type.min_normal(), max_finite = type.max_finite();
-    for (std::int64_t i = 0; i < grid.count(); ++i) {
-      const double s = std::fabs(read_scale_value(w.scales, q.scale_format, i));
-      if (s == 0.0) continue;
-      int exponent = 0;
-      const double scaled = std::ldexp(std::frexp(s, &exponent), significand_bits);
-      if (scaled != std::floor(scaled) || s < min_normal || s * largest_factor > max_finite)
-        return false;
-    }
-    return true;
+  // Exactness by the significand's width (frexp, not round_to), in one parallel pass over the
+  // scales for both types: this runs over every scale of every layer a server loads.
+  const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
+  auto exact = [&](double s, const Format& type) {
+    int exponent = 0;
+    const double scaled = std::ldexp(std::frexp(s, &exponent), type.mantissa_bits + 1);
+    return scaled == std::floor(scaled) && s >= type.min_normal() &&
+           s * largest_factor <= type.max_finite();
   };
-  out.scales_exact_in_bf16 = exact_in(formats::bf16);
-  out.scales_exact_in_fp16 = exact_in(formats::fp16);
+  std::atomic<bool> bf16_exact{true}, fp16_exact{true};
+  auto check = [&](double s) {
+    s = std::fabs(s);
+    if (s == 0.0) return;
+    if (!exact(s, formats::bf16)) bf16_exact = false;
+    if (!exact(s, formats::fp16)) fp16_exact = false;
+  };
+  const int scale_bytes = q.scale_format.storage_bytes();
+  if (scale_bytes <= 2) {
+    // Scales of ≤ 16 bits: check each distinct code once.
+    std::vector<std::uint8_t> seen(std::size_t{1} << (8 * scale_bytes), 0);
+    for (std::int64_t i = 0; i < grid.count(); ++i)
+      seen[scale_bytes == 1 ? w.scales[i]
+                            : w.scales[2 * i] | static_cast<unsigned>(w.scales[2 * i + 1]) << 8] = 1;
+    for (std::uint32_t code = 0; code < seen.size(); ++code)
+      if (seen[code]) check(decode(q.scale_format, code));
+  } else {
+    quant_detail::parallel_rows(grid.count(), 1, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) check(read_scale_value(w.scales, q.scale_format, i));
+    });
+  }
+  out.scales_exact_in_bf16 = bf16_exact;
+  out.scales_exact_in_fp16 = fp16_exact;
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "jit/kernel_spec.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/engine.hpp"
+#include "qgemm/error.hpp"
 #include "qgemm/reference.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
@@ -223,9 +224,20 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
     for (float& x : w) x = normal(rng);
     PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
     QuantWeight weight = engine.prepare_weight(packed);
+    const layout::MmaWeight meta = layout::mma_metadata(packed);
     weights.emplace(text, std::make_pair(std::move(packed), std::move(weight)));
     for (const auto& config : dispatch::dense_gemm_configs()) {
       if (config.name.rfind("decode", 0) != 0) continue;
+      // A config that cannot serve this weight must say so, never launch.
+      if (auto reason = config.unsupported_reason(16, meta, scheme.activation.format)) {
+        GemmOptions options;
+        options.tile_config = config.name;
+        EXPECT_THROW(engine.warm_up(16, weights.at(text).second, scheme.activation.format,
+                                    scheme.output, options),
+                     Error)
+            << config.name << ": " << *reason;
+        continue;
+      }
       const auto ms = config.name == "decode" ? std::vector<std::int64_t>{1, 2, 5, 9, 16}
                                               : std::vector<std::int64_t>{1, 5, 16};
       for (std::int64_t m : ms) runs.push_back({text, config.name, m});
