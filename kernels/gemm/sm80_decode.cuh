@@ -16,12 +16,20 @@
 //       S  kScaleRows rows of 64 scales (the stage's groups, lane-permuted), then as many zero
 //          rows when the weight stores zeros
 //
+// Operands are swapped: the mma computes Cᵀ = W · Aᵀ, the weight as its 16×16 A operand and
+// the activations as its 16×8 B operand, so M ≤ 8 wastes nothing (Aᵀ's 8 columns are the
+// batch rows) and a k16 block of a slice takes 4 mma instead of 8. The layout needs no change:
+// the weight's B fragments of n8 tiles 2q and 2q + 1 are exactly the A fragment of the 16 rows
+// q · 16 .. q · 16 + 15 (a0 = b[2q][0], a1 = b[2q + 1][0], a2 = b[2q][1], a3 = b[2q + 1][1]),
+// and the activations' ldmatrix rows are the B fragment. A lane's accumulators are then
+//   acc[q][bt][e]:  column n = (2q + e / 2) · 8 + g,  batch row m = bt · 8 + 2t + e % 2
+// (g = lane / 4, t = lane % 4; bt = 0, 1 batch tiles of 8 rows).
+//
 // Scales go on the accumulators: inside a group the mma sums exact unscaled codes (u − zero, or
 // the float value; dequant/mma_dequant.cuh) into `part`, and at the group's end
-// acc += part · scale in fp32. A lane's accumulator columns are j · 8 + 2t + h (t = lane % 4,
-// h = 0, 1), whose scales are the 16 consecutive floats at 16t of the permuted row. Float zero
-// points are applied there too: part − zero · Σ_k A, the row sums coming from one more mma with
-// B = 1.
+// acc += part · scale in fp32. A lane's columns are j · 8 + g (j = 2q + e / 2), whose scales are
+// the 8 consecutive floats at 8g of the permuted row. Float zero points are applied there too:
+// part − zero · Σ_k A, the row sums coming from one more mma with the weight operand = 1.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
@@ -48,8 +56,9 @@ struct DecodeGemmShape {
   static constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
   static constexpr int kWarpBytes = 16 + kStages * kStageBytes;
   static constexpr int kPipelineBytes = kWarps * kWarpBytes;
-  // The cross-warp sum reuses the pipeline's memory: [warp − 1][value][lane] floats.
-  static constexpr int kReduceBytes = (kWarps - 1) * 32 * 32 * 4;
+  // The cross-warp sum reuses the pipeline's memory: [warp − 1][value][lane] floats, 16 values
+  // per lane and batch tile of 8 rows.
+  static constexpr int kReduceBytes = (kWarps - 1) * (kRows > 8 ? 32 : 16) * 32 * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
 
   static_assert(kRows == 8 || kRows == 16 || (kRows >= 1 && kRows < 8),
@@ -67,6 +76,9 @@ struct DecodeGemm {
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
   static constexpr bool kRowSums = kZeroMode == kZeroFloat;
+  static constexpr int kBatchTiles = kRows > 8 ? 2 : 1;  // 8 batch rows per mma
+  using Accumulators = float[4][kBatchTiles][4];
+  using RowSums = float[kBatchTiles][4];
   using Shape =
       DecodeGemmShape<kRows, kWarps, kStageBlocks, kStages, kBits, kGroup, kStoredZeros>;
   // k16 blocks per group; one group for all of K (per channel) never ends inside the range.
@@ -138,41 +150,40 @@ struct DecodeGemm {
 
   // acc += (part − zero · rowsum) · scale for the group whose scale row is `scale_row`.
   __device__ static void flush_group(const float* scale_row, const float* zero_row, int lane,
-                                     float (&acc)[8][4], float (&part)[8][4], float (&rowsum)[4]) {
-    const float4* s4 = reinterpret_cast<const float4*>(scale_row + (lane % 4) * 16);
-    float s[16], z[16];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float4 v = s4[q];
-      s[q * 4] = v.x, s[q * 4 + 1] = v.y, s[q * 4 + 2] = v.z, s[q * 4 + 3] = v.w;
-    }
+                                     Accumulators& acc, Accumulators& part, RowSums& rowsum) {
+    float s[8], z[8];
+    const float4* s4 = reinterpret_cast<const float4*>(scale_row + (lane / 4) * 8);
+    const float4 s0 = s4[0], s1 = s4[1];
+    s[0] = s0.x, s[1] = s0.y, s[2] = s0.z, s[3] = s0.w, s[4] = s1.x, s[5] = s1.y, s[6] = s1.z,
+    s[7] = s1.w;
     if constexpr (kRowSums) {
-      const float4* z4 = reinterpret_cast<const float4*>(zero_row + (lane % 4) * 16);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = z4[q];
-        z[q * 4] = v.x, z[q * 4 + 1] = v.y, z[q * 4 + 2] = v.z, z[q * 4 + 3] = v.w;
-      }
+      const float4* z4 = reinterpret_cast<const float4*>(zero_row + (lane / 4) * 8);
+      const float4 z0 = z4[0], z1 = z4[1];
+      z[0] = z0.x, z[1] = z0.y, z[2] = z0.z, z[3] = z0.w, z[4] = z1.x, z[5] = z1.y, z[6] = z1.z,
+      z[7] = z1.w;
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (kRows <= 8 && e >= 2) continue;  // rows g + 8 are padding
-        const int h = e % 2;
-        float v = part[j][e];
-        if constexpr (kRowSums) v -= z[h * 8 + j] * rowsum[e < 2 ? 0 : 2];
-        acc[j][e] += v * s[h * 8 + j];
-        part[j][e] = 0.0f;
-      }
+      for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) rowsum[e] = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int j = 2 * q + e / 2;
+          float v = part[q][bt][e];
+          if constexpr (kRowSums) v -= z[j] * rowsum[bt][e % 2];
+          acc[q][bt][e] += v * s[j];
+          part[q][bt][e] = 0.0f;
+        }
+#pragma unroll
+    for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rowsum[bt][e] = 0.0f;
   }
 
   __device__ static void compute_stage(const DenseGemmParams& p, const char* stage,
                                        unsigned zero_chunk, int kb0, int kb_begin, int kb_end,
-                                       int lane, unsigned (&off)[8], float (&acc)[8][4],
-                                       float (&part)[8][4], float (&rowsum)[4]) {
+                                       int lane, unsigned (&off)[8], Accumulators& acc,
+                                       Accumulators& part, RowSums& rowsum) {
     const unsigned* w_stage = reinterpret_cast<const unsigned*>(stage);
     const unsigned a_stage = ptx::shared_address(stage + Shape::kWBytes);
     const float* s_stage = reinterpret_cast<const float*>(stage + Shape::kWBytes + Shape::kABytes);
@@ -194,14 +205,33 @@ struct DecodeGemm {
       unsigned b[8][2];
       dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
 
-      // A: ldmatrix.x4 rows r < M from the stage, rows ≥ M from the zero chunk (also for
-      // kRows ≤ 8: the four registers land as the quad the mma reads, with no moves).
-      unsigned a[4];
-      const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
-      ptx::ldmatrix_x4(a, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
+      // Activations as the B operand: ldmatrix rows r < M from the stage, rows ≥ M from the
+      // zero chunk. x2 (8 rows): lanes 0-7 chunk 2i, lanes 8-15 chunk 2i + 1; x4 adds rows 8-15.
+      unsigned x[kBatchTiles][2];
+      if constexpr (kBatchTiles == 1) {
+        const int row = lane % 8, chunk = i * 2 + (lane / 8) % 2;
+        ptx::ldmatrix_x2(x[0], row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
+                                         : zero_chunk);
+      } else {
+        const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
+        unsigned r[4];
+        ptx::ldmatrix_x4(r, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
+                                      : zero_chunk);
+        x[0][0] = r[0], x[0][1] = r[2], x[1][0] = r[1], x[1][1] = r[3];
+      }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) ptx::mma_m16n8k16<kBf16>(part[j], a, b[j][0], b[j][1]);
-      if constexpr (kRowSums) ptx::mma_m16n8k16<kBf16>(rowsum, a, kOnes, kOnes);
+      for (int q = 0; q < 4; ++q) {
+        const unsigned w[4] = {b[2 * q][0], b[2 * q + 1][0], b[2 * q][1], b[2 * q + 1][1]};
+#pragma unroll
+        for (int bt = 0; bt < kBatchTiles; ++bt)
+          ptx::mma_m16n8k16<kBf16>(part[q][bt], w, x[bt][0], x[bt][1]);
+      }
+      if constexpr (kRowSums) {
+        const unsigned ones[4] = {kOnes, kOnes, kOnes, kOnes};
+#pragma unroll
+        for (int bt = 0; bt < kBatchTiles; ++bt)
+          ptx::mma_m16n8k16<kBf16>(rowsum[bt], ones, x[bt][0], x[bt][1]);
+      }
 
       const bool group_end = (kb + 1) % kGroupBlocks == 0 || kb + 1 == kb_end;
       if (group_end)
@@ -222,13 +252,18 @@ struct DecodeGemm {
     const unsigned zero_chunk = ptx::shared_address(mine);
     char* ring = mine + 16;
 
-    float acc[8][4], part[8][4], rowsum[4];
+    Accumulators acc, part;
+    RowSums rowsum;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f, part[j][e] = 0.0f;
+      for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) rowsum[e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[q][bt][e] = 0.0f, part[q][bt][e] = 0.0f;
+#pragma unroll
+    for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rowsum[bt][e] = 0.0f;
     unsigned off[8] = {};
     // Constant and absent zeros now; stored ones at each group's first block (compute_stage).
     if constexpr (kZeroMode != kZeroInteger) group_offsets(nullptr, lane, off);
@@ -255,40 +290,39 @@ struct DecodeGemm {
     __syncthreads();
 
     // Sum the warps' K ranges into warp 0.
+    constexpr int kValues = 4 * kBatchTiles * 4;
+    float* flat = &acc[0][0][0];
     if constexpr (kWarps > 1) {
       float* reduce = reinterpret_cast<float*>(shared);
       if (warp > 0) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) reduce[((warp - 1) * 32 + j * 4 + e) * 32 + lane] = acc[j][e];
+        for (int v = 0; v < kValues; ++v) reduce[((warp - 1) * kValues + v) * 32 + lane] = flat[v];
       }
       __syncthreads();
       if (warp == 0) {
         for (int other = 1; other < kWarps; ++other)
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc[j][e] += reduce[((other - 1) * 32 + j * 4 + e) * 32 + lane];
+          for (int v = 0; v < kValues; ++v) flat[v] += reduce[((other - 1) * kValues + v) * 32 + lane];
       }
     }
 
     if (!kSplitK && warp != 0) return;
     if (warp == 0) {
-      const int row = lane / 4, col_base = slice * 64 + (lane % 4) * 2;
+      const int g = lane / 4, t = lane % 4;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int q = 0; q < 4; ++q)
 #pragma unroll
-        for (int half = 0; half < (kRows > 8 ? 2 : 1); ++half) {
-          const float v0 = acc[j][half * 2], v1 = acc[j][half * 2 + 1];
-          if constexpr (kSplitK) {
-            add_split_pair(p, row + half * 8, col_base + j * 8, v0, v1);
-          } else {
-            store_pair<kOutput>(p, row + half * 8, col_base + j * 8, v0 * p.global_scale,
-                                v1 * p.global_scale);
+        for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
+            if (row >= p.m || col >= p.n) continue;
+            if constexpr (kSplitK) {
+              atomicAdd(p.workspace + static_cast<long long>(row) * p.n + col, acc[q][bt][e]);
+            } else {
+              store_single<kOutput>(p, row, col, acc[q][bt][e] * p.global_scale);
+            }
           }
-        }
     }
     if constexpr (kSplitK) finish_split_tile<kOutput>(p, blockIdx.x, 0, kRows, slice * 64, 64);
   }

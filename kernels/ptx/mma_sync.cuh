@@ -17,6 +17,13 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned shared_ad
                : "r"(shared_address));
 }
 
+// Two 8x8 b16 matrices: lanes 0-7 address the rows of the first, lanes 8-15 those of the second.
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(shared_address));
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                              unsigned b1) {

@@ -14,10 +14,18 @@ namespace {
 
 constexpr int kMaxSharedBytes = 227 * 1024;  // per block, SM80 and later
 
+// The residency target of `config` for `rows` A rows: the streamed kernel's 16-row
+// instantiation holds twice the accumulators and fits 128 registers (4 blocks of 128 threads),
+// not fewer.
+int target_blocks(const DenseGemmConfig& config, int rows) {
+  if (config.kernel == DenseKernel::Streamed && rows > 8) return std::min(config.blocks_per_sm, 4);
+  return config.blocks_per_sm;
+}
+
 // Blocks of `config` resident per SM: its target, capped by shared memory.
 int resident_blocks(const DenseGemmConfig& config, const layout::MmaWeight& weight, int rows) {
   const int smem = config.shared_bytes(weight, rows);
-  return std::max(1, std::min(config.blocks_per_sm, kMaxSharedBytes / (smem + 1024)));
+  return std::max(1, std::min(target_blocks(config, rows), kMaxSharedBytes / (smem + 1024)));
 }
 
 // The streamed kernel's A rows for M <= 16: a power of two (five instantiations serve every M).
@@ -40,7 +48,7 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
     const int a_bytes = rows * (block_k * 2 + 16);
     const int s_bytes = scale_rows * 64 * 4 * (stored_zeros ? 2 : 1);
     const int pipeline = warps_k * (16 + stages * (w_bytes + a_bytes + s_bytes));
-    const int reduce = (warps_k - 1) * 32 * 32 * 4;
+    const int reduce = (warps_k - 1) * (rows > 8 ? 32 : 16) * 32 * 4;
     return std::max(pipeline, reduce);
   }
   // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
@@ -79,7 +87,7 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       {"decode", K::Streamed, 1, 1, 1, 4, 128, 3, 4},
       // Candidates for the bench: shorter stages (finer K splits, more warps), a deeper ring,
       // 8-warp blocks.
-      {"decode-k64", K::Streamed, 1, 1, 1, 4, 64, 4, 4},
+      {"decode-k64", K::Streamed, 1, 1, 1, 4, 64, 4, 5},
       {"decode-s4", K::Streamed, 1, 1, 1, 4, 128, 4, 3},
       {"decode-w8", K::Streamed, 1, 1, 1, 8, 128, 3, 2},
       // M <= 16 on the tiled kernel (weights the streamed one cannot serve): one m16 tile, four
@@ -191,8 +199,9 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
       return (k_blocks + per_warp(s) * c.warps_k - 1) / (per_warp(s) * c.warps_k);
     };
     const int splits = wave_filling_splits(resident, 32, [&](int s) -> std::int64_t {
-      // Keep two stages per warp so that its ring pipelines (one split always serves).
-      if (s > 1 && per_warp(s) < 2 * stage_blocks) return 0;
+      // Keep four stages per warp so that its ring reaches a steady state (a warp's first
+      // stage waits a full memory latency; one split always serves).
+      if (s > 1 && per_warp(s) < 4 * stage_blocks) return 0;
       return slices * real_splits(s);
     });
     plan.blocks_per_warp = static_cast<int>(per_warp(splits));
@@ -240,7 +249,7 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
         jit::SpecParam::chosen("out", output.name()),
         jit::SpecParam::boolean("split_k", plan.splits > 1),
         jit::SpecParam::chosen("dequant", *dequant),
-        jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
+        jit::SpecParam::integer("min_blocks", target_blocks(c, plan.rows)),
     };
   } else {
     spec.family = "dense_gemm_sm80";
