@@ -126,4 +126,36 @@ __device__ __forceinline__ unsigned int encode_from_float(float value) {
   }
 }
 
+// encode_from_float(x / scale) without double rounding. The fp32 quotient is rounded before
+// the code is, so a quotient that lands exactly on a midpoint between two codes may stand for an
+// x just off it (common when the scale is amax / 448 and amax a power of two: the exact
+// quotient sits a fraction of an fp32 ulp from the midpoint). There the sign of the residual
+// x − q · scale (one FMA, exact sign) says on which side the exact quotient lies, and q moves
+// one ulp that way, which the coarse code grid then rounds as the exact quotient would.
+// scale > 0.
+template <unsigned long long kFormat>
+__device__ __forceinline__ unsigned int encode_quotient(float x, float scale) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  float q = x / scale;
+  // |q| in units of the code spacing around it, by multiplying with the spacing's inverse (a
+  // power of two, so exact): 2^(m - e) for normals, from the fp32 exponent field e.
+  float inverse_step = 1.0f;
+  if constexpr (f.is_float()) {
+    constexpr int m = f.mantissa_bits;
+    constexpr float min_normal = power_of_two(1 - f.bias);
+    inverse_step = power_of_two(f.bias + m - 1);
+    if (fabsf(q) >= min_normal)
+      inverse_step = __uint_as_float((254u + m - ((__float_as_uint(q) >> 23) & 0xffu)) << 23);
+  }
+  const float t = fabsf(q) * inverse_step;
+  if (t - floorf(t) == 0.5f) {
+    const float residual = fmaf(-q, scale, x);
+    // q != 0 here (|q| >= step / 2), so one ulp toward the exact quotient is ±1 on the bits:
+    // +1 moves away from zero, −1 toward it.
+    if (residual != 0.0f)
+      q = __uint_as_float(__float_as_uint(q) + ((residual > 0.0f) == (q > 0.0f) ? 1u : ~0u));
+  }
+  return encode_from_float<kFormat>(q);
+}
+
 }  // namespace qgemm::kernels

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned char* codes = args.codes + row * args.k;
     for (long long col = threadIdx.x; col < args.k; col += kThreads) {
       codes[col] = static_cast<unsigned char>(
-          encode_from_float<kCodeFormat>(load_half<kInput>(input, col) / scale));
+          encode_quotient<kCodeFormat>(load_half<kInput>(input, col), scale));
     }
     __syncthreads();  // row_scale and warp_absmax are reused by the next row
   }

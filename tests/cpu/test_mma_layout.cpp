@@ -74,10 +74,20 @@ TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
     const layout::MmaWeight prepared = layout::repack_for_mma(packed);
     EXPECT_EQ(prepared.n_padded % 64, 0);
     EXPECT_EQ(prepared.k_blocks, (k + 15) / 16);
+    // Exact, but for float zero points: the layout keeps zero + 2^(bits-1) (the signed offset
+    // folded in) as fp32, one rounding of at most 2^-24 of the largest such zero, times the
+    // scale (bound doubled: a margin for the double arithmetic around it).
+    double tolerance = 0.0;
+    if (prepared.zero_mode == layout::MmaZeroMode::Float) {
+      float largest_zero = 0.0f, largest_scale = 0.0f;
+      for (float z : prepared.zeros) largest_zero = std::max(largest_zero, std::abs(z));
+      for (float s : prepared.scales) largest_scale = std::max(largest_scale, std::abs(s));
+      tolerance = std::ldexp(double{largest_zero} * largest_scale * packed.global_scale, -23);
+    }
     for (std::int64_t r = 0; r < n; ++r)
       for (std::int64_t c = 0; c < k; ++c)
-        ASSERT_EQ(layout::mma_weight_value(prepared, r, c) * packed.global_scale,
-                  expected[static_cast<std::size_t>(r * k + c)])
+        ASSERT_NEAR(layout::mma_weight_value(prepared, r, c) * packed.global_scale,
+                    expected[static_cast<std::size_t>(r * k + c)], tolerance)
             << "at n=" << r << " k=" << c;
   }
 }
