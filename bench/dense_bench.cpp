@@ -1,5 +1,6 @@
-// qgemm_dense_bench: times the dense mma.sync GEMM against cuBLAS BF16 on the shapes,
-// L2 flushed before every timed run, median of the repeats; prints one table row per case.
+// qgemm_dense_bench: times the dense GEMM (the heuristic's choice and the candidates) against
+// cuBLAS BF16 on the shapes, L2 flushed before every timed run, median of the repeats;
+// prints one table row per case.
 // (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
 //
 //   build/bench/qgemm_dense_bench [--quick]
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
       {"w4a16", 1, 28672, 8192},  {"w4a16", 1, 8192, 28672},   {"w4a16", 1, 8192, 8192},
       {"w4a16", 16, 28672, 8192}, {"w3a16", 1, 28672, 8192},   {"w3a16", 16, 28672, 8192},
       {"w8a16", 1, 28672, 8192},  {"w8a16", 16, 28672, 8192},  {"mxfp4-a16", 1, 28672, 8192},
-      {"w4a16", 64, 8192, 8192},  {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
+      {"w4a16", 64, 8192, 8192},  {"w4a16", 256, 8192, 8192},  {"w4a16", 512, 8192, 8192},
+      {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
   };
   if (quick) cases.resize(3);
   std::mt19937 rng(std::random_device{}());
@@ -116,11 +118,14 @@ int main(int argc, char** argv) {
                        CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
         flush, flush_bytes, repeats);
-    // The heuristic's choice, then (decode) the occupancy candidates of src/dispatch.
+    // The heuristic's choice, then the candidates of src/dispatch: (decode) occupancy,
+    // (prefill) tile shapes, and dequant + cuBLAS everywhere (the path never to be slower than).
     std::vector<std::string> configs = {""};
     if (c.m <= 16 && !quick)
       configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
-    if (c.m > 128 && !quick) configs.insert(configs.end(), {"prefill-n256", "prefill-m256"});
+    if (c.m > 128 && !quick)
+      configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
+    if (!quick) configs.push_back("dequant-cublas");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.tile_config = config;

@@ -3,16 +3,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
 #include "common/log.hpp"
 #include "dispatch/dense_config.hpp"
 #include "gemm/dense_gemm_params.cuh"
+#include "gemm/dequant_cublas_args.cuh"
 #include "jit/cache.hpp"
 #include "jit/print_configs.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
+#include "runtime/cublas.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
@@ -39,9 +42,11 @@ struct Engine::Impl {
   runtime::DeviceInfo info;
   jit::Arch arch = jit::Arch::sm_80;
 
-  // Split-K scratch, per stream: fp32 sums and per-tile counters that the kernels leave zero.
+  // Scratch per stream. Split-K: fp32 sums and per-tile counters that the kernels leave zero.
+  // Dequant + cuBLAS: the 16-bit weight chunk and, where C needs finishing, its fp32 sums.
   struct Workspace {
     runtime::DeviceBuffer sums, counters;
+    runtime::DeviceBuffer weight_chunk, chunk_sums;
   };
   std::mutex mutex;
   std::map<void*, Workspace> workspaces;
@@ -64,17 +69,29 @@ struct Engine::Impl {
     return launch;
   }
 
+  std::unique_ptr<runtime::Cublas> cublas_handle;  // made at the first dequant + cuBLAS call
+
+  static void grow(runtime::DeviceBuffer& buffer, std::size_t bytes) {
+    if (buffer.bytes() >= bytes) return;
+    buffer = runtime::DeviceBuffer(bytes);
+    buffer.fill_bytes(0);
+  }
+
   Workspace& workspace(void* stream, std::size_t sum_bytes, std::size_t counter_bytes) {
     Workspace& w = workspaces[stream];
-    auto grow = [](runtime::DeviceBuffer& buffer, std::size_t bytes) {
-      if (buffer.bytes() >= bytes) return;
-      buffer = runtime::DeviceBuffer(bytes);
-      buffer.fill_bytes(0);
-    };
     grow(w.sums, sum_bytes);
     grow(w.counters, counter_bytes);
     return w;
   }
+
+  runtime::Cublas& cublas() {
+    if (!cublas_handle) cublas_handle = std::make_unique<runtime::Cublas>();
+    return *cublas_handle;
+  }
+
+  void dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
+                      const DeviceMatrix& c, void* stream, const GemmOptions& options,
+                      const Launch& launch);
 
   runtime::LoadedKernel kernel(const jit::KernelSpec& spec) {
     const std::string text = jit::to_string(spec);
@@ -134,16 +151,79 @@ void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, st
 
 }  // namespace
 
+// C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to A's type, multiply with cuBLAS
+// (global scale as alpha) into C directly, or into fp32 sums that finish_gemm adds the bias to
+// and converts (cuBLAS writes only fp32 or the input type, and has no bias here).
+void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
+                                  const DeviceMatrix& c, void* stream, const GemmOptions& options,
+                                  const Launch& launch) {
+  const layout::MmaWeight& w = weight.host;
+  const std::int64_t m = a.rows, chunk = launch.plan.chunk_n;
+  const bool direct = !options.bias && (c.dtype == a.dtype || c.dtype == formats::fp32);
+  Workspace& ws = workspaces[stream];
+  grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
+  if (!direct) grow(ws.chunk_sums, static_cast<std::size_t>(m * chunk) * sizeof(float));
+  const runtime::LoadedKernel dequantize = kernel(launch.spec);
+  runtime::LoadedKernel finish;
+  if (!direct) finish = kernel(dispatch::finish_gemm_spec(c.dtype, arch));
+  runtime::Cublas& blas = cublas();
+  auto grid_for = [](std::int64_t items) {
+    return runtime::LaunchGrid{
+        static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65536)), 1, 1};
+  };
+  const auto cu_stream = static_cast<CUstream>(stream);
+  for (std::int64_t n0 = 0; n0 < w.n; n0 += chunk) {
+    const std::int64_t rows = std::min(chunk, w.n - n0);
+    kernels::MmaDequantizeArgs d{};
+    d.words = weight.words.as<const unsigned>();
+    d.scales = weight.scales.as<const float>();
+    d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+    d.out = ws.weight_chunk.as<unsigned short>();
+    d.n_begin = n0;
+    d.rows = rows;
+    d.k = w.k;
+    d.k_blocks = w.k_blocks;
+    d.n_padded = w.n_padded;
+    d.group_size = w.group_size;
+    runtime::launch_kernel(dequantize, grid_for(rows * w.k), d, cu_stream);
+    void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
+    if (direct) {
+      blas.gemm_nt(stream, m, rows, w.k, static_cast<float>(w.global_scale), a.data, a.stride,
+                   d.out, w.k, a.dtype, c_chunk, c.stride, c.dtype);
+      continue;
+    }
+    blas.gemm_nt(stream, m, rows, w.k, static_cast<float>(w.global_scale), a.data, a.stride,
+                 d.out, w.k, a.dtype, ws.chunk_sums.as<void>(), rows, formats::fp32);
+    kernels::FinishGemmArgs f{};
+    f.sums = ws.chunk_sums.as<const float>();
+    f.bias = options.bias;
+    f.c = c_chunk;
+    f.m = m;
+    f.cols = rows;
+    f.ldc = c.stride;
+    f.n_begin = n0;
+    runtime::launch_kernel(finish, grid_for(m * rows), f, cu_stream);
+  }
+}
+
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
   const Impl::Launch launch = impl_->choose(m, weight.impl_->host, activation, output, options);
+  if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas)
+    return jit::to_string(launch.spec) + fmt::format(" + cuBLAS chunk_n={}", launch.plan.chunk_n);
   return jit::to_string(launch.spec) + fmt::format(" splits={}", launch.plan.splits);
 }
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
-  jit::KernelCache::global().get(
-      impl_->choose(m, weight.impl_->host, activation, output, options).spec);
+  const Impl::Launch launch = impl_->choose(m, weight.impl_->host, activation, output, options);
+  jit::KernelCache::global().get(launch.spec);
+  if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
+    jit::KernelCache::global().get(dispatch::finish_gemm_spec(output, impl_->arch));
+    std::lock_guard lock(impl_->mutex);
+    impl_->make_current();
+    impl_->cublas();  // the handle exists before any stream capture
+  }
 }
 
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
@@ -182,6 +262,10 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   const auto& plan = launch.plan;
   const jit::KernelSpec& spec = launch.spec;
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
+  if (plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
+    impl_->dequant_cublas(a, *weight.impl_, c, stream, options, launch);
+    return;
+  }
   const runtime::LoadedKernel kernel = impl_->kernel(spec);
 
   kernels::DenseGemmParams params{};

@@ -38,6 +38,7 @@ int streamed_rows(std::int64_t m) {
 }  // namespace
 
 int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) const {
+  if (kernel == DenseKernel::DequantCublas) return 0;
   const int bits = weight.format.bits, group_size = weight.group_size;
   const bool stored_zeros = weight.stores_zeros();
   if (kernel == DenseKernel::Streamed) {
@@ -64,6 +65,7 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
 
 std::optional<std::string> DenseGemmConfig::unsupported_reason(
     std::int64_t m, const layout::MmaWeight& weight, const Format& activation) const {
+  if (kernel == DenseKernel::DequantCublas) return std::nullopt;  // every M, every weight
   const int group_size = weight.group_size;
   if (group_size != 0 && group_size % block_k != 0 && block_k % group_size != 0)
     return fmt::format("group {} neither divides nor is a multiple of BK {}", group_size, block_k);
@@ -101,6 +103,8 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       // bound): 128x256 and 256x128 tiles.
       {"prefill-n256", K::Tiled, 4, 2, 4, 1, 64, 4, 1},
       {"prefill-m256", K::Tiled, 4, 4, 2, 1, 64, 3, 1},
+      // Dequantize + cuBLAS: M > 256 (see plan_dense_gemm), and the last resort.
+      {"dequant-cublas", K::DequantCublas, 1, 1, 1, 1, 0, 0, 1},
   };
   return configs;
 }
@@ -164,15 +168,24 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
     if (chosen && chosen->kernel != DenseKernel::Streamed)
       log(LogLevel::Info, "dense gemm: M = {} falls back to the tiled kernel ({})", m, refused);
   } else {
-    const std::string wanted = m <= 128 ? "medium" : "prefill";
+    // Large M is bound by tensor cores, where the tiled mma.sync kernel reaches ~35 % of cuBLAS
+    // BF16 on the H200 (M = 4096, 8192²: 2.06 ms against 0.67 ms; bench/NOTES.md), while
+    // dequantizing the weight is one pass writing 2 bytes per weight (8192²: ~0.05–0.1 ms). The
+    // estimated crossover is M ≈ 256 (both ~130 µs there); below it the weight read dominates
+    // and the fused kernels, which read it once at its packed width, win. The bench times both.
+    const std::string wanted = m <= 128 ? "medium" : m <= 256 ? "prefill" : "dequant-cublas";
     for (const auto& config : configs)
       if (config.name == wanted && !config.unsupported_reason(m, weight, activation))
         chosen = &config;
   }
-  // Any config that serves.
+  // Any config that serves (dequant + cuBLAS, last, always does).
   for (const auto& config : configs) {
     if (chosen) break;
-    if (!config.unsupported_reason(m, weight, activation)) chosen = &config;
+    if (!config.unsupported_reason(m, weight, activation)) {
+      chosen = &config;
+      log(LogLevel::Info, "dense gemm: M = {} with weight groups of {} falls back to config {}",
+          m, weight.group_size, config.name);
+    }
   }
   if (!chosen)
     throw Error(ErrorCode::Unsupported,
@@ -181,6 +194,18 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
   DensePlan plan;
   plan.config = *chosen;
   const auto& c = plan.config;
+  if (c.kernel == DenseKernel::DequantCublas) {
+    // Chunks of whole 64-row slices that keep the 16-bit weight chunk under 64 MiB and, where
+    // C needs fp32 sums first, those under 128 MiB: bounded scratch, and each cuBLAS call still
+    // a large GEMM (8192 rows of a K = 4096 weight).
+    constexpr std::int64_t kWeightBytes = std::int64_t{64} << 20, kSumBytes = std::int64_t{128} << 20;
+    const std::int64_t by_weight = kWeightBytes / (2 * weight.k);
+    const std::int64_t by_sums = kSumBytes / (4 * m);
+    plan.chunk_n = std::clamp<std::int64_t>(std::min(by_weight, by_sums) / 64 * 64, 64,
+                                            weight.n_padded);
+    plan.rows = 0;
+    return plan;
+  }
   const std::int64_t slices = weight.n_padded / 64;
   plan.rows = c.kernel == DenseKernel::Streamed ? streamed_rows(m) : c.block_m();
   const std::int64_t resident =
@@ -232,6 +257,15 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
   const auto& c = plan.config;
   jit::KernelSpec spec;
   spec.arch = arch;
+  if (c.kernel == DenseKernel::DequantCublas) {
+    spec.family = "mma_dequantize";
+    spec.params = {jit::SpecParam::number_format("weight", weight.format),
+                   jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+                   jit::SpecParam::chosen("out", activation.name())};
+    spec.launch.threads_per_block = 256;
+    spec.launch.dynamic_smem_bytes = 0;
+    return spec;
+  }
   if (c.kernel == DenseKernel::Streamed) {
     const auto dequant = layout::unscaled_dequant(weight, activation);
     if (!dequant)
@@ -273,6 +307,16 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
   }
   spec.launch.threads_per_block = c.threads();
   spec.launch.dynamic_smem_bytes = c.shared_bytes(weight, plan.rows);
+  return spec;
+}
+
+jit::KernelSpec finish_gemm_spec(const Format& output, jit::Arch arch) {
+  jit::KernelSpec spec;
+  spec.family = "finish_gemm";
+  spec.arch = arch;
+  spec.params = {jit::SpecParam::chosen("out", output.name())};
+  spec.launch.threads_per_block = 256;
+  spec.launch.dynamic_smem_bytes = 0;
   return spec;
 }
 

@@ -1,7 +1,9 @@
 // Configurations of the mma.sync dense GEMM kernels and how one is chosen for a problem.
 //
 // Two kernels: the tiled GEMM (kernels/gemm/sm80_dense.cuh, any M) and the streamed decode GEMM
-// (kernels/gemm/sm80_decode.cuh, M <= 16). DenseGemmConfig mirrors their template constants; the
+// (kernels/gemm/sm80_decode.cuh, M <= 16); and the dequantize + cuBLAS path
+// (kernels/gemm/dequant_cublas.cuh), which serves every weight the layout holds and is the
+// faster one for large M until the wgmma kernels come. DenseGemmConfig mirrors their template constants; the
 // launch shape (threads, shared memory) is computed here from the same formulas as the kernels'
 // DenseGemmShape / DecodeGemmShape, and the kernels static_assert that the spec's values agree.
 #pragma once
@@ -20,6 +22,7 @@ namespace qgemm::dispatch {
 enum class DenseKernel {
   Tiled,     // block tiles through a block-wide cp.async pipeline (sm80_dense.cuh)
   Streamed,  // M <= 16: every warp streams its own K range (sm80_decode.cuh)
+  DequantCublas,  // N chunks dequantized to 16 bits, multiplied by cuBLAS (dequant_cublas.cuh)
 };
 
 struct DenseGemmConfig {
@@ -53,6 +56,7 @@ struct DensePlan {
   int k_tiles = 0;          // tiled: K tiles in all
   int rows = 16;            // streamed: A rows of the instantiation (M rounded up to 1, 2, 4, 8, 16)
   int blocks_per_warp = 0;  // streamed: k16 blocks of one warp
+  std::int64_t chunk_n = 0;  // dequant + cuBLAS: weight rows dequantized per cuBLAS call
   unsigned grid_x = 1, grid_y = 1;
 };
 
@@ -62,8 +66,12 @@ struct DensePlan {
 DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
                           const Format& activation, int sm_count, std::string_view forced = {});
 
-// The KernelSpec of a plan for an activation type (bf16/fp16) and output format.
+// The KernelSpec of a plan for an activation type (bf16/fp16) and output format (for
+// dequant + cuBLAS: its dequantization kernel).
 jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& weight,
                                 const Format& activation, const Format& output, jit::Arch arch);
+
+// The dequant + cuBLAS path's finishing kernel: fp32 sums (+ bias) -> C in `output`.
+jit::KernelSpec finish_gemm_spec(const Format& output, jit::Arch arch);
 
 }  // namespace qgemm::dispatch

@@ -180,6 +180,22 @@ const std::vector<KernelFamily>& kernel_families() {
         {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
         {"min_blocks", ParamKind::Int, {}}},
        false},
+      // kernels/gemm/dequant_cublas.cuh: the dequantize + cuBLAS path around cuBLAS.
+      {"mma_dequantize",
+       "gemm/dequant_cublas.cuh",
+       "qgemm::kernels::mma_dequantize_kernel",
+       "qgemm::kernels::MmaDequantizeArgs",
+       {{"weight", ParamKind::Format, {}},
+        {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
+        // Order = kernels::OutputType (16-bit only).
+        {"out", ParamKind::Choice, {"fp16", "bf16"}}},
+       false},
+      {"finish_gemm",
+       "gemm/dequant_cublas.cuh",
+       "qgemm::kernels::finish_gemm_kernel",
+       "qgemm::kernels::FinishGemmArgs",
+       {{"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}}},
+       false},
       // kernels/gemm/mma_repack.cuh: canonical weight -> the dense GEMM's layout on the GPU.
       {"mma_repack",
        "gemm/mma_repack.cuh",

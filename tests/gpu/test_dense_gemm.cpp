@@ -116,18 +116,28 @@ std::vector<std::uint16_t> to_codes(const Format& f, const std::vector<double>& 
 
 // Runs C = A · Wᵀ on the GPU for a fresh random A (output poisoned first) and checks it against
 // the double reference of the dequantized weight.
+// With `with_bias`, a fresh random fp32 bias is added (options.bias is set to it).
 void expect_matches_reference(Engine& engine, const Scheme& scheme,
                               const std::vector<double>& w_ref, const QuantWeight& weight,
-                              std::int64_t m, const GemmOptions& options, std::mt19937& rng,
-                              const std::string& label) {
+                              std::int64_t m, GemmOptions options, std::mt19937& rng,
+                              const std::string& label, bool with_bias = false) {
   const Format act = scheme.activation.format, out = scheme.output;
   const std::int64_t n = weight.n(), k = weight.k();
   SCOPED_TRACE(label + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
-               " K=" + std::to_string(k));
+               " K=" + std::to_string(k) + (with_bias ? " bias" : ""));
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<double> a(static_cast<std::size_t>(m * k));
   for (double& x : a) x = round_to(act, normal(rng));
-  const std::vector<double> expected = reference::matmul_nt(a.data(), w_ref.data(), m, n, k);
+  std::vector<double> expected = reference::matmul_nt(a.data(), w_ref.data(), m, n, k);
+  runtime::DeviceBuffer bias_device;
+  if (with_bias) {
+    std::vector<float> bias(static_cast<std::size_t>(n));
+    for (float& b : bias) b = static_cast<float>(normal(rng));
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t c = 0; c < n; ++c) expected[static_cast<std::size_t>(r * n + c)] += bias[c];
+    bias_device = runtime::DeviceBuffer::from(bias);
+    options.bias = bias_device.as<const float>();
+  }
 
   auto a_device = runtime::DeviceBuffer::from(to_codes(act, a));
   runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
@@ -263,6 +273,54 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
     expect_matches_reference(
         engine, parse_scheme(r.scheme_text), dequantize_weight(packed), weight, r.m,
         options_of(r), rng, r.scheme_text + " config=" + r.config + " seed=" + std::to_string(seed));
+  }
+}
+
+// The dequantize + cuBLAS path (forced at every M, with and without bias, each output type:
+// cuBLAS writing C directly and through fp32 sums), the tiled prefill kernel it replaces at
+// large M (forced, so that it stays tested), and a weight only dequant + cuBLAS serves (groups
+// of 48), chosen by the heuristic.
+TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  Engine engine(0);
+  struct Run {
+    std::string config;
+    std::int64_t m;
+    bool bias;
+  };
+  const std::vector<Run> forced = {{"dequant-cublas", 1, false},  {"dequant-cublas", 17, true},
+                                   {"dequant-cublas", 300, false}, {"dequant-cublas", 300, true},
+                                   {"prefill", 300, false},        {"prefill", 1024, true}};
+  for (const char* text :
+       {"w4a16", "w=uint4:g128:s=bf16;a=bf16;o=fp16", "w=uint6:g128:s=fp16:zp=float;a=fp16;o=fp16",
+        "nvfp4-a16", "w=e4m3:b128x128:s=fp32;a=bf16;o=bf16", "w=int8:ch:s=fp32;a=bf16;o=fp32",
+        "w=uint4:g48:s=bf16:zp=int;a=bf16;o=bf16"}) {
+    const Scheme scheme = parse_scheme(text);
+    const std::int64_t n = 4000, k = 2880;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const QuantWeight weight = engine.prepare_weight(packed);
+    const std::vector<double> w_ref = dequantize_weight(packed);
+    const std::string label = std::string(text) + " seed=" + std::to_string(seed);
+    if (scheme.weight.group == 48) {
+      for (std::int64_t m : {1, 64, 300}) {
+        EXPECT_NE(engine.kernel_for(m, weight, scheme.activation.format, scheme.output)
+                      .find("cuBLAS"),
+                  std::string::npos);
+        expect_matches_reference(engine, scheme, w_ref, weight, m, {}, rng, label, m == 64);
+      }
+      continue;
+    }
+    for (const Run& r : forced) {
+      GemmOptions options;
+      options.tile_config = r.config;
+      expect_matches_reference(engine, scheme, w_ref, weight, r.m, options, rng,
+                               label + " config=" + r.config, r.bias);
+    }
   }
 }
 

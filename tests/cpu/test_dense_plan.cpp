@@ -1,0 +1,159 @@
+// How the dense GEMM is planned (src/dispatch/dense_config.cpp): which kernel serves which M,
+// that split-K and chunking cover the problem exactly, and the fallback when no tile config can.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "dispatch/dense_config.hpp"
+#include "jit/cache.hpp"
+#include "layout/mma_layout.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/quant.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm {
+namespace {
+
+constexpr int kSmCount = 132;  // the H200's
+
+// The prepared weight's metadata for `scheme` at N x K, quantized on a small random tile (the
+// metadata of a large weight differs only in its sizes, which are set directly).
+layout::MmaWeight metadata(const char* scheme_text, std::int64_t n, std::int64_t k) {
+  const Scheme scheme = parse_scheme(scheme_text);
+  const std::int64_t tile_k = scheme.weight.granularity == WeightGranularity::Group
+                                  ? 2 * scheme.weight.group
+                                  : 256;
+  std::vector<float> w(static_cast<std::size_t>(64 * tile_k));
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  layout::MmaWeight meta = layout::mma_metadata(quantize_weight(scheme.weight, w.data(), 64, tile_k));
+  meta.n = n;
+  meta.k = k;
+  meta.n_padded = (n + 63) / 64 * 64;
+  meta.k_blocks = (k + 15) / 16;
+  meta.groups = meta.group_size == 0 ? 1 : static_cast<int>((k + meta.group_size - 1) / meta.group_size);
+  return meta;
+}
+
+TEST(DensePlan, PicksTheKernelByM) {
+  const layout::MmaWeight w = metadata("w4a16", 28672, 8192);
+  for (std::int64_t m : {1, 2, 5, 16})
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.kernel,
+              dispatch::DenseKernel::Streamed)
+        << "M=" << m;
+  for (std::int64_t m : {17, 64, 128})
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.name, "medium")
+        << "M=" << m;
+  EXPECT_EQ(dispatch::plan_dense_gemm(200, w, formats::bf16, kSmCount).config.name, "prefill");
+  for (std::int64_t m : {257, 4096})
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.kernel,
+              dispatch::DenseKernel::DequantCublas)
+        << "M=" << m;
+}
+
+// Every k16 block belongs to exactly one split: the splits reach K, and the last one is needed.
+TEST(DensePlan, SplitsCoverKExactlyOnce) {
+  for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192}, {8192, 28672},
+                        {640, 640}, {5472, 2880}, {4000, 10944}})
+      for (std::int64_t m : {1, 3, 16, 17, 64, 200}) {
+        SCOPED_TRACE(std::string(scheme) + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
+                     " K=" + std::to_string(k));
+        const layout::MmaWeight w = metadata(scheme, n, k);
+        const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount);
+        ASSERT_GE(plan.splits, 1);
+        if (plan.config.kernel == dispatch::DenseKernel::Streamed) {
+          const std::int64_t per_split =
+              static_cast<std::int64_t>(plan.blocks_per_warp) * plan.config.warps_k;
+          EXPECT_EQ(plan.blocks_per_warp % (plan.config.block_k / 16), 0);
+          EXPECT_GE(per_split * plan.splits, w.k_blocks);
+          EXPECT_LT(per_split * (plan.splits - 1), w.k_blocks);
+          EXPECT_EQ(plan.grid_x, static_cast<unsigned>(w.n_padded / 64));
+          EXPECT_GE(plan.rows, m);
+        } else {
+          ASSERT_EQ(plan.config.kernel, dispatch::DenseKernel::Tiled);
+          EXPECT_GE(static_cast<std::int64_t>(plan.tiles_per_split) * plan.splits, plan.k_tiles);
+          EXPECT_LT(static_cast<std::int64_t>(plan.tiles_per_split) * (plan.splits - 1),
+                    plan.k_tiles);
+          EXPECT_GE(static_cast<std::int64_t>(plan.grid_y) * plan.config.block_m(), m);
+          EXPECT_GE(static_cast<std::int64_t>(plan.grid_x) * plan.config.block_n(), w.n_padded);
+        }
+      }
+}
+
+// Dequant + cuBLAS chunks are whole 64-row slices, within the scratch bound where one slice
+// fits it, and never more than the weight.
+TEST(DensePlan, DequantCublasChunksAreBoundedWholeSlices) {
+  for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192}, {8192, 28672},
+                      {640, 640}, {4000, 10944}, {100, 1 << 20}})
+    for (std::int64_t m : {std::int64_t{300}, std::int64_t{4096}, std::int64_t{1} << 22}) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+      const layout::MmaWeight w = metadata("w4a16", n, k);
+      const dispatch::DensePlan plan =
+          dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount, "dequant-cublas");
+      EXPECT_EQ(plan.chunk_n % 64, 0);
+      EXPECT_GE(plan.chunk_n, 64);
+      EXPECT_LE(plan.chunk_n, w.n_padded);
+      if (64 * k * 2 <= (std::int64_t{64} << 20) && 64 * m * 4 <= (std::int64_t{128} << 20)) {
+        EXPECT_LE(plan.chunk_n * k * 2, std::int64_t{64} << 20);
+        EXPECT_LE(plan.chunk_n * m * 4, std::int64_t{128} << 20);
+      }
+    }
+}
+
+// A weight whose groups suit no tile config (48 neither divides nor is a multiple of any BK)
+// is still served, by dequant + cuBLAS, at every M; a forced config that cannot serve is an error
+// naming it, and an unknown name is one too.
+TEST(DensePlan, WeightsNoTileConfigServesFallBackToDequantCublas) {
+  const layout::MmaWeight w = metadata("w=uint4:g48:s=bf16:zp=int;a=bf16", 640, 2880);
+  for (std::int64_t m : {1, 16, 64, 4096}) {
+    const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount);
+    EXPECT_EQ(plan.config.kernel, dispatch::DenseKernel::DequantCublas) << "M=" << m;
+  }
+  try {
+    dispatch::plan_dense_gemm(1, w, formats::bf16, kSmCount, "decode");
+    ADD_FAILURE() << "forced decode served a group of 48";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("decode"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("group 48"), std::string::npos) << e.what();
+  }
+  try {
+    dispatch::plan_dense_gemm(1, w, formats::bf16, kSmCount, "no-such-config");
+    ADD_FAILURE() << "an unknown config name was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("no-such-config"), std::string::npos) << e.what();
+  }
+}
+
+// The dequant + cuBLAS kernels compile without spills: the dequantization for each zero mode
+// and float weights, the finishing kernel for each output type.
+TEST(DequantCublasSpecs, CompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  std::vector<jit::KernelSpec> specs;
+  for (const char* scheme : {"w4a16", "w=uint4:g128:s=bf16:zp=int;a=bf16",
+                             "w=uint6:g128:s=fp16:zp=float;a=fp16", "w=e3m2:g32:s=e8m0;a=bf16",
+                             "w8a16"}) {
+    const Scheme s = parse_scheme(scheme);
+    dispatch::DensePlan plan =
+        dispatch::plan_dense_gemm(4096, metadata(scheme, 640, 1024), s.activation.format,
+                                  kSmCount, "dequant-cublas");
+    specs.push_back(dispatch::dense_gemm_spec(plan, metadata(scheme, 640, 1024),
+                                              s.activation.format, s.output, jit::Arch::sm_90a));
+    EXPECT_EQ(specs.back().family, "mma_dequantize");
+  }
+  for (const Format& out : {formats::fp16, formats::bf16, formats::fp32})
+    for (jit::Arch arch : {jit::Arch::sm_80, jit::Arch::sm_90a})
+      specs.push_back(dispatch::finish_gemm_spec(out, arch));
+  for (const jit::KernelSpec& spec : specs) {
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace qgemm
