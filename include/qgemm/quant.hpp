@@ -83,6 +83,9 @@ PackedWeight quantize_weight(const WeightQuant& quant, const float* weight, std:
                              std::int64_t k);
 // Exact dequantization to double, row-major [n, k].
 std::vector<double> dequantize_weight(const PackedWeight& weight);
+// Error(InvalidArgument) naming `function` and the field unless `weight` is well formed: a
+// valid scheme for its shape, and codes, scales and zeros of exactly the packed sizes.
+void check_packed_weight(const PackedWeight& weight, const char* function);
 
 // Quantizes a[m, k] as `quant` says (unquantized: rounds to fp16/bf16 and rejects values that
 // would overflow to Inf). `static_scale` is the calibrated scale for StaticTensor (ignored

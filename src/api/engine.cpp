@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "common/log.hpp"
 #include "dispatch/dense_config.hpp"
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/dequant_cublas_args.cuh"
+#include "gemm/mma_weight_layout.cuh"
 #include "jit/cache.hpp"
+#include "jit/catalog.hpp"
 #include "jit/print_configs.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
@@ -19,13 +22,19 @@
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/utility_kernels.hpp"
 
 namespace qgemm {
 
 namespace detail {
+// The mma layout (words, scales, zeros as kernels/gemm/mma_weight_layout.cuh draws them), or,
+// for a weight that layout cannot hold (layout::mma_unsupported_reason), the canonical packed
+// weight itself (codes, scales, zeros as include/qgemm/quant.hpp), which only dequant + cuBLAS
+// serves.
 struct PreparedWeight {
   WeightQuant quant;
-  layout::MmaWeight host;  // metadata only: the arrays live on the device
+  layout::MmaWeight host;  // metadata only (sizes; for `canonical`, n, k and the padding)
+  std::optional<PackedWeight> canonical;  // shapes and scales' metadata only: vectors empty
   runtime::DeviceBuffer words, scales, zeros;
   std::size_t bytes() const { return words.bytes() + scales.bytes() + zeros.bytes(); }
 };
@@ -61,11 +70,23 @@ struct Engine::Impl {
     dispatch::DensePlan plan;
     jit::KernelSpec spec;
   };
-  Launch choose(std::int64_t m, const layout::MmaWeight& w, const Format& activation,
+  Launch choose(std::int64_t m, const detail::PreparedWeight& weight, const Format& activation,
                 const Format& output, const GemmOptions& options) const {
     Launch launch;
-    launch.plan = dispatch::plan_dense_gemm(m, w, activation, info.sm_count, options.tile_config);
-    launch.spec = dispatch::dense_gemm_spec(launch.plan, w, activation, output, arch);
+    if (weight.canonical) {
+      if (!options.tile_config.empty() && options.tile_config != "dequant-cublas")
+        throw Error(
+            ErrorCode::Unsupported,
+            fmt::format("dense gemm: config '{}' cannot serve this weight: {}", options.tile_config,
+                        *layout::mma_unsupported_reason(weight.quant)));
+      launch.plan =
+          dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, "dequant-cublas");
+      launch.spec = jit::dequantize_weight_spec(weight.quant, activation, arch);
+      return launch;
+    }
+    launch.plan =
+        dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, options.tile_config);
+    launch.spec = dispatch::dense_gemm_spec(launch.plan, weight.host, activation, output, arch);
     return launch;
   }
 
@@ -125,6 +146,29 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight) {
   impl_->make_current();
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->quant = weight.quant;
+  check_packed_weight(weight, "prepare_weight");
+  if (auto reason = layout::mma_unsupported_reason(weight.quant)) {
+    log(LogLevel::Info, "prepare_weight: {}: kept canonical, served by dequantize + cuBLAS",
+        *reason);
+    PackedWeight shape;  // the metadata, without the arrays
+    shape.quant = weight.quant;
+    shape.n = weight.n;
+    shape.k = weight.k;
+    shape.global_scale = weight.global_scale;
+    prepared->host.format = weight.quant.format;
+    prepared->host.n = weight.n;
+    prepared->host.k = weight.k;
+    prepared->host.n_padded = kernels::MmaWeightLayout::padded_n(weight.n);
+    prepared->host.k_blocks = kernels::MmaWeightLayout::k_blocks(weight.k);
+    prepared->host.global_scale = weight.global_scale;
+    prepared->canonical = std::move(shape);
+    prepared->words = runtime::DeviceBuffer::from(weight.codes);
+    prepared->scales = runtime::DeviceBuffer::from(weight.scales);
+    if (!weight.zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(weight.zeros);
+    QuantWeight out;
+    out.impl_ = std::move(prepared);
+    return out;
+  }
   // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the tests
   // compare it with): the canonical weight goes up once and is reordered there.
   layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(weight, impl_->arch, nullptr);
@@ -158,7 +202,11 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
                                   const DeviceMatrix& c, void* stream, const GemmOptions& options,
                                   const Launch& launch) {
   const layout::MmaWeight& w = weight.host;
-  const std::int64_t m = a.rows, chunk = launch.plan.chunk_n;
+  const std::int64_t m = a.rows;
+  std::int64_t chunk = launch.plan.chunk_n;
+  // A canonical weight's chunks start on scale rows (a block grid has rows_per > 1).
+  const ScaleGrid grid = weight.canonical ? weight.canonical->scale_grid() : ScaleGrid{};
+  chunk = (chunk + grid.rows_per - 1) / grid.rows_per * grid.rows_per;
   const bool direct = !options.bias && (c.dtype == a.dtype || c.dtype == formats::fp32);
   Workspace& ws = workspaces[stream];
   grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
@@ -174,26 +222,52 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
   const auto cu_stream = static_cast<CUstream>(stream);
   for (std::int64_t n0 = 0; n0 < w.n; n0 += chunk) {
     const std::int64_t rows = std::min(chunk, w.n - n0);
-    kernels::MmaDequantizeArgs d{};
-    d.words = weight.words.as<const unsigned>();
-    d.scales = weight.scales.as<const float>();
-    d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
-    d.out = ws.weight_chunk.as<unsigned short>();
-    d.n_begin = n0;
-    d.rows = rows;
-    d.k = w.k;
-    d.k_blocks = w.k_blocks;
-    d.n_padded = w.n_padded;
-    d.group_size = w.group_size;
-    runtime::launch_kernel(dequantize, grid_for(rows * w.k), d, cu_stream);
+    unsigned short* w16 = ws.weight_chunk.as<unsigned short>();
+    float alpha = static_cast<float>(w.global_scale);
+    if (weight.canonical) {
+      // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
+      const PackedWeight& shape = *weight.canonical;
+      PackedWeight part = shape;
+      part.n = rows;
+      const std::int64_t scale_row = n0 / grid.rows_per;
+      const Format& scale_format = shape.quant.scale_format;
+      const std::int64_t scale_bytes = scale_format.storage_bytes();
+      const std::int64_t zero_row_bytes = shape.quant.zero_point == ZeroPoint::Integer
+                                              ? (grid.cols * shape.quant.format.bits + 7) / 8
+                                              : grid.cols * scale_bytes;
+      const CUdeviceptr base_zeros =
+          weight.zeros.bytes() ? reinterpret_cast<CUdeviceptr>(weight.zeros.as<void>()) : 0;
+      const kernels::DequantizeWeightArgs args = runtime::dequantize_weight_args(
+          part,
+          reinterpret_cast<CUdeviceptr>(weight.words.as<unsigned char>() + n0 * shape.row_bytes()),
+          reinterpret_cast<CUdeviceptr>(weight.scales.as<unsigned char>() +
+                                        scale_row * grid.cols * scale_bytes),
+          base_zeros ? base_zeros + scale_row * zero_row_bytes : 0,
+          reinterpret_cast<CUdeviceptr>(w16));
+      runtime::launch_dequantize_weight(dequantize, args, cu_stream);
+      alpha = 1.0f;  // the canonical dequantization applies the global scale
+    } else {
+      kernels::MmaDequantizeArgs d{};
+      d.words = weight.words.as<const unsigned>();
+      d.scales = weight.scales.as<const float>();
+      d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+      d.out = w16;
+      d.n_begin = n0;
+      d.rows = rows;
+      d.k = w.k;
+      d.k_blocks = w.k_blocks;
+      d.n_padded = w.n_padded;
+      d.group_size = w.group_size;
+      runtime::launch_kernel(dequantize, grid_for(rows * w.k), d, cu_stream);
+    }
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     if (direct) {
-      blas.gemm_nt(stream, m, rows, w.k, static_cast<float>(w.global_scale), a.data, a.stride,
-                   d.out, w.k, a.dtype, c_chunk, c.stride, c.dtype);
+      blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype, c_chunk,
+                   c.stride, c.dtype);
       continue;
     }
-    blas.gemm_nt(stream, m, rows, w.k, static_cast<float>(w.global_scale), a.data, a.stride,
-                 d.out, w.k, a.dtype, ws.chunk_sums.as<void>(), rows, formats::fp32);
+    blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype,
+                 ws.chunk_sums.as<void>(), rows, formats::fp32);
     kernels::FinishGemmArgs f{};
     f.sums = ws.chunk_sums.as<const float>();
     f.bias = options.bias;
@@ -208,7 +282,7 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
 
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
-  const Impl::Launch launch = impl_->choose(m, weight.impl_->host, activation, output, options);
+  const Impl::Launch launch = impl_->choose(m, *weight.impl_, activation, output, options);
   if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas)
     return jit::to_string(launch.spec) + fmt::format(" + cuBLAS chunk_n={}", launch.plan.chunk_n);
   return jit::to_string(launch.spec) + fmt::format(" splits={}", launch.plan.splits);
@@ -216,7 +290,7 @@ std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const 
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
-  const Impl::Launch launch = impl_->choose(m, weight.impl_->host, activation, output, options);
+  const Impl::Launch launch = impl_->choose(m, *weight.impl_, activation, output, options);
   jit::KernelCache::global().get(launch.spec);
   if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
     jit::KernelCache::global().get(dispatch::finish_gemm_spec(output, impl_->arch));
@@ -258,7 +332,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
 
   std::lock_guard lock(impl_->mutex);
   impl_->make_current();
-  const Impl::Launch launch = impl_->choose(m, w, a.dtype, c.dtype, options);
+  const Impl::Launch launch = impl_->choose(m, *weight.impl_, a.dtype, c.dtype, options);
   const auto& plan = launch.plan;
   const jit::KernelSpec& spec = launch.spec;
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "layout/mma_layout.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/reference.hpp"
@@ -33,7 +32,6 @@ std::string gpu_unsupported_reason(const Scheme& scheme) {
         "activations of {} are quantized ({}); the GPU path serves bf16/fp16 "
         "activations only so far",
         to_string(scheme), scheme.activation.format.name());
-  if (auto reason = layout::mma_unsupported_reason(scheme.weight)) return *reason;
   return {};
 }
 

@@ -56,6 +56,7 @@ std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
 }
 
 MmaWeight mma_metadata(const PackedWeight& w) {
+  check_packed_weight(w, "mma layout");
   if (auto reason = mma_unsupported_reason(w.quant))
     throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
   const WeightQuant& q = w.quant;

@@ -98,6 +98,30 @@ PackedWeight quantize_weight(const WeightQuant& quant, const float* weight, std:
   return out;
 }
 
+void check_packed_weight(const PackedWeight& weight, const char* function) {
+  require_size(function, "n", weight.n);
+  require_size(function, "k", weight.k);
+  validate_weight(weight.quant, weight.n, weight.k);
+  const ScaleGrid grid = weight.scale_grid();
+  const int bits = weight.quant.format.bits;
+  const std::int64_t scale_bytes = weight.quant.scale_format.storage_bytes();
+  auto require_bytes = [&](const char* what, std::size_t actual, std::int64_t expected) {
+    require(static_cast<std::int64_t>(actual) == expected,
+            fmt::format("{}: weight {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes "
+                        "match the scheme's packed form)",
+                        function, what, actual, weight.n, weight.k, expected));
+  };
+  require_bytes("codes", weight.codes.size(), weight.n * weight.row_bytes());
+  require_bytes("scales", weight.scales.size(), grid.count() * scale_bytes);
+  if (weight.quant.zero_point == ZeroPoint::Integer)
+    require_bytes("zeros", weight.zeros.size(), grid.rows * ((grid.cols * bits + 7) / 8));
+  else if (weight.quant.zero_point == ZeroPoint::Float)
+    require_bytes("zeros", weight.zeros.size(), grid.count() * scale_bytes);
+  require(std::isfinite(weight.global_scale) && weight.global_scale > 0,
+          fmt::format("{}: weight global_scale = {} (rule: positive and finite)", function,
+                      weight.global_scale));
+}
+
 std::vector<double> dequantize_weight(const PackedWeight& weight) {
   constexpr const char* function = "dequantize_weight";
   require_size(function, "n", weight.n);

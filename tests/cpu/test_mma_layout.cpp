@@ -99,6 +99,39 @@ TEST(MmaLayout, UnservableGroupsAreReported) {
   EXPECT_THROW(layout::repack_for_mma(quantize_weight(q, w.data(), 16, 16)), Error);
 }
 
+// A packed weight whose arrays do not match its shape is refused by name before any is read.
+TEST(MmaLayout, MalformedPackedWeightsAreRejectedByName) {
+  std::vector<float> w(64 * 256);
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  const PackedWeight good = quantize_weight(parse_scheme("w4a16-zp").weight, w.data(), 64, 256);
+  auto expect_refused = [](PackedWeight bad, const char* field) {
+    try {
+      layout::repack_for_mma(bad);
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  PackedWeight bad = good;
+  bad.codes.pop_back();
+  expect_refused(bad, "codes");
+  bad = good;
+  bad.scales.resize(bad.scales.size() / 2);
+  expect_refused(bad, "scales");
+  bad = good;
+  bad.zeros.clear();
+  expect_refused(bad, "zeros");
+  bad = good;
+  bad.global_scale = 0.0;
+  expect_refused(bad, "global_scale");
+  bad = good;
+  bad.k = 200;  // groups of 128 no longer divide K
+  expect_refused(bad, "128");
+}
+
 // Every tile config of the family compiles without spills for the SM80+ targets (a few weight
 // families each, to keep the suite short on two cores).
 TEST(DenseGemmSpecs, CompileWithoutSpills) {

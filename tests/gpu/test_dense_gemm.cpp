@@ -271,15 +271,16 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
   for (const Run& r : runs) {
     const auto& [packed, weight] = weights.at(r.scheme_text);
     expect_matches_reference(
-        engine, parse_scheme(r.scheme_text), dequantize_weight(packed), weight, r.m,
-        options_of(r), rng, r.scheme_text + " config=" + r.config + " seed=" + std::to_string(seed));
+        engine, parse_scheme(r.scheme_text), dequantize_weight(packed), weight, r.m, options_of(r),
+        rng, r.scheme_text + " config=" + r.config + " seed=" + std::to_string(seed));
   }
 }
 
 // The dequantize + cuBLAS path (forced at every M, with and without bias, each output type:
 // cuBLAS writing C directly and through fp32 sums), the tiled prefill kernel it replaces at
-// large M (forced, so that it stays tested), and a weight only dequant + cuBLAS serves (groups
-// of 48), chosen by the heuristic.
+// large M (forced, so that it stays tested), and weights only dequant + cuBLAS serves, chosen by
+// the heuristic: groups of 48 (no tile config's BK), and weights the mma layout cannot hold
+// (groups of 8, 64x8 blocks: kept canonical, dequantized in N chunks that start on scale rows).
 TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const std::uint32_t seed = fresh_seed();
@@ -291,13 +292,14 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
     std::int64_t m;
     bool bias;
   };
-  const std::vector<Run> forced = {{"dequant-cublas", 1, false},  {"dequant-cublas", 17, true},
+  const std::vector<Run> forced = {{"dequant-cublas", 1, false},   {"dequant-cublas", 17, true},
                                    {"dequant-cublas", 300, false}, {"dequant-cublas", 300, true},
                                    {"prefill", 300, false},        {"prefill", 1024, true}};
   for (const char* text :
        {"w4a16", "w=uint4:g128:s=bf16;a=bf16;o=fp16", "w=uint6:g128:s=fp16:zp=float;a=fp16;o=fp16",
         "nvfp4-a16", "w=e4m3:b128x128:s=fp32;a=bf16;o=bf16", "w=int8:ch:s=fp32;a=bf16;o=fp32",
-        "w=uint4:g48:s=bf16:zp=int;a=bf16;o=bf16"}) {
+        "w=uint4:g48:s=bf16:zp=int;a=bf16;o=bf16", "w=uint4:g8:s=bf16:zp=int;a=bf16;o=bf16",
+        "w=e4m3:b64x8:s=fp32;a=bf16;o=fp32"}) {
     const Scheme scheme = parse_scheme(text);
     const std::int64_t n = 4000, k = 2880;
     std::vector<float> w(static_cast<std::size_t>(n * k));
@@ -306,11 +308,13 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
     const QuantWeight weight = engine.prepare_weight(packed);
     const std::vector<double> w_ref = dequantize_weight(packed);
     const std::string label = std::string(text) + " seed=" + std::to_string(seed);
-    if (scheme.weight.group == 48) {
+    const bool only_cublas =
+        scheme.weight.group == 48 || layout::mma_unsupported_reason(scheme.weight);
+    if (only_cublas) {
       for (std::int64_t m : {1, 64, 300}) {
-        EXPECT_NE(engine.kernel_for(m, weight, scheme.activation.format, scheme.output)
-                      .find("cuBLAS"),
-                  std::string::npos);
+        EXPECT_NE(
+            engine.kernel_for(m, weight, scheme.activation.format, scheme.output).find("cuBLAS"),
+            std::string::npos);
         expect_matches_reference(engine, scheme, w_ref, weight, m, {}, rng, label, m == 64);
       }
       continue;
