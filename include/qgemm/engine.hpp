@@ -6,6 +6,14 @@
 //   engine.gemm({a_ptr, M, K, K, qgemm::formats::bf16}, w, {c_ptr, M, N, N, scheme.output},
 //               stream);
 //
+// Quantized activations (the A8/A4 schemes): prepare the weight with the scheme's activation
+// part, and gemm() quantizes a bf16/fp16 A on the fly, as the scheme says:
+//
+//   qgemm::QuantWeight w = engine.prepare_weight(packed, scheme.activation);
+//   engine.gemm({a_bf16, M, K, K, qgemm::formats::bf16}, w, c, stream);
+//
+// or pass activations quantized earlier (a fused norm + quantize kernel) as a DeviceActivation.
+//
 // gemm() issues kernels on `stream` (a CUstream / cudaStream_t, null = the legacy default
 // stream) and returns without synchronizing; it allocates no host memory once a shape has run
 // once, so warmed-up calls can be captured into a CUDA graph.
@@ -26,6 +34,17 @@ struct DeviceMatrix {
   Format dtype = formats::bf16;
 };
 
+// Quantized activations on the device in the canonical packed form (include/qgemm/quant.hpp):
+// codes row-major [rows, cols], rows ceil(cols · bits / 8) bytes apart; scales the activation
+// scale grid's codes in quant.scale_format (StaticTensor: one scale).
+struct DeviceActivation {
+  ActivationQuant quant;
+  const void* codes = nullptr;
+  const void* scales = nullptr;
+  std::int64_t rows = 0, cols = 0;
+  double tensor_scale = 1.0;  // NV: the fp32 tensor scale; else 1
+};
+
 struct GemmOptions {
   const float* bias = nullptr;  // device fp32 [N], or null
   // A tile config by name (src/dispatch/dense_config.cpp), for benches and the tuner; empty:
@@ -43,6 +62,8 @@ class QuantWeight {
   std::int64_t n() const;
   std::int64_t k() const;
   const WeightQuant& quant() const;
+  // How gemm() quantizes a bf16/fp16 A for this weight (not quantized: A is used as given).
+  const ActivationQuant& activation() const;
   std::size_t device_bytes() const;  // the prepared weight's device memory
   explicit operator bool() const { return impl_ != nullptr; }
 
@@ -61,14 +82,22 @@ class Engine {
   int device() const;
   int sm_count() const;
 
-  // Repacks a canonical packed weight into the kernel layout and uploads it.
-  QuantWeight prepare_weight(const PackedWeight& weight);
+  // Repacks a canonical packed weight into the kernel layout and uploads it. `activation` says
+  // how gemm() quantizes bf16/fp16 activations for it (the scheme's activation part; default:
+  // not at all). StaticTensor takes `static_activation_scale` (the calibrated scale; <= 0: each
+  // call's tensor absmax, as quantize_activation does).
+  QuantWeight prepare_weight(const PackedWeight& weight, const ActivationQuant& activation = {},
+                             double static_activation_scale = 0.0);
 
   // C = A · Wᵀ (+ bias) in the activation type of A (bf16 or fp16) and the output type of C
   // (fp16, bf16, fp32). Shapes and types are checked; a combination no kernel serves is
   // Error(Unsupported) naming the reason.
   void gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c, void* stream,
             const GemmOptions& options = {});
+  // The same with activations quantized beforehand (any quantized ActivationQuant; the weight's
+  // own activation() is not consulted).
+  void gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
+            void* stream, const GemmOptions& options = {});
 
   // Compiles (or finds in the cache) the kernel gemm() would launch for M rows, without
   // launching it. Thread-safe: several threads compile different kernels concurrently.
