@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
       {"w8a16", 1, 28672, 8192},  {"w8a16", 16, 28672, 8192},  {"mxfp4-a16", 1, 28672, 8192},
       {"w4a16", 64, 8192, 8192},  {"w4a16", 256, 8192, 8192},  {"w4a16", 512, 8192, 8192},
       {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
+      // Quantized activations (bf16 A quantized on the GPU in the same call).
+      {"w4a8-fp8", 1, 28672, 8192}, {"w4a8-fp8", 16, 28672, 8192}, {"nvfp4", 1, 28672, 8192},
+      {"w8a8-fp8", 4096, 8192, 8192},
   };
   if (quick) cases.resize(3);
   std::mt19937 rng(std::random_device{}());
@@ -94,7 +97,7 @@ int main(int argc, char** argv) {
     std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
     for (float& x : w) x = normal(rng);
     const qgemm::PackedWeight packed = qgemm::quantize_weight(scheme.weight, w.data(), c.n, c.k);
-    const qgemm::QuantWeight weight = engine.prepare_weight(packed);
+    const qgemm::QuantWeight weight = engine.prepare_weight(packed, scheme.activation);
     // Bytes a decode call must read at least: the canonical codes and scales (and zeros).
     const double weight_bytes =
         static_cast<double>(packed.codes.size() + packed.scales.size() + packed.zeros.size());

@@ -21,8 +21,19 @@ echo "gpu tests rc=$?"; grep -E "tests passed|Failed|FAILED|Failure" "$out/gpu_t
 echo "dense cases checked: $(grep -c 'rel=' "$out/gpu_tests.log")"
 # Memory errors and races on a subset (the README's sanitizer command).
 QGEMM_GPU_TEST_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  build-gpu/tests/qgemm_tests_gpu --gtest_filter='DenseGemmGpu.*' > "$out/memcheck.log" 2>&1
+  build-gpu/tests/qgemm_tests_gpu \
+  --gtest_filter='DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.QuantizedActivationsMatchReference' \
+  > "$out/memcheck.log" 2>&1
 echo "memcheck rc=$?"; tail -4 "$out/memcheck.log"
+# qgemm check through the CLI on the GPU for the quantized-activation presets.
+for s in w4a8-fp8 w8a8-fp8 fp8-block w8a8-int8 mxfp4-a8 mxfp8-mxfp4 nvfp4 bitnet; do
+  build-gpu/qgemm check --scheme $s --m 33 --n 1000 --k 2048 --backend gpu | tail -1 | sed "s/^/check $s: /"
+done
+# The repack kernel alone (w4a16 28672x8192, the 13th repack launch of the test).
+ncu --clock-control none --kernel-name regex:mma_repack --launch-skip 12 --launch-count 1 \
+  --section SpeedOfLight build-gpu/tests/qgemm_tests_gpu --gtest_filter='MmaRepackGpu.*' \
+  > "$out/ncu_repack.txt" 2>&1
+grep -E "Duration|DRAM Throughput|Memory Throughput" "$out/ncu_repack.txt" | sed 's/^/repack: /'
 if [ "${1:-}" != "--quick" ]; then
   nvcc -O3 -arch=sm_90a -o build-gpu/mma_ceiling bench/mma_ceiling.cu && build-gpu/mma_ceiling | tee "$out/bench.log"
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee -a "$out/bench.log"

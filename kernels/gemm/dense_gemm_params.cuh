@@ -11,6 +11,8 @@ struct DenseGemmParams {
   const float* zeros;   // same shape, or null
   void* c;              // [M, ldc] output
   const float* bias;    // [N] fp32, or null
+  // [M] fp32 factors of A's rows (quantized activations: A = operand · factor), or null
+  const float* row_factors;
   float* workspace;     // split-K: [M, N] fp32, zero between calls
   unsigned* counters;   // split-K: one per output tile, zero between calls
   long long lda, ldc;

@@ -1,12 +1,12 @@
 // The dequantize + cuBLAS path (the fallback of the dense GEMM, and the faster path for large M
 // until the wgmma kernels come): the prepared mma weight is dequantized chunk by chunk of N into
 // a 16-bit [chunk][K] buffer that cuBLAS multiplies; where cuBLAS cannot write C directly (a
-// bias, or an output type other than the activation's and fp32) it writes fp32 sums that
-// finish_gemm turns into C.
+// bias, row factors of quantized activations, or an output type other than the activation's and
+// fp32) it writes fp32 sums that finish_gemm turns into C.
 //
 //   for each chunk of N:  mma_dequantize  words ──► W16[chunk][K]            (this file)
 //                         cuBLAS          C(or sums)[M][chunk] = A · W16ᵀ · global_scale
-//                         finish_gemm     sums + bias ──► C[M][chunk]       (this file)
+//                         finish_gemm     sums · row factor + bias ──► C[M][chunk]   (this file)
 //
 // Both kernels: one thread per output element, grid-stride; consecutive threads take
 // consecutive columns, so the outputs are written coalesced. mma_dequantize reads the lane words
@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(kThreads) finish_gemm_kernel(FinishGemmArgs ar
     const long long row = index / args.cols;
     const long long col = index - row * args.cols;
     float v = args.sums[index];
+    if (args.row_factors) v *= args.row_factors[row];
     if (args.bias) v += args.bias[args.n_begin + col];
     const long long at = row * args.ldc + col;
     if constexpr (kOutput == kOutFp32) {

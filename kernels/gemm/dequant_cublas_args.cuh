@@ -17,11 +17,12 @@ struct MmaDequantizeArgs {
   int group_size;  // 0: one scale row for all of K
 };
 
-// fp32 sums[m][cols] (row stride cols) -> C columns [n_begin, n_begin + cols): + bias, in the
-// output type.
+// fp32 sums[m][cols] (row stride cols) -> C columns [n_begin, n_begin + cols): · row factor,
+// + bias, in the output type.
 struct FinishGemmArgs {
   const float* sums;
-  const float* bias;  // [N] fp32, or null (indexed from n_begin)
+  const float* row_factors;  // [m] factors of A's rows (quantized activations), or null
+  const float* bias;         // [N] fp32, or null (indexed from n_begin)
   void* c;            // C[m][ldc], already offset to column n_begin
   long long m, cols, ldc, n_begin;
 };

@@ -1,5 +1,6 @@
 // The output side shared by the dense GEMM kernels (gemm/sm80_dense.cuh, gemm/sm80_decode.cuh):
-// bias, conversion to the output type, and the split-K protocol.
+// row factors (quantized activations), bias, conversion to the output type, and the split-K
+// protocol. C[r, c] = sum · global_scale · row_factor[r] + bias[c].
 //
 // Split-K: every K split of an output tile adds its partial sums into an fp32 workspace with
 // atomicAdd; the last block of the tile to arrive (a per-tile counter) reads the sums back,
@@ -19,6 +20,7 @@ __device__ __forceinline__ unsigned short to_output_half(float v) {
 
 template <int kOutput>
 __device__ __forceinline__ void store_single(const DenseGemmParams& p, int row, int col, float v) {
+  if (p.row_factors) v *= p.row_factors[row];
   if (p.bias) v += p.bias[col];
   const long long at = static_cast<long long>(row) * p.ldc + col;
   if constexpr (kOutput == kOutFp32) {
@@ -36,6 +38,7 @@ __device__ __forceinline__ void store_pair(const DenseGemmParams& p, int row, in
   const bool pair = col + 1 < p.n;
   const long long at = static_cast<long long>(row) * p.ldc + col;
   if (kOutput != kOutFp32 && pair && at % 2 == 0) {
+    if (p.row_factors) v0 *= p.row_factors[row], v1 *= p.row_factors[row];
     if (p.bias) v0 += p.bias[col], v1 += p.bias[col + 1];
     *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.c) + at) =
         static_cast<unsigned>(to_output_half<kOutput>(v0)) |

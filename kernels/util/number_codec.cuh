@@ -126,17 +126,19 @@ __device__ __forceinline__ unsigned int encode_from_float(float value) {
   }
 }
 
-// encode_from_float(x / scale) without double rounding. The fp32 quotient is rounded before
-// the code is, so a quotient that lands exactly on a midpoint between two codes may stand for an
-// x just off it (common when the scale is amax / 448 and amax a power of two: the exact
-// quotient sits a fraction of an fp32 ulp from the midpoint). There the sign of the residual
-// x − q · scale (one FMA, exact sign) says on which side the exact quotient lies, and q moves
-// one ulp that way, which the coarse code grid then rounds as the exact quotient would.
-// scale > 0.
+// encode_from_float(x / divisor) for the quotient the host quantizer rounds: the double
+// x / divisor (src/quant: `value / (scale · second_level)`, a double division), taken to the
+// code grid in one rounding. Going through fp32 could round the quotient onto a midpoint
+// between two codes that it is only near; that is the one case where the fp32 value and the
+// double differ in which code they round to, and there the fp32 value is moved one ulp toward
+// the double, which the coarse code grid then rounds as the double would. (An fp32 value that
+// is not on a midpoint lies on the same side of every midpoint as the double it was rounded
+// from: a midpoint between them would be nearer to the double.) divisor > 0.
 template <unsigned long long kFormat>
-__device__ __forceinline__ unsigned int encode_quotient(float x, float scale) {
+__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
-  float q = x / scale;
+  const double exact = static_cast<double>(x) / divisor;
+  float q = static_cast<float>(exact);
   // |q| in units of the code spacing around it, by multiplying with the spacing's inverse (a
   // power of two, so exact): 2^(m - e) for normals, from the fp32 exponent field e.
   float inverse_step = 1.0f;
@@ -148,14 +150,49 @@ __device__ __forceinline__ unsigned int encode_quotient(float x, float scale) {
       inverse_step = __uint_as_float((254u + m - ((__float_as_uint(q) >> 23) & 0xffu)) << 23);
   }
   const float t = fabsf(q) * inverse_step;
-  if (t - floorf(t) == 0.5f) {
-    const float residual = fmaf(-q, scale, x);
-    // q != 0 here (|q| >= step / 2), so one ulp toward the exact quotient is ±1 on the bits:
-    // +1 moves away from zero, −1 toward it.
-    if (residual != 0.0f)
-      q = __uint_as_float(__float_as_uint(q) + ((residual > 0.0f) == (q > 0.0f) ? 1u : ~0u));
+  if (t - floorf(t) == 0.5f && static_cast<double>(q) != exact) {
+    // q != 0 here (|q| >= step / 2), so one ulp toward `exact` is ±1 on the bits: +1 moves away
+    // from zero, −1 toward it.
+    q = __uint_as_float(__float_as_uint(q) + ((exact > q) == (q > 0.0f) ? 1u : ~0u));
   }
   return encode_from_float<kFormat>(q);
+}
+
+// A positive double rounded to nearest (ties to even) on the grid of a float format, saturating
+// at its largest finite value; exponent-only formats (e8m0) take the nearest power of two, ties
+// up, within their exponent range. The host's round_to (src/format) on the values scales take.
+template <unsigned long long kFormat>
+__device__ __forceinline__ double round_to_format(double magnitude) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  static_assert(f.is_float(), "scales are float formats");
+  if constexpr (f.specials == kExponentOnly) {
+    int e = ilogb(magnitude);
+    if (rint(ldexp(magnitude, -e)) >= 2.0) ++e;
+    const int top = (1 << f.exponent_bits) - 2 - f.bias;
+    e = e < -f.bias ? -f.bias : (e > top ? top : e);
+    return ldexp(1.0, e);
+  } else {
+    constexpr int m = f.mantissa_bits;
+    const int floor_exponent = ilogb(magnitude);
+    const int e = floor_exponent > 1 - f.bias ? floor_exponent : 1 - f.bias;
+    const double rounded = rint(ldexp(magnitude, m - e)) * ldexp(1.0, e - m);  // exact
+    constexpr double max_finite = format_max_finite<kFormat>();
+    return rounded > max_finite ? max_finite : rounded;
+  }
+}
+
+// A raw scale as the host's finalize_scale (src/quant/block_quant.cpp) makes it a usable one:
+// an all-zero cell (raw 0) gets 1, an underflow the smallest positive value, an overflow the
+// largest finite one.
+template <unsigned long long kFormat>
+__device__ __forceinline__ double finalize_scale(double raw) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  if (!(raw > 0)) return 1.0;
+  if (isinf(raw)) return format_max_finite<kFormat>();
+  const double scale = round_to_format<kFormat>(raw);
+  if (scale > 0) return scale;
+  if constexpr (f.specials == kExponentOnly) return ldexp(1.0, -f.bias);
+  return ldexp(1.0, 1 - f.bias - f.mantissa_bits);  // the smallest subnormal
 }
 
 }  // namespace qgemm::kernels

@@ -1,13 +1,35 @@
-// quantize_activation: bf16/fp16 [m, k] -> 8-bit codes (e4m3, int8, any 8-bit format) with one
-// fp32 scale per row (token), scale = absmax(row) / max_finite(format).
+// Activation quantization on the GPU: bf16/fp16 A [m, k] -> the codes and scales of an
+// ActivationQuant, code for code what the host quantizer (src/quant) computes, and the 16-bit
+// operand through which the dense GEMM kernels serve quantized activations.
 //
-//   input  [m][k] 16-bit bits        codes [m][k] (canonical packing of 8-bit codes = bytes)
-//   scales [m] fp32, row r = scales[r] · decode(codes[r, :])       (an all-zero row: scale 1)
+//   scaling  cell (one scale)          scale (rounded to the scale format)     row factor
+//   static   the tensor                the given one, or absmax(A)/max  fp32   the scale
+//   token    one row                   absmax(row)/max                  fp32   the scale
+//   group    G values of a row         absmax(cell)/max                 fp32   1
+//   mx       32 values of a row        2^(⌊log2 absmax⌋ − ⌊log2 max⌋)   e8m0   1
+//   nv       16 values of a row        absmax/max/t, t = absmax(A)/(max·448) ue4m3   t
 //
-// One block per row (grid-stride over rows): pass 1 reduces |x| to the row's absmax (warp
-// shuffles, then one value per warp in shared memory); pass 2 encodes x / scale, rounding to
-// nearest even (util/number_codec.cuh). Division is IEEE (this family is compiled without
-// --use_fast_math) so the codes match the host quantizer's.
+//   code = round_nearest_even(clamp(x / (scale · t), −max, max))      (t = 1 except NV)
+//
+// Scales are computed in double from the fp32 absmax and rounded once into the scale format,
+// and x / (scale · t) is the same double quotient the host divides, so the codes agree exactly
+// (see encode_quotient). An all-zero cell gets scale 1 (codes 0), as on the host.
+//
+// Emit modes:
+//   codes    the canonical packed form (include/qgemm/quant.hpp): codes[m][ceil(k·bits/8)],
+//            the scale grid's codes row-major, NV's tensor scale in tensor_scale[0]
+//   operand  operand[m][ldo] in 16 bits and row_factors[m] such that
+//              A_dequantized[r, c] = operand[r, c] · row_factors[r]
+//            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
+//            nv: at most 5 significant bits) and mx (times a power of two); for group the
+//            product code · fp32 scale is rounded once to bf16.
+//
+// One block per row (grid-stride over rows). A row-wide cell (static, token) is walked by all
+// threads with a block reduction for its absmax; short cells (group, mx, nv) are walked by L
+// lanes each, L = the largest power of two dividing G (≤ 32), lane l of a cell taking its
+// elements l, l + L, l + 2L, ... so that a warp's loads are contiguous. Non-finite inputs are
+// not diagnosed here (the host quantizer rejects them); in operand mode they become NaN, so the
+// rows they touch come out NaN rather than finite and wrong.
 #pragma once
 
 #include "ptx/convert.cuh"
@@ -26,43 +48,251 @@ __device__ __forceinline__ float load_half(const unsigned short* base, long long
   }
 }
 
-template <unsigned long long kCodeFormat, int kInput, int kThreads, int kDynamicSmemBytes>
+template <int kType>
+__device__ __forceinline__ unsigned short to_half_bits(float value) {
+  return kType == kBf16 ? ptx::float_to_bf16_bits(value) : ptx::float_to_fp16_bits(value);
+}
+
+// A scale's value in its format (scales are fp32, or one byte: e8m0, ue4m3).
+template <unsigned long long kScaleFormat>
+__device__ __forceinline__ float load_scale(const unsigned char* scales, long long index) {
+  constexpr FormatCode f = FormatCode::unpack(kScaleFormat);
+  if constexpr (f.bits == 32) {
+    return reinterpret_cast<const float*>(scales)[index];
+  } else {
+    static_assert(f.bits <= 8, "activation scales are fp32 or one byte");
+    return decode_to_float<kScaleFormat>(scales[index]);
+  }
+}
+
+template <unsigned long long kScaleFormat>
+__device__ __forceinline__ void store_scale(unsigned char* scales, long long index, double scale) {
+  constexpr FormatCode f = FormatCode::unpack(kScaleFormat);
+  if constexpr (f.bits == 32) {
+    reinterpret_cast<float*>(scales)[index] = static_cast<float>(scale);
+  } else if constexpr (f.specials == kExponentOnly) {
+    scales[index] = static_cast<unsigned char>(ilogb(scale) + f.bias);
+  } else {
+    scales[index] =
+        static_cast<unsigned char>(encode_from_float<kScaleFormat>(static_cast<float>(scale)));
+  }
+}
+
+// The scale of a cell whose absolute maximum is `absmax` (t: NV's tensor scale, else 1).
+template <int kScaling, unsigned long long kScaleFormat>
+__device__ __forceinline__ double cell_scale(float absmax, double element_max, double t) {
+  if constexpr (kScaling == kScaleMx) {
+    const double scaled = static_cast<double>(absmax) / t;
+    if (!(scaled > 0)) return 1.0;
+    return finalize_scale<kScaleFormat>(ldexp(1.0, ilogb(scaled) - ilogb(element_max)));
+  } else {
+    return finalize_scale<kScaleFormat>(static_cast<double>(absmax) / element_max / t);
+  }
+}
+
+// NV's tensor scale from the tensor's absmax (1 where that is not a normal fp32 number).
+__device__ __forceinline__ double nv_tensor_scale(float tensor_absmax, double denominator) {
+  const float t = static_cast<float>(static_cast<double>(tensor_absmax) / denominator);
+  return t >= 1.17549435e-38f && t <= 3.40282347e38f ? static_cast<double>(t) : 1.0;
+}
+
+// What one element becomes: its code, and (operand mode) its operand value.
+template <unsigned long long kCode, int kScaling, int kOperand>
+__device__ __forceinline__ unsigned short operand_bits(unsigned code, float scale) {
+  float value = decode_to_float<kCode>(code);
+  if constexpr (kScaling == kScaleGroup || kScaling == kScaleMx || kScaling == kScaleNv)
+    value *= scale;
+  return to_half_bits<kOperand>(value);
+}
+
+template <int kScaling>
+__device__ __forceinline__ float row_factor(float scale, float tensor_scale) {
+  if constexpr (kScaling == kScaleStatic || kScaling == kScaleToken) return scale;
+  if constexpr (kScaling == kScaleNv) return tensor_scale;
+  return 1.0f;
+}
+
+template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kInput,
+          int kEmit, int kOperand>
+struct ActivationQuantizer {
+  static constexpr FormatCode code_format = FormatCode::unpack(kCode);
+  static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
+
+  // Emits element `col` of `row` (code and value), all lanes of the warp together: 4-bit codes
+  // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
+  __device__ static void emit(const QuantizeActivationArgs& args, long long row, long long col,
+                              bool valid, float x, double divisor, float scale) {
+    unsigned code = valid ? encode_quotient<kCode>(x, divisor) : 0u;
+    if constexpr (kEmit == kEmitCodes) {
+      if constexpr (code_format.bits == 8) {
+        if (valid) args.codes[row * args.k + col] = static_cast<unsigned char>(code);
+      } else {
+        const unsigned next = __shfl_down_sync(0xffffffffu, code, 1);
+        const long long row_bytes = (args.k + 1) / 2;
+        if (valid && col % 2 == 0)
+          args.codes[row * row_bytes + col / 2] =
+              static_cast<unsigned char>(code | (col + 1 < args.k ? next << 4 : 0u));
+      }
+    } else if (valid) {
+      args.operand[row * args.ldo + col] =
+          isfinite(x) ? operand_bits<kCode, kScaling, kOperand>(code, scale)
+                      : static_cast<unsigned short>(kOperand == kBf16 ? 0x7fc0 : 0x7e00);
+    }
+  }
+
+  template <int kThreads>
+  __device__ static void row_wide(const QuantizeActivationArgs& args, long long row,
+                                  const unsigned short* input, float* warp_absmax,
+                                  double* shared_scale) {
+    if constexpr (kScaling == kScaleStatic) {
+      if (threadIdx.x == 0)
+        *shared_scale = args.static_scale > 0 ? args.static_scale
+                                              : cell_scale<kScaling, kScaleFormat>(
+                                                    *args.tensor_absmax, args.element_max, 1.0);
+    } else {
+      float absmax = 0.0f;
+      for (long long col = threadIdx.x; col < args.k; col += kThreads)
+        absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
+      for (int offset = 16; offset > 0; offset >>= 1)
+        absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+      if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int warp = 1; warp < kThreads / 32; ++warp) absmax = fmaxf(absmax, warp_absmax[warp]);
+        *shared_scale = cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, 1.0);
+      }
+    }
+    __syncthreads();
+    const double scale = *shared_scale;
+    if (threadIdx.x == 0) {
+      if constexpr (kEmit == kEmitCodes) {
+        // Static: the 1 x 1 grid's one scale.
+        if (kScaling == kScaleToken || row == 0)
+          store_scale<kScaleFormat>(args.scales, kScaling == kScaleToken ? row : 0, scale);
+      } else {
+        args.row_factors[row] = static_cast<float>(scale);
+      }
+    }
+    // Whole warps walk the row together (emit pairs 4-bit codes across lanes).
+    for (long long base = 0; base < args.k; base += kThreads) {
+      const long long col = base + threadIdx.x;
+      const bool valid = col < args.k;
+      const float x = valid ? load_half<kInput>(input, col) : 0.0f;
+      emit(args, row, col, valid, x, scale, static_cast<float>(scale));
+    }
+    __syncthreads();  // shared_scale and warp_absmax are reused by the next row
+  }
+
+  template <int kThreads>
+  __device__ static void short_cells(const QuantizeActivationArgs& args, long long row,
+                                     const unsigned short* input, double tensor_scale) {
+    const long long group = args.group;
+    const int lanes = static_cast<int>(group & -group) < 32 ? static_cast<int>(group & -group) : 32;
+    const long long per_lane = group / lanes;
+    const int cells_per_warp = 32 / lanes;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sub = lane % lanes;
+    const long long cells = args.k / group;
+    for (long long first = static_cast<long long>(warp) * cells_per_warp; first < cells;
+         first += static_cast<long long>(kThreads / 32) * cells_per_warp) {
+      const long long cell = first + lane / lanes;
+      const bool valid = cell < cells;
+      const long long begin = cell * group + sub;
+      float absmax = 0.0f;
+      for (long long i = 0; i < per_lane; ++i)
+        if (valid) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * lanes)));
+      for (int offset = lanes / 2; offset > 0; offset >>= 1)
+        absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+      const double scale =
+          cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, tensor_scale);
+      if constexpr (kEmit == kEmitCodes) {
+        if (valid && sub == 0) store_scale<kScaleFormat>(args.scales, row * cells + cell, scale);
+      }
+      for (long long i = 0; i < per_lane; ++i) {
+        const long long col = begin + i * lanes;
+        const float x = valid ? load_half<kInput>(input, col) : 0.0f;
+        emit(args, row, col, valid, x, scale * tensor_scale, static_cast<float>(scale));
+      }
+    }
+    if (threadIdx.x == 0) {
+      if constexpr (kEmit == kEmitOperand) {
+        args.row_factors[row] = row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
+      } else if constexpr (kScaling == kScaleNv) {
+        if (row == 0) *args.tensor_scale = static_cast<float>(tensor_scale);
+      }
+    }
+  }
+};
+
+template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kInput,
+          int kEmit, int kOperand, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads)
     quantize_activation_kernel(QuantizeActivationArgs args) {
-  constexpr FormatCode code_format = FormatCode::unpack(kCodeFormat);
-  static_assert(code_format.bits == 8, "per-token activation codes are 8-bit (one per byte)");
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
   static_assert(kDynamicSmemBytes == 0, "quantize_activation uses static shared memory only");
-  constexpr float max_finite = format_max_finite<kCodeFormat>();
+  using Quantizer = ActivationQuantizer<kCode, kScaling, kScaleFormat, kInput, kEmit, kOperand>;
   __shared__ float warp_absmax[kThreads / 32];
-  __shared__ float row_scale;
-
+  __shared__ double shared_scale;
+  const double tensor_scale =
+      kScaling == kScaleNv ? nv_tensor_scale(*args.tensor_absmax, args.nv_denominator) : 1.0;
   for (long long row = blockIdx.x; row < args.m; row += gridDim.x) {
-    const unsigned short* input = args.input + row * args.k;
-    float absmax = 0.0f;
-    for (long long col = threadIdx.x; col < args.k; col += kThreads) {
-      absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
+    const unsigned short* input = args.input + row * args.lda;
+    if constexpr (kScaling == kScaleStatic || kScaling == kScaleToken) {
+      Quantizer::template row_wide<kThreads>(args, row, input, warp_absmax, &shared_scale);
+    } else {
+      Quantizer::template short_cells<kThreads>(args, row, input, tensor_scale);
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
-    }
-    if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float block_absmax = 0.0f;
-      for (int warp = 0; warp < kThreads / 32; ++warp)
-        block_absmax = fmaxf(block_absmax, warp_absmax[warp]);
-      row_scale = block_absmax > 0.0f ? block_absmax / max_finite : 1.0f;
-      args.scales[row] = row_scale;
-    }
-    __syncthreads();
-    const float scale = row_scale;
-    unsigned char* codes = args.codes + row * args.k;
-    for (long long col = threadIdx.x; col < args.k; col += kThreads) {
-      codes[col] = static_cast<unsigned char>(
-          encode_quotient<kCodeFormat>(load_half<kInput>(input, col), scale));
-    }
-    __syncthreads();  // row_scale and warp_absmax are reused by the next row
+  }
+}
+
+// Quantized activations given in the canonical packed form -> the 16-bit operand and row
+// factors (operand mode above), one thread per element, grid-stride.
+template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kOperand,
+          int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActivationArgs args) {
+  constexpr FormatCode code_format = FormatCode::unpack(kCode);
+  static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
+  static_assert(kDynamicSmemBytes == 0, "expand_activation uses no shared memory");
+  const long long total = args.m * args.k;
+  const long long row_bytes = (args.k * code_format.bits + 7) / 8;
+  const long long cells =
+      kScaling == kScaleStatic || kScaling == kScaleToken ? 1 : args.k / args.group;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
+       index += stride) {
+    const long long row = index / args.k, col = index - row * args.k;
+    unsigned code = args.codes[row * row_bytes + col * code_format.bits / 8];
+    if constexpr (code_format.bits == 4) code = (code >> (col % 2 * 4)) & 15u;
+    long long cell = 0;
+    if constexpr (kScaling == kScaleToken) cell = row;
+    if constexpr (kScaling == kScaleGroup || kScaling == kScaleMx || kScaling == kScaleNv)
+      cell = row * cells + col / args.group;
+    const float scale = load_scale<kScaleFormat>(args.scales, cell);
+    args.operand[row * args.ldo + col] = operand_bits<kCode, kScaling, kOperand>(code, scale);
+    if (col == 0) args.row_factors[row] = row_factor<kScaling>(scale, args.tensor_scale);
+  }
+}
+
+// absmax over a [m, k] bf16/fp16 tensor into *absmax (zeroed by the caller): a block reduction,
+// then one atomicMax on the bits (non-negative floats order as their bit patterns).
+template <int kInput, int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) tensor_absmax_kernel(TensorAbsmaxArgs args) {
+  static_assert(kDynamicSmemBytes == 0, "tensor_absmax uses static shared memory only");
+  __shared__ float warp_absmax[kThreads / 32];
+  float absmax = 0.0f;
+  const long long total = args.m * args.k;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
+       index += stride) {
+    const long long row = index / args.k, col = index - row * args.k;
+    absmax = fmaxf(absmax, fabsf(load_half<kInput>(args.input, row * args.lda + col)));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1)
+    absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+  if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int warp = 1; warp < kThreads / 32; ++warp) absmax = fmaxf(absmax, warp_absmax[warp]);
+    atomicMax(reinterpret_cast<unsigned*>(args.absmax), __float_as_uint(absmax));
   }
 }
 

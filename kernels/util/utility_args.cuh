@@ -23,11 +23,51 @@ struct DequantizeWeightArgs {
   float global_scale;
 };
 
+// Activation scaling (the `scaling` parameter of quantize_activation / expand_activation): the
+// order of qgemm::ActivationScaling without None.
+enum ActivationScalingCode {
+  kScaleStatic = 0,
+  kScaleToken = 1,
+  kScaleGroup = 2,
+  kScaleMx = 3,
+  kScaleNv = 4
+};
+// What quantize_activation writes (see util/quantize_activation.cuh).
+enum ActivationEmitCode { kEmitCodes = 0, kEmitOperand = 1 };
+
 struct QuantizeActivationArgs {
-  const unsigned short* input;  // [m][k] bf16 or fp16 bits
-  unsigned char* codes;         // [m][k] 8-bit codes (canonical packing of an 8-bit format)
-  float* scales;                // [m] fp32: row = scale · decode(code)
+  const unsigned short* input;  // [m][lda] bf16 or fp16 bits
+  long long lda;
+  unsigned char* codes;     // codes: [m][ceil(k · bits / 8)] canonical packed codes
+  unsigned char* scales;    // codes: the scale grid's codes, row-major
+  float* tensor_scale;      // codes, NV: the fp32 tensor scale
+  unsigned short* operand;  // operand: [m][ldo] 16-bit values
+  long long ldo;
+  float* row_factors;          // operand: [m]
+  const float* tensor_absmax;  // NV, and static without a given scale: absmax of the tensor
+  double static_scale;         // static: the given scale (an fp32 value), or 0
+  double element_max;          // the code format's largest finite value
+  double nv_denominator;       // NV: element_max · the scale format's largest value
   long long m, k;
+  long long group;  // group / MX / NV: values per scale along K
+};
+
+// Canonical packed quantized activations -> the operand and row factors (operand mode above).
+struct ExpandActivationArgs {
+  const unsigned char* codes;
+  const unsigned char* scales;
+  float tensor_scale;  // NV's
+  unsigned short* operand;
+  long long ldo;
+  float* row_factors;
+  long long m, k;
+  long long group;
+};
+
+struct TensorAbsmaxArgs {
+  const unsigned short* input;  // [m][lda] bf16 or fp16 bits
+  long long lda, m, k;
+  float* absmax;  // one float, 0 before the launch
 };
 
 struct RepackWeightArgs {

@@ -33,6 +33,11 @@ namespace detail {
 // serves.
 struct PreparedWeight {
   WeightQuant quant;
+  // How gemm() quantizes bf16/fp16 activations for this weight, and the 16-bit operand type
+  // quantized activations are served through (jit::activation_operand_format).
+  ActivationQuant activation;
+  double static_activation_scale = 0.0;
+  Format operand = formats::bf16;
   layout::MmaWeight host;  // metadata only (sizes; for `canonical`, n, k and the padding)
   std::optional<PackedWeight> canonical;  // shapes and scales' metadata only: vectors empty
   runtime::DeviceBuffer words, scales, zeros;
@@ -43,6 +48,7 @@ struct PreparedWeight {
 std::int64_t QuantWeight::n() const { return impl_->host.n; }
 std::int64_t QuantWeight::k() const { return impl_->host.k; }
 const WeightQuant& QuantWeight::quant() const { return impl_->quant; }
+const ActivationQuant& QuantWeight::activation() const { return impl_->activation; }
 std::size_t QuantWeight::device_bytes() const { return impl_->bytes(); }
 
 struct Engine::Impl {
@@ -53,9 +59,12 @@ struct Engine::Impl {
 
   // Scratch per stream. Split-K: fp32 sums and per-tile counters that the kernels leave zero.
   // Dequant + cuBLAS: the 16-bit weight chunk and, where C needs finishing, its fp32 sums.
+  // Quantized activations: the 16-bit operand [M][round_up(K, 8)], its row factors, and the
+  // tensor absmax of the scalings that need one.
   struct Workspace {
     runtime::DeviceBuffer sums, counters;
     runtime::DeviceBuffer weight_chunk, chunk_sums;
+    runtime::DeviceBuffer operand, row_factors, absmax;
   };
   std::mutex mutex;
   std::map<void*, Workspace> workspaces;
@@ -110,9 +119,28 @@ struct Engine::Impl {
     return *cublas_handle;
   }
 
+  // The GEMM proper on a 16-bit A (the caller's, or the operand of quantized activations with
+  // their row factors). Called with `mutex` held and the context current.
+  void run(const DeviceMatrix& a, const detail::PreparedWeight& weight, const DeviceMatrix& c,
+           void* stream, const GemmOptions& options, const float* row_factors);
   void dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
                       const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                      const Launch& launch);
+                      const Launch& launch, const float* row_factors);
+  static const detail::PreparedWeight& prepared(const QuantWeight& weight) {
+    if (!weight)
+      throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
+    return *weight.impl_;
+  }
+  // The operand matrix (and row factors) of M quantized rows of K in `stream`'s workspace.
+  DeviceMatrix operand_for(void* stream, std::int64_t m, std::int64_t k, const Format& type,
+                           float** row_factors) {
+    Workspace& ws = workspaces[stream];
+    const std::int64_t ldo = (k + 7) / 8 * 8;  // 16-byte aligned rows for the kernels
+    grow(ws.operand, static_cast<std::size_t>(m * ldo) * 2);
+    grow(ws.row_factors, static_cast<std::size_t>(m) * sizeof(float));
+    *row_factors = ws.row_factors.as<float>();
+    return {ws.operand.as<void>(), m, k, ldo, type};
+  }
 
   runtime::LoadedKernel kernel(const jit::KernelSpec& spec) {
     const std::string text = jit::to_string(spec);
@@ -142,11 +170,27 @@ Engine::~Engine() = default;
 int Engine::device() const { return impl_->device; }
 int Engine::sm_count() const { return impl_->info.sm_count; }
 
-QuantWeight Engine::prepare_weight(const PackedWeight& weight) {
+QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQuant& activation,
+                                   double static_activation_scale) {
   impl_->make_current();
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->quant = weight.quant;
   check_packed_weight(weight, "prepare_weight");
+  if (activation.is_quantized()) {
+    Scheme scheme;
+    scheme.weight = weight.quant;
+    scheme.activation = activation;
+    validate(scheme);  // names the activation field and rule
+    validate_shape(scheme, 1, weight.n, weight.k);
+    require(std::isfinite(static_activation_scale),
+            fmt::format("prepare_weight: static_activation_scale = {} (rule: finite; > 0 a "
+                        "calibrated scale, <= 0 each call's tensor absmax)",
+                        static_activation_scale));
+    prepared->activation = activation;
+    prepared->static_activation_scale =
+        activation.scaling == ActivationScaling::StaticTensor ? static_activation_scale : 0.0;
+    prepared->operand = jit::activation_operand_format(activation);
+  }
   if (auto reason = layout::mma_unsupported_reason(weight.quant)) {
     log(LogLevel::Info, "prepare_weight: {}: kept canonical, served by dequantize + cuBLAS",
         *reason);
@@ -200,14 +244,15 @@ void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, st
 // and converts (cuBLAS writes only fp32 or the input type, and has no bias here).
 void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
                                   const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                                  const Launch& launch) {
+                                  const Launch& launch, const float* row_factors) {
   const layout::MmaWeight& w = weight.host;
   const std::int64_t m = a.rows;
   std::int64_t chunk = launch.plan.chunk_n;
   // A canonical weight's chunks start on scale rows (a block grid has rows_per > 1).
   const ScaleGrid grid = weight.canonical ? weight.canonical->scale_grid() : ScaleGrid{};
   chunk = (chunk + grid.rows_per - 1) / grid.rows_per * grid.rows_per;
-  const bool direct = !options.bias && (c.dtype == a.dtype || c.dtype == formats::fp32);
+  const bool direct =
+      !options.bias && !row_factors && (c.dtype == a.dtype || c.dtype == formats::fp32);
   Workspace& ws = workspaces[stream];
   grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
   if (!direct) grow(ws.chunk_sums, static_cast<std::size_t>(m * chunk) * sizeof(float));
@@ -270,6 +315,7 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
                  ws.chunk_sums.as<void>(), rows, formats::fp32);
     kernels::FinishGemmArgs f{};
     f.sums = ws.chunk_sums.as<const float>();
+    f.row_factors = row_factors;
     f.bias = options.bias;
     f.c = c_chunk;
     f.m = m;
@@ -280,18 +326,44 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
   }
 }
 
+namespace {
+
+// The 16-bit type the GEMM kernels see for A of type `activation` against `weight`.
+const Format& gemm_operand(const detail::PreparedWeight& weight, const Format& activation) {
+  return weight.activation.is_quantized() ? weight.operand : activation;
+}
+
+jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format& input,
+                              jit::Arch arch) {
+  return jit::quantize_activation_spec(weight.activation, input, jit::ActivationEmit::Operand,
+                                       weight.operand, arch);
+}
+
+}  // namespace
+
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
-  const Impl::Launch launch = impl_->choose(m, *weight.impl_, activation, output, options);
+  const detail::PreparedWeight& w = *weight.impl_;
+  const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
+  std::string text = w.activation.is_quantized()
+                         ? jit::to_string(quantize_spec(w, activation, impl_->arch)) + " + "
+                         : std::string();
+  text += jit::to_string(launch.spec);
   if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas)
-    return jit::to_string(launch.spec) + fmt::format(" + cuBLAS chunk_n={}", launch.plan.chunk_n);
-  return jit::to_string(launch.spec) + fmt::format(" splits={}", launch.plan.splits);
+    return text + fmt::format(" + cuBLAS chunk_n={}", launch.plan.chunk_n);
+  return text + fmt::format(" splits={}", launch.plan.splits);
 }
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
-  const Impl::Launch launch = impl_->choose(m, *weight.impl_, activation, output, options);
+  const detail::PreparedWeight& w = *weight.impl_;
+  const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
   jit::KernelCache::global().get(launch.spec);
+  if (w.activation.is_quantized()) {
+    jit::KernelCache::global().get(quantize_spec(w, activation, impl_->arch));
+    if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale))
+      jit::KernelCache::global().get(jit::tensor_absmax_spec(activation, impl_->arch));
+  }
   if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
     jit::KernelCache::global().get(dispatch::finish_gemm_spec(output, impl_->arch));
     std::lock_guard lock(impl_->mutex);
@@ -300,55 +372,144 @@ void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& ac
   }
 }
 
-void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
-                  void* stream, const GemmOptions& options) {
-  if (!weight)
-    throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
-  const layout::MmaWeight& w = weight.impl_->host;
-  const std::int64_t m = a.rows;
+namespace {
+
+void check_output(const DeviceMatrix& c, std::int64_t m, std::int64_t n) {
+  check_matrix(c, "C", m, n);
+  if (!(c.dtype == formats::bf16 || c.dtype == formats::fp16 || c.dtype == formats::fp32))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: output type {} is not fp16, bf16 or fp32", c.dtype.name()));
+  if (c.dtype.storage_bytes() == 2 && reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0)
+    throw Error(ErrorCode::InvalidArgument, "gemm: C must be 4-byte aligned");
+}
+
+void check_rows(std::int64_t m) {
   if (m < 1)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: A has {} rows; M must be at least 1", m));
   constexpr std::int64_t kIndexLimit = 0x7fffffff;  // the kernels index rows and columns in int
   if (m > kIndexLimit)
     throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: M = {} exceeds 2^31 - 1", m));
-  check_matrix(a, "A", m, w.k);
-  check_matrix(c, "C", m, w.n);
-  if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("gemm: activation type {} is not bf16 or fp16 (quantized activations "
-                            "are not served on the GPU yet)",
-                            a.dtype.name()));
-  if (!(c.dtype == formats::bf16 || c.dtype == formats::fp16 || c.dtype == formats::fp32))
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: output type {} is not fp16, bf16 or fp32", c.dtype.name()));
-  if (a.stride % 8 != 0 || reinterpret_cast<std::uintptr_t>(a.data) % 16 != 0)
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("gemm: A needs 16-byte aligned rows (stride {} must be a multiple of 8 "
-                            "and the pointer 16-byte aligned)",
-                            a.stride));
-  if (c.dtype.storage_bytes() == 2 && reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0)
-    throw Error(ErrorCode::InvalidArgument, "gemm: C must be 4-byte aligned");
+}
 
+}  // namespace
+
+void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
+                  void* stream, const GemmOptions& options) {
+  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const std::int64_t m = a.rows;
+  check_rows(m);
+  check_matrix(a, "A", m, w.host.k);
+  check_output(c, m, w.host.n);
+  if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: activation type {} is not bf16 or fp16 (quantized activations "
+                            "come as a DeviceActivation)",
+                            a.dtype.name()));
   std::lock_guard lock(impl_->mutex);
   impl_->make_current();
-  const Impl::Launch launch = impl_->choose(m, *weight.impl_, a.dtype, c.dtype, options);
+  if (!w.activation.is_quantized()) {
+    if (a.stride % 8 != 0 || reinterpret_cast<std::uintptr_t>(a.data) % 16 != 0)
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("gemm: A needs 16-byte aligned rows (stride {} must be a multiple of "
+                              "8 and the pointer 16-byte aligned)",
+                              a.stride));
+    impl_->run(a, w, c, stream, options, nullptr);
+    return;
+  }
+  // Quantize A as the weight's activation scheme says, into the 16-bit operand.
+  float* row_factors = nullptr;
+  const DeviceMatrix operand = impl_->operand_for(stream, m, w.host.k, w.operand, &row_factors);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
+      w.activation, m, w.host.k, reinterpret_cast<CUdeviceptr>(a.data), a.stride,
+      w.static_activation_scale);
+  args.operand = static_cast<unsigned short*>(operand.data);
+  args.ldo = operand.stride;
+  args.row_factors = row_factors;
+  if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale)) {
+    Impl::grow(impl_->workspaces[stream].absmax, sizeof(float));
+    const runtime::DeviceBuffer& absmax = impl_->workspaces[stream].absmax;
+    runtime::launch_tensor_absmax(impl_->kernel(jit::tensor_absmax_spec(a.dtype, impl_->arch)),
+                                  reinterpret_cast<CUdeviceptr>(a.data), m, w.host.k, a.stride,
+                                  absmax.address(), cu_stream);
+    args.tensor_absmax = absmax.as<const float>();
+  }
+  runtime::launch_quantize_activation(impl_->kernel(quantize_spec(w, a.dtype, impl_->arch)), args,
+                                      cu_stream);
+  impl_->run(operand, w, c, stream, options, row_factors);
+}
+
+void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
+                  void* stream, const GemmOptions& options) {
+  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const std::int64_t m = a.rows;
+  check_rows(m);
+  if (!a.quant.is_quantized())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: the DeviceActivation's format {} is not quantized (rule: pass "
+                            "bf16/fp16 activations as a DeviceMatrix)",
+                            a.quant.format.name()));
+  Scheme scheme;
+  scheme.weight = w.quant;
+  scheme.activation = a.quant;
+  validate(scheme);
+  if (a.cols != w.host.k)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.host.k));
+  validate_shape(scheme, m, w.host.n, a.cols);
+  if (!a.codes || !a.scales)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A's {} is null", a.codes ? "scales" : "codes"));
+  if (!(std::isfinite(a.tensor_scale) && a.tensor_scale > 0))
+    throw Error(
+        ErrorCode::InvalidArgument,
+        fmt::format("gemm: A's tensor_scale = {} (rule: positive and finite)", a.tensor_scale));
+  check_output(c, m, w.host.n);
+  std::lock_guard lock(impl_->mutex);
+  impl_->make_current();
+  const Format type = jit::activation_operand_format(a.quant);
+  float* row_factors = nullptr;
+  const DeviceMatrix operand = impl_->operand_for(stream, m, a.cols, type, &row_factors);
+  kernels::ExpandActivationArgs args{};
+  args.codes = static_cast<const unsigned char*>(a.codes);
+  args.scales = static_cast<const unsigned char*>(a.scales);
+  args.tensor_scale = static_cast<float>(a.tensor_scale);
+  args.operand = static_cast<unsigned short*>(operand.data);
+  args.ldo = operand.stride;
+  args.row_factors = row_factors;
+  args.m = m;
+  args.k = a.cols;
+  args.group = a.quant.group > 0 ? a.quant.group : a.cols;
+  runtime::launch_expand_activation(
+      impl_->kernel(jit::expand_activation_spec(a.quant, type, impl_->arch)), args,
+      static_cast<CUstream>(stream));
+  impl_->run(operand, w, c, stream, options, row_factors);
+}
+
+void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weight,
+                       const DeviceMatrix& c, void* stream, const GemmOptions& options,
+                       const float* row_factors) {
+  const layout::MmaWeight& w = weight.host;
+  const std::int64_t m = a.rows;
+  const Launch launch = choose(m, weight, a.dtype, c.dtype, options);
   const auto& plan = launch.plan;
   const jit::KernelSpec& spec = launch.spec;
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
   if (plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
-    impl_->dequant_cublas(a, *weight.impl_, c, stream, options, launch);
+    dequant_cublas(a, weight, c, stream, options, launch, row_factors);
     return;
   }
-  const runtime::LoadedKernel kernel = impl_->kernel(spec);
+  const runtime::LoadedKernel loaded = kernel(spec);
 
   kernels::DenseGemmParams params{};
   params.a = a.data;
-  params.b = weight.impl_->words.as<const unsigned>();
-  params.scales = weight.impl_->scales.as<const float>();
-  params.zeros = weight.impl_->zeros.bytes() ? weight.impl_->zeros.as<const float>() : nullptr;
+  params.b = weight.words.as<const unsigned>();
+  params.scales = weight.scales.as<const float>();
+  params.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
   params.c = c.data;
   params.bias = options.bias;
+  params.row_factors = row_factors;
   params.lda = a.stride;
   params.ldc = c.stride;
   params.m = static_cast<int>(m);
@@ -362,13 +523,12 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   params.blocks_per_warp = plan.blocks_per_warp;
   params.global_scale = static_cast<float>(w.global_scale);
   if (plan.splits > 1) {
-    auto& ws =
-        impl_->workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
+    auto& ws = workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
                          static_cast<std::size_t>(plan.grid_x) * plan.grid_y * sizeof(unsigned));
     params.workspace = ws.sums.as<float>();
     params.counters = ws.counters.as<unsigned>();
   }
-  runtime::launch_kernel(kernel, {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)},
+  runtime::launch_kernel(loaded, {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)},
                          params, static_cast<CUstream>(stream));
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "jit/catalog.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/reference.hpp"
@@ -25,16 +26,6 @@ class CpuReferenceBackend final : public GemmBackend {
   }
 };
 
-// Why the GPU path cannot run `scheme` (empty when it can).
-std::string gpu_unsupported_reason(const Scheme& scheme) {
-  if (scheme.activation.is_quantized())
-    return fmt::format(
-        "activations of {} are quantized ({}); the GPU path serves bf16/fp16 "
-        "activations only so far",
-        to_string(scheme), scheme.activation.format.name());
-  return {};
-}
-
 // qgemm::Engine on device 0: upload A, run, download C.
 class GpuEngineBackend final : public GemmBackend {
  public:
@@ -48,16 +39,24 @@ class GpuEngineBackend final : public GemmBackend {
   BackendPrecision precision() const override { return {operand_format_, formats::fp32}; }
   std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
                            const PackedWeight& w) override {
-    if (const std::string why = gpu_unsupported_reason(scheme); !why.empty())
-      throw Error(ErrorCode::Unsupported, "gpu backend: " + why);
-    operand_format_ = a.quant.format;
     const QuantWeight weight = engine_.prepare_weight(w);
-    runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a.codes);
+    runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a.codes), scales;
     const Format out = scheme.output;
     runtime::DeviceBuffer c_device(static_cast<std::size_t>(a.m * w.n) * out.storage_bytes());
     c_device.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails the check
-    engine_.gemm({a_device.as<void>(), a.m, a.k, a.k, a.quant.format}, weight,
-                 {c_device.as<void>(), a.m, w.n, w.n, out}, nullptr);
+    const DeviceMatrix c_matrix{c_device.as<void>(), a.m, w.n, w.n, out};
+    if (a.quant.is_quantized()) {
+      // The quantized codes and scales as they are: the GEMM sees exactly what the reference
+      // dequantizes, through the 16-bit operand of jit::activation_operand_format.
+      operand_format_ = jit::activation_operand_format(a.quant);
+      scales = runtime::DeviceBuffer::from(a.scales);
+      engine_.gemm(DeviceActivation{a.quant, a_device.as<void>(), scales.as<void>(), a.m, a.k,
+                                    a.tensor_scale},
+                   weight, c_matrix, nullptr);
+    } else {
+      operand_format_ = a.quant.format;
+      engine_.gemm({a_device.as<void>(), a.m, a.k, a.k, a.quant.format}, weight, c_matrix, nullptr);
+    }
     std::vector<double> c(static_cast<std::size_t>(a.m * w.n));
     if (out == formats::fp32) {
       const auto host = c_device.to_vector<float>(c.size());
@@ -95,23 +94,13 @@ BackendChoice parse_backend_choice(std::string_view text) {
               fmt::format("backend '{}' is not a backend (rule: auto, cpu or gpu)", text));
 }
 
-BackendSelection select_backend(BackendChoice choice, const Scheme& scheme) {
+BackendSelection select_backend(BackendChoice choice) {
   if (choice == BackendChoice::Cpu) return {make_cpu_backend(), "asked for"};
   const GpuProbe gpu = probe_gpu();
-  const std::string unsupported = gpu.usable ? gpu_unsupported_reason(scheme) : std::string();
-  if (choice == BackendChoice::Gpu) {
-    if (!gpu.usable)
-      throw Error(ErrorCode::NoDevice,
-                  fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
-    if (!unsupported.empty())
-      throw Error(ErrorCode::Unsupported, fmt::format("gpu backend: {}", unsupported));
-    return {std::make_unique<GpuEngineBackend>(), gpu.detail};
-  }
+  if (choice == BackendChoice::Gpu && !gpu.usable)
+    throw Error(ErrorCode::NoDevice,
+                fmt::format("gpu backend: no usable GPU/driver ({})", gpu.detail));
   if (!gpu.usable) return {make_cpu_backend(), fmt::format("no GPU: {}", gpu.detail)};
-  if (!unsupported.empty()) {
-    log(LogLevel::Info, "check: falling back to the CPU backend: {}", unsupported);
-    return {make_cpu_backend(), fmt::format("{} found, but {}", gpu.detail, unsupported)};
-  }
   return {std::make_unique<GpuEngineBackend>(), gpu.detail};
 }
 

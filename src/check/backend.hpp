@@ -58,9 +58,8 @@ struct BackendSelection {
   std::unique_ptr<GemmBackend> backend;
   std::string reason;  // why this backend, e.g. "no GPU: libcuda.so.1: cannot open ..."
 };
-// Auto never fails. Gpu fails with ErrorCode::NoDevice ("gpu backend: no usable GPU/driver
-// (...)") when probe_gpu() finds none, and with ErrorCode::Unsupported when there is a GPU but
-// the GPU path does not serve `scheme`.
-BackendSelection select_backend(BackendChoice choice, const Scheme& scheme);
+// Auto never fails (the GPU when there is one: it serves every valid scheme). Gpu fails with
+// ErrorCode::NoDevice ("gpu backend: no usable GPU/driver (...)") when probe_gpu() finds none.
+BackendSelection select_backend(BackendChoice choice);
 
 }  // namespace qgemm::check

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "qgemm/error.hpp"
 
 namespace qgemm::jit {
@@ -26,6 +29,22 @@ std::string zero_point_choice(ZeroPoint zero) {
   return "none";
 }
 
+// The `scaling` choice of the activation kernels (kernels::ActivationScalingCode).
+std::string scaling_choice(const ActivationQuant& quant) {
+  switch (quant.scaling) {
+    case ActivationScaling::StaticTensor: return "static";
+    case ActivationScaling::DynamicToken: return "token";
+    case ActivationScaling::DynamicGroup: return "group";
+    case ActivationScaling::MX: return "mx";
+    case ActivationScaling::NV: return "nv";
+    case ActivationScaling::None: break;
+  }
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("activation quantization: {} activations are not quantized (rule: the "
+                          "activation kernels take quantized activations)",
+                          quant.format.name()));
+}
+
 }  // namespace
 
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch) {
@@ -41,13 +60,66 @@ KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& outpu
   return spec;
 }
 
-KernelSpec quantize_activation_spec(const Format& code, const Format& input, Arch arch) {
+KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
+                                    ActivationEmit emit, const Format& operand, Arch arch) {
   KernelSpec spec;
   spec.family = "quantize_activation";
   spec.arch = arch;
   spec.launch = {kUtilityThreads, 0};
-  spec.params = {SpecParam::number_format("code", code),
-                 SpecParam::chosen("in", half_type_choice(input, "activation input"))};
+  spec.params = {SpecParam::number_format("code", quant.format),
+                 SpecParam::chosen("scaling", scaling_choice(quant)),
+                 SpecParam::number_format("scale", quant.scale_format),
+                 SpecParam::chosen("in", half_type_choice(input, "activation input")),
+                 SpecParam::chosen("emit", emit == ActivationEmit::Codes ? "codes" : "operand"),
+                 SpecParam::chosen("operand", emit == ActivationEmit::Codes
+                                                  ? "bf16"
+                                                  : half_type_choice(operand, "operand"))};
+  validate(spec);
+  return spec;
+}
+
+Format activation_operand_format(const ActivationQuant& quant) {
+  const bool cell_scale_in_value = quant.scaling == ActivationScaling::NV;
+  if (quant.scaling != ActivationScaling::StaticTensor &&
+      quant.scaling != ActivationScaling::DynamicToken && !cell_scale_in_value)
+    return formats::bf16;
+  auto exact_in_fp16 = [](double value) { return round_to(formats::fp16, value) == value; };
+  for (std::uint32_t code = 0; code < quant.format.code_count(); ++code) {
+    if (!is_valid_code(quant.format, code)) continue;
+    const double value = decode(quant.format, code);
+    if (!std::isfinite(value)) continue;  // NaN codes never come out of the quantizer
+    if (!cell_scale_in_value) {
+      if (!exact_in_fp16(value)) return formats::bf16;
+      continue;
+    }
+    for (std::uint32_t scale = 0; scale < quant.scale_format.code_count(); ++scale) {
+      if (!is_valid_code(quant.scale_format, scale)) continue;
+      const double product = value * decode(quant.scale_format, scale);
+      if (std::isfinite(product) && !exact_in_fp16(product)) return formats::bf16;
+    }
+  }
+  return formats::fp16;
+}
+
+KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch) {
+  KernelSpec spec;
+  spec.family = "expand_activation";
+  spec.arch = arch;
+  spec.launch = {kUtilityThreads, 0};
+  spec.params = {SpecParam::number_format("code", quant.format),
+                 SpecParam::chosen("scaling", scaling_choice(quant)),
+                 SpecParam::number_format("scale", quant.scale_format),
+                 SpecParam::chosen("operand", half_type_choice(operand, "operand"))};
+  validate(spec);
+  return spec;
+}
+
+KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
+  KernelSpec spec;
+  spec.family = "tensor_absmax";
+  spec.arch = arch;
+  spec.launch = {kUtilityThreads, 0};
+  spec.params = {SpecParam::chosen("in", half_type_choice(input, "absmax input"))};
   validate(spec);
   return spec;
 }
@@ -89,9 +161,21 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
       specs.push_back(dequantize_weight_spec(quant, out, arch));
     }
   }
-  for (const Format& code : {formats::e4m3, formats::int8}) {
-    specs.push_back(quantize_activation_spec(code, formats::bf16, arch));
+  // The activation quantizations of the presets, into the GEMM operand (and e4m3 per token
+  // also into codes).
+  for (const auto& preset : presets()) {
+    const ActivationQuant& quant = preset.scheme.activation;
+    if (!quant.is_quantized()) continue;
+    const KernelSpec spec = quantize_activation_spec(quant, formats::bf16, ActivationEmit::Operand,
+                                                     activation_operand_format(quant), arch);
+    if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
   }
+  ActivationQuant per_token;
+  per_token.format = formats::e4m3;
+  per_token.scaling = ActivationScaling::DynamicToken;
+  specs.push_back(quantize_activation_spec(per_token, formats::bf16, ActivationEmit::Codes,
+                                           formats::bf16, arch));
+  specs.push_back(tensor_absmax_spec(formats::bf16, arch));
   for (int bits : {2, 3, 4, 8}) specs.push_back(repack_weight_spec(bits, arch));
   return specs;
 }

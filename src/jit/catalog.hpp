@@ -13,8 +13,21 @@ namespace qgemm::jit {
 
 // Weight codes + scale grid (+ zero points) -> `output` (bf16 or fp16) [n, k].
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch);
-// bf16/fp16 [m, k] -> 8-bit codes of `code` with one fp32 scale per row.
-KernelSpec quantize_activation_spec(const Format& code, const Format& input, Arch arch);
+// What quantize_activation writes: the canonical codes and scales, or the 16-bit operand and
+// row factors of the GEMM path (kernels/util/quantize_activation.cuh).
+enum class ActivationEmit { Codes, Operand };
+// bf16/fp16 `input` [m, k] -> the quantization `quant` describes (quantized only); `operand`
+// (bf16/fp16) is the operand type for ActivationEmit::Operand and ignored for Codes.
+KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
+                                    ActivationEmit emit, const Format& operand, Arch arch);
+// The 16-bit type of that operand for `quant`: fp16 where it holds every operand value exactly
+// (codes times an NV cell scale; static and token scalings leave the code's value alone), else
+// bf16 (group scalings, whose products are rounded, and MX's powers of two beyond fp16's range).
+Format activation_operand_format(const ActivationQuant& quant);
+// Canonical packed activations of `quant` -> the operand (`operand` type) and row factors.
+KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch);
+// absmax of a bf16/fp16 tensor (NV's tensor scale, static scales taken from the tensor).
+KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
 

@@ -131,11 +131,34 @@ const std::vector<KernelFamily>& kernel_families() {
         // Order = kernels::HalfTypeCode.
         {"out", ParamKind::Choice, {"bf16", "fp16"}}},
        false},
+      // kernels/util/quantize_activation.cuh: the three kernels of quantized activations.
       {"quantize_activation",
        "util/quantize_activation.cuh",
        "qgemm::kernels::quantize_activation_kernel",
        "qgemm::kernels::QuantizeActivationArgs",
-       {{"code", ParamKind::Format, {}}, {"in", ParamKind::Choice, {"bf16", "fp16"}}},
+       {{"code", ParamKind::Format, {}},
+        // Order = kernels::ActivationScalingCode.
+        {"scaling", ParamKind::Choice, {"static", "token", "group", "mx", "nv"}},
+        {"scale", ParamKind::Format, {}},
+        {"in", ParamKind::Choice, {"bf16", "fp16"}},
+        // Order = kernels::ActivationEmitCode.
+        {"emit", ParamKind::Choice, {"codes", "operand"}},
+        {"operand", ParamKind::Choice, {"bf16", "fp16"}}},
+       false},
+      {"expand_activation",
+       "util/quantize_activation.cuh",
+       "qgemm::kernels::expand_activation_kernel",
+       "qgemm::kernels::ExpandActivationArgs",
+       {{"code", ParamKind::Format, {}},
+        {"scaling", ParamKind::Choice, {"static", "token", "group", "mx", "nv"}},
+        {"scale", ParamKind::Format, {}},
+        {"operand", ParamKind::Choice, {"bf16", "fp16"}}},
+       false},
+      {"tensor_absmax",
+       "util/quantize_activation.cuh",
+       "qgemm::kernels::tensor_absmax_kernel",
+       "qgemm::kernels::TensorAbsmaxArgs",
+       {{"in", ParamKind::Choice, {"bf16", "fp16"}}},
        false},
       // kernels/gemm/sm80_dense.cuh; configs in src/dispatch/dense_config.cpp.
       {"dense_gemm_sm80",
@@ -312,11 +335,16 @@ void validate(const KernelSpec& spec) {
     }
     if (schema.kind == ParamKind::Format) packed_format_code(param.format);  // range check
   }
-  if (spec.family == "quantize_activation") {
-    require(spec.param("code").format.bits == 8,
-            fmt::format("kernel spec quantize_activation: code = {} has {} bits (rule: per-token "
-                        "activation codes are 8-bit)",
-                        spec.param("code").format.name(), spec.param("code").format.bits));
+  if (spec.family == "quantize_activation" || spec.family == "expand_activation") {
+    const Format& code = spec.param("code").format;
+    require(code.bits == 8 || code.bits == 4,
+            fmt::format("kernel spec {}: code = {} has {} bits (rule: activation codes of 4 or 8 "
+                        "bits)",
+                        spec.family, code.name(), code.bits));
+    const Format& scale = spec.param("scale").format;
+    require(scale.is_float() && (scale.bits == 32 || scale.bits <= 8),
+            fmt::format("kernel spec {}: scale = {} (rule: fp32 or a float format of <= 8 bits)",
+                        spec.family, scale.name()));
   }
   if (spec.family == "dequantize_weight") {
     const Format& weight = spec.param("weight").format;

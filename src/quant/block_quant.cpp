@@ -53,18 +53,6 @@ double element_high(const Format& element) { return element.max_finite(); }
 // Distinct integer steps of an integer element: 2^b − 1 for uint b, 2 for ternary.
 double integer_levels(const Format& element) { return element.max_int - element.min_int; }
 
-// Rounds a raw scale into the scale format so that dequantization never meets 0, NaN or Inf:
-// an all-zero cell (raw 0) gets 1 (its codes are then 0), an underflow the smallest positive
-// scale, an overflow the largest finite one (the elements then saturate).
-double finalize_scale(const Format& scale_format, double raw) {
-  if (!(raw > 0)) return round_to(scale_format, 1.0);
-  if (std::isinf(raw)) return scale_format.max_finite();
-  double scale = round_to(scale_format, raw);
-  if (!(scale > 0)) return scale_format.min_positive();
-  if (std::isinf(scale)) return scale_format.max_finite();
-  return scale;
-}
-
 // What a cell's absolute maximum is divided by to give its raw (unrounded) absmax scale:
 // the element's largest value for symmetric rules; for zero-point rules half the integer
 // levels, since [-amax, amax] then spans all of them. With a midpoint zero this is GPTQ's
@@ -159,6 +147,15 @@ void require_rule(const BlockRule& rule) {
 }
 
 }  // namespace
+
+double finalize_scale(const Format& scale_format, double raw) {
+  if (!(raw > 0)) return round_to(scale_format, 1.0);
+  if (std::isinf(raw)) return scale_format.max_finite();
+  double scale = round_to(scale_format, raw);
+  if (!(scale > 0)) return scale_format.min_positive();
+  if (std::isinf(scale)) return scale_format.max_finite();
+  return scale;
+}
 
 ElementEncoder::ElementEncoder(const Format& element)
     : element_(element),

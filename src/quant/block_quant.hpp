@@ -42,6 +42,12 @@ struct QuantizedBlocks {
   double second_level = 1.0;
 };
 
+// Rounds a raw scale into the scale format so that dequantization never meets 0, NaN or Inf:
+// an all-zero cell (raw 0) gets 1 (its codes are then 0), an underflow the smallest positive
+// scale, an overflow the largest finite one (the elements then saturate). The GPU quantizer
+// (kernels/util/number_codec.cuh) computes the same.
+double finalize_scale(const Format& scale_format, double raw);
+
 // Element codes of pass 3: saturates to the format's range, then rounds to nearest even
 // exactly as encode() does: integers directly, floats of ≤ 8 bits by a table search, wider
 // floats through the codec.

@@ -46,6 +46,7 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuMemcpyHtoD);
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoH);
   QGEMM_DRIVER_FUNCTION(cuMemsetD8);
+  QGEMM_DRIVER_FUNCTION(cuMemsetD32Async);
   QGEMM_DRIVER_FUNCTION(cuStreamCreate);
   QGEMM_DRIVER_FUNCTION(cuStreamDestroy);
   QGEMM_DRIVER_FUNCTION(cuStreamSynchronize);

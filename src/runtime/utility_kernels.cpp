@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "qgemm/error.hpp"
+#include "quant/block_quant.hpp"
+#include "runtime/driver.hpp"
 
 namespace qgemm::runtime {
 namespace {
@@ -56,18 +58,31 @@ void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::Dequant
                 stream);
 }
 
-kernels::QuantizeActivationArgs quantize_activation_args(std::int64_t m, std::int64_t k,
-                                                         CUdeviceptr input, CUdeviceptr codes,
-                                                         CUdeviceptr scales) {
+kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& quant,
+                                                         std::int64_t m, std::int64_t k,
+                                                         CUdeviceptr input, std::int64_t lda,
+                                                         double static_scale) {
   require(m > 0 && k > 0,
           fmt::format("quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k));
+  require(lda >= k, fmt::format("quantize_activation: lda = {} (rule: >= k = {})", lda, k));
+  require(quant.is_quantized(), fmt::format("quantize_activation: {} activations are not quantized",
+                                            quant.format.name()));
   kernels::QuantizeActivationArgs args{};
   args.input = device_pointer<const unsigned short>(input);
-  args.codes = device_pointer<unsigned char>(codes);
-  args.scales = device_pointer<float>(scales);
+  args.lda = lda;
   args.m = m;
   args.k = k;
+  args.group = quant.group > 0 ? quant.group : k;
+  args.element_max = quant.format.max_finite();
+  args.nv_denominator = args.element_max * quant.scale_format.max_finite();
+  if (quant.scaling == ActivationScaling::StaticTensor && static_scale > 0)
+    args.static_scale = quant_detail::finalize_scale(quant.scale_format, static_scale);
   return args;
+}
+
+bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale) {
+  return quant.scaling == ActivationScaling::NV ||
+         (quant.scaling == ActivationScaling::StaticTensor && !(static_scale > 0));
 }
 
 void launch_quantize_activation(const LoadedKernel& kernel,
@@ -75,6 +90,28 @@ void launch_quantize_activation(const LoadedKernel& kernel,
   // One block per row (grid-stride over rows beyond the cap).
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535));
   launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+}
+
+void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandActivationArgs& args,
+                              CUstream stream) {
+  launch_kernel(kernel, grid_stride(args.m * args.k, kernel.launch.threads_per_block), args,
+                stream);
+}
+
+void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::int64_t m,
+                          std::int64_t k, std::int64_t lda, CUdeviceptr absmax, CUstream stream) {
+  kernels::TensorAbsmaxArgs args{};
+  args.input = device_pointer<const unsigned short>(input);
+  args.lda = lda;
+  args.m = m;
+  args.k = k;
+  args.absmax = device_pointer<float>(absmax);
+  const Driver& driver = Driver::get();
+  driver.check(driver.cuMemsetD32Async(absmax, 0u, 1, stream), "cuMemsetD32Async");
+  // A few blocks per SM's worth: each thread reduces many elements before the one atomic.
+  const std::int64_t blocks = std::min<std::int64_t>(1024, (m * k + 4095) / 4096);
+  launch_kernel(kernel, LaunchGrid{static_cast<unsigned>(std::max<std::int64_t>(blocks, 1)), 1, 1},
+                args, stream);
 }
 
 std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits) {

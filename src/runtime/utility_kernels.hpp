@@ -19,11 +19,23 @@ kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight,
 void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::DequantizeWeightArgs& args,
                               CUstream stream);
 
-kernels::QuantizeActivationArgs quantize_activation_args(std::int64_t m, std::int64_t k,
-                                                         CUdeviceptr input, CUdeviceptr codes,
-                                                         CUdeviceptr scales);
+// Quantization of `input` [m, k] (rows `lda` elements apart) as `quant` (quantized) says;
+// the caller sets the outputs of its emit mode (codes, scales, tensor_scale or operand, ldo,
+// row_factors) and, where needs_tensor_absmax(quant, static_scale), tensor_absmax.
+// `static_scale`: StaticTensor's given scale (> 0; rounded to fp32 as the host quantizer does),
+// or <= 0 for the tensor's absmax.
+kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& quant,
+                                                         std::int64_t m, std::int64_t k,
+                                                         CUdeviceptr input, std::int64_t lda,
+                                                         double static_scale);
+bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale);
 void launch_quantize_activation(const LoadedKernel& kernel,
                                 const kernels::QuantizeActivationArgs& args, CUstream stream);
+void launch_expand_activation(const LoadedKernel& kernel,
+                              const kernels::ExpandActivationArgs& args, CUstream stream);
+// *absmax = 0, then the absmax of [m, k] (rows `lda` apart) into it.
+void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::int64_t m,
+                          std::int64_t k, std::int64_t lda, CUdeviceptr absmax, CUstream stream);
 
 // Words of the repacked layout: ceil(k / floor(32 / bits)) · n.
 std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits);

@@ -101,7 +101,9 @@ TEST(JitSpec, BadSpecsGiveClearErrors) {
        "uint44"},
       {"dequantize_weight<scale=bf16,weight=uint4,zero=mid,out=bf16>[threads=256,smem=0]@sm_80",
        "expected 'weight'"},
-      {"quantize_activation<code=e2m1,in=bf16>[threads=256,smem=0]@sm_80", "8-bit"},
+      {"quantize_activation<code=int2,scaling=token,scale=fp32,in=bf16,emit=codes,operand=bf16>"
+       "[threads=256,smem=0]@sm_80",
+       "4 or 8 bits"},
   };
   for (const Case& c : cases) {
     const std::string message = error_message([&] { parse_kernel_spec(c.text); });
@@ -128,7 +130,9 @@ TEST(JitSpec, FormatConstantRoundTripsEveryNamedFormat) {
 }
 
 TEST(JitSource, IsAShortInstantiationOfTheFamilyHeader) {
-  const KernelSpec spec = quantize_activation_spec(formats::e4m3, formats::bf16, Arch::sm_90a);
+  const KernelSpec spec = quantize_activation_spec(parse_scheme("w8a8-fp8").activation,
+                                                   formats::bf16, ActivationEmit::Codes,
+                                                   formats::bf16, Arch::sm_90a);
   const GeneratedSource source = generate_source(spec);
   EXPECT_NE(source.code.find("#include \"util/quantize_activation.cuh\""), std::string::npos);
   EXPECT_NE(

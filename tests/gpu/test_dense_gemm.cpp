@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dispatch/dense_config.hpp"
+#include "jit/catalog.hpp"
 #include "jit/kernel_spec.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/engine.hpp"
@@ -54,10 +55,13 @@ struct Case {
   std::int64_t n, k;
 };
 
-// K values of the issue (640, 10944, 2880) where the scheme's groups divide them.
+// K values of the issue (640, 10944, 2880) where the scheme's groups (weight and activation)
+// divide them.
 std::int64_t pick_k(const Scheme& s) {
   for (std::int64_t k : {2880, 10944, 640, 1024})
-    if (s.weight.granularity != WeightGranularity::Group || k % s.weight.group == 0) return k;
+    if ((s.weight.granularity != WeightGranularity::Group || k % s.weight.group == 0) &&
+        (s.activation.group == 0 || k % s.activation.group == 0))
+      return k;
   return 1024;
 }
 
@@ -324,6 +328,107 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
       options.tile_config = r.config;
       expect_matches_reference(engine, scheme, w_ref, weight, r.m, options, rng,
                                label + " config=" + r.config, r.bias);
+    }
+  }
+}
+
+// Quantized activations (the A8 and A4 presets, a static per-tensor scale given and taken from
+// the tensor, MX activations against int weights) through both entry points: bf16 A quantized
+// on the GPU (the weight prepared with the scheme's activation part), and the host quantizer's
+// codes and scales passed as a DeviceActivation. The reference multiplies the host's exact
+// dequantization of both, so the GPU's quantizer must agree with the host's code for code.
+TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  Engine engine(0);
+  struct Case {
+    std::string scheme;
+    double static_scale;
+  };
+  std::vector<Case> cases = {
+      {"w4a8-fp8", 0},
+      {"w8a8-fp8", 0},
+      {"fp8-block", 0},
+      {"w8a8-int8", 0},
+      {"mxfp4-a8", 0},
+      {"mxfp8-mxfp4", 0},
+      {"nvfp4", 0},
+      {"bitnet", 0},
+      {"w=int4:g128:s=bf16;a=e4m3:t;o=bf16", 0.02},
+      {"w=uint4:g128:s=fp16:zp=int;a=int8:t;o=fp16", 0},
+      {"w=uint8:ch:s=fp32:zp=mid;a=e4m3:mx:s=e8m0;o=fp32", 0},
+  };
+  std::vector<std::int64_t> ms = {1, 3, 16, 17, 64, 255, 1024};
+  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes (token, MX, NV), fewer M.
+  if (const char* subset = std::getenv("QGEMM_GPU_TEST_SUBSET"); subset && *subset == '1') {
+    cases = {cases[0], cases[5], cases[6]};
+    ms = {1, 17, 64};
+  }
+  const std::int64_t ns[] = {4000, 5472, 640};
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Scheme scheme = parse_scheme(cases[i].scheme);
+    const std::int64_t n = ns[i % 3], k = pick_k(scheme);
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = static_cast<float>(normal(rng) * 0.05);
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const QuantWeight weight =
+        engine.prepare_weight(packed, scheme.activation, cases[i].static_scale);
+    const std::vector<double> w_ref = dequantize_weight(packed);
+    const Format type = jit::activation_operand_format(scheme.activation), out = scheme.output;
+    for (std::int64_t m : ms) {
+      const std::string label = cases[i].scheme + " M=" + std::to_string(m) +
+                                " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                                " seed=" + std::to_string(seed);
+      SCOPED_TRACE(label);
+      std::vector<float> a(static_cast<std::size_t>(m * k));
+      std::vector<std::uint16_t> a_bits(a.size());
+      for (std::size_t j = 0; j < a.size(); ++j) {
+        a_bits[j] = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+        a[j] = static_cast<float>(decode(formats::bf16, a_bits[j]));
+      }
+      const PackedActivation quantized =
+          quantize_activation(scheme.activation, a.data(), m, k, cases[i].static_scale);
+      const std::vector<double> a_ref = dequantize_activation(quantized);
+      const std::vector<double> expected =
+          reference::matmul_nt(a_ref.data(), w_ref.data(), m, n, k);
+      runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a_bits);
+      runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(quantized.codes);
+      runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(quantized.scales);
+      runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
+      const DeviceMatrix c{c_device.as<void>(), m, n, n, out};
+      for (const bool on_gpu : {true, false}) {
+        c_device.fill_bytes(0xFF);
+        if (on_gpu)
+          engine.gemm({a_device.as<void>(), m, k, k, formats::bf16}, weight, c, nullptr);
+        else
+          engine.gemm(DeviceActivation{scheme.activation, codes.as<void>(), scales.as<void>(), m, k,
+                                       quantized.tensor_scale},
+                      weight, c, nullptr);
+        std::vector<double> got(static_cast<std::size_t>(m * n));
+        if (out == formats::fp32) {
+          auto host = c_device.to_vector<float>(got.size());
+          for (std::size_t j = 0; j < got.size(); ++j) got[j] = host[j];
+        } else {
+          auto host = c_device.to_vector<std::uint16_t>(got.size());
+          for (std::size_t j = 0; j < got.size(); ++j) got[j] = decode(out, host[j]);
+        }
+        double err = 0, ref = 0;
+        std::size_t bad = 0;
+        for (std::size_t j = 0; j < got.size(); ++j) {
+          bad += !std::isfinite(got[j]);
+          err += (got[j] - expected[j]) * (got[j] - expected[j]);
+          ref += expected[j] * expected[j];
+        }
+        const double relative = std::sqrt(err / ref);
+        EXPECT_EQ(bad, 0u) << (on_gpu ? "bf16 A" : "DeviceActivation") << ": non-finite outputs";
+        EXPECT_LE(relative, tolerance(type, out))
+            << (on_gpu ? "bf16 A: " : "DeviceActivation: ")
+            << engine.kernel_for(m, weight, formats::bf16, out);
+        std::printf("%-52s %s rel=%.3e tol=%.3e\n", label.c_str(),
+                    on_gpu ? "gpu-quant " : "host-quant", relative, tolerance(type, out));
+      }
     }
   }
 }

@@ -112,55 +112,143 @@ TEST(JitKernelsGpu, DequantizeWeightMatchesTheHostDequantizer) {
   }
 }
 
+struct ActivationCase {
+  std::string quant;  // the activation part of a scheme's text form
+  double static_scale = 0.0;
+};
+
+// bf16 values the GPU reads and the host quantizes alike: normal values with a few outliers,
+// one row all zero (scale 1, codes 0), and in row 1 a cell whose absmax is a power of two (the
+// quotients x / scale then sit near code midpoints).
+std::vector<float> activation_values(std::mt19937_64& random, std::int64_t m, std::int64_t k,
+                                     std::int64_t lda, std::vector<std::uint16_t>& bits) {
+  auto values = random_matrix(random, m, k);
+  std::bernoulli_distribution outlier(1.0 / 64);
+  for (float& v : values)
+    if (outlier(random)) v *= 40.0f;
+  for (std::int64_t c = 0; c < k; ++c) values[static_cast<std::size_t>(3 * k + c)] = 0.0f;
+  values[static_cast<std::size_t>(k)] = 8.0f;
+  bits.assign(static_cast<std::size_t>(m * lda), 0x7fc0);  // NaN in the gaps: never read
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t c = 0; c < k; ++c) {
+      float& v = values[static_cast<std::size_t>(r * k + c)];
+      const auto code = static_cast<std::uint16_t>(encode(formats::bf16, v));
+      bits[static_cast<std::size_t>(r * lda + c)] = code;
+      v = static_cast<float>(decode(formats::bf16, code));  // what the GPU sees
+    }
+  return values;
+}
+
+// operand · row factor against the host's exact dequantization: equal where the operand holds
+// the value exactly, within the operand type's rounding for per-group scales.
+void expect_operand(const PackedActivation& expected, const Format& type,
+                    const std::vector<std::uint16_t>& operand, std::int64_t ldo,
+                    const std::vector<float>& factors, const char* path) {
+  const std::vector<double> exact = dequantize_activation(expected);
+  const bool rounded = expected.quant.scaling == ActivationScaling::DynamicGroup;
+  std::size_t bad = 0;
+  for (std::int64_t r = 0; r < expected.m && bad < 10; ++r)
+    for (std::int64_t c = 0; c < expected.k && bad < 10; ++c) {
+      const double value = decode(type, operand[static_cast<std::size_t>(r * ldo + c)]) *
+                           factors[static_cast<std::size_t>(r)];
+      const double want = exact[static_cast<std::size_t>(r * expected.k + c)];
+      const double tolerance = rounded ? half_ulp(type, want) * 1.0001 : 0.0;
+      if (!(std::fabs(value - want) <= tolerance))
+        ++bad, ADD_FAILURE() << path << " [" << r << ", " << c << "]: gpu " << value << ", host "
+                             << want;
+    }
+}
+
+// quantize_activation against the host quantizer, every scaling: codes and scales bit for bit;
+// the GEMM operand (fused, and expanded from the host's codes) equal to the dequantized values.
 TEST(JitKernelsGpu, QuantizeActivationMatchesTheHostQuantizer) {
   QGEMM_REQUIRE_GPU();
   const jit::Arch arch = test::device_arch();
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 random(seed);
-  for (const Format& code : {formats::e4m3, formats::int8}) {
-    SCOPED_TRACE(code.name() + ", seed " + std::to_string(seed));
-    const std::int64_t m = 9, k = 1000;  // k not a multiple of the block size
-    auto host = random_matrix(random, m, k);
-    std::vector<std::uint16_t> bf16_bits(host.size());
-    for (std::size_t i = 0; i < host.size(); ++i) {
-      bf16_bits[i] = static_cast<std::uint16_t>(encode(formats::bf16, host[i]));
-      host[i] = static_cast<float>(decode(formats::bf16, bf16_bits[i]));  // what the GPU sees
-    }
-    ActivationQuant quant;
-    quant.format = code;
-    quant.scaling = ActivationScaling::DynamicToken;
-    quant.scale_format = formats::fp32;
-    const PackedActivation expected = quantize_activation(quant, host.data(), m, k);
+  const ActivationCase cases[] = {
+      {"a=e4m3:tok"},        {"a=int8:tok"},       {"a=e5m2:tok"},       {"a=int4:tok"},
+      {"a=e4m3:g128"},       {"a=e4m3:g48"},       {"a=int4:g32"},       {"a=e4m3:t", 0.0123},
+      {"a=int8:t"},          {"a=e4m3:mx:s=e8m0"}, {"a=e2m1:mx:s=e8m0"}, {"a=int8:mx:s=e8m0"},
+      {"a=e2m1:nv:s=ue4m3"},
+  };
+  const std::int64_t m = 9, k = 1152, lda = k + 8;  // K divides every group; strided rows
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.quant + ", seed " + std::to_string(seed));
+    const ActivationQuant quant =
+        parse_scheme("w=int8:ch:s=fp32;" + c.quant + ";o=bf16").activation;
+    std::vector<std::uint16_t> bits;
+    const auto host = activation_values(random, m, k, lda, bits);
+    const PackedActivation expected = quantize_activation(quant, host.data(), m, k, c.static_scale);
+    DeviceBuffer input = DeviceBuffer::from(bits), absmax(sizeof(float));
+    const bool tensor_absmax = runtime::needs_tensor_absmax(quant, c.static_scale);
+    if (tensor_absmax)
+      runtime::launch_tensor_absmax(load(jit::tensor_absmax_spec(formats::bf16, arch)),
+                                    input.address(), m, k, lda, absmax.address(), nullptr);
 
-    DeviceBuffer input = DeviceBuffer::from(bf16_bits);
-    DeviceBuffer codes(static_cast<std::size_t>(m * k)), scales(static_cast<std::size_t>(m) * 4);
+    // Codes and scales.
+    DeviceBuffer codes(expected.codes.size()), scales(expected.scales.size()), tensor(4);
     codes.fill_bytes(0x5a);
     scales.fill_bytes(0xff);
-    const auto kernel = load(jit::quantize_activation_spec(code, formats::bf16, arch));
+    tensor.fill_bytes(0xff);
+    auto args =
+        runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
+    args.codes = codes.as<unsigned char>();
+    args.scales = scales.as<unsigned char>();
+    args.tensor_scale = tensor.as<float>();
+    args.tensor_absmax = absmax.as<const float>();
     runtime::launch_quantize_activation(
-        kernel,
-        runtime::quantize_activation_args(m, k, input.address(), codes.address(), scales.address()),
-        nullptr);
+        load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Codes,
+                                           formats::bf16, arch)),
+        args, nullptr);
     synchronize();
-    const auto gpu_codes = codes.to_vector<std::uint8_t>(m * k);
-    const auto gpu_scales = scales.to_vector<float>(m);
-    for (std::int64_t r = 0; r < m; ++r) {
-      float expected_scale;
-      std::memcpy(&expected_scale, expected.scales.data() + r * 4, 4);
-      EXPECT_EQ(gpu_scales[r], expected_scale) << "row " << r;
-    }
-    // x / scale is rounded to fp32 before it is rounded to the code, the host rounds the exact
-    // quotient: they may differ by one step at a near-tie, never more, and rarely.
-    std::size_t off_by_one = 0;
-    for (std::size_t i = 0; i < gpu_codes.size(); ++i) {
-      if (gpu_codes[i] == expected.codes[i]) continue;
-      const double gpu_value = decode(code, gpu_codes[i]);
-      const double host_value = decode(code, expected.codes[i]);
-      EXPECT_LE(std::fabs(gpu_value - host_value), 2.0 * half_ulp(code, host_value) * 1.0001)
-          << "element " << i;
-      ++off_by_one;
-    }
-    EXPECT_LE(off_by_one, gpu_codes.size() / 1000) << off_by_one << " codes differ";
+    EXPECT_EQ(scales.to_vector<std::uint8_t>(expected.scales.size()), expected.scales);
+    const auto gpu_codes = codes.to_vector<std::uint8_t>(expected.codes.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < gpu_codes.size(); ++i) differ += gpu_codes[i] != expected.codes[i];
+    EXPECT_EQ(differ, 0u) << "code bytes differ from the host's";
+    if (quant.scaling == ActivationScaling::NV)
+      EXPECT_EQ(tensor.to_vector<float>(1)[0], static_cast<float>(expected.tensor_scale));
+
+    // The GEMM operand, fused from bf16 and expanded from the host's codes.
+    const Format type = jit::activation_operand_format(quant);
+    const std::int64_t ldo = k + 8;
+    DeviceBuffer operand(static_cast<std::size_t>(m * ldo) * 2),
+        factors(static_cast<std::size_t>(m) * 4);
+    operand.fill_bytes(0xff);
+    factors.fill_bytes(0xff);
+    args = runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
+    args.operand = operand.as<unsigned short>();
+    args.ldo = ldo;
+    args.row_factors = factors.as<float>();
+    args.tensor_absmax = absmax.as<const float>();
+    runtime::launch_quantize_activation(
+        load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Operand, type,
+                                           arch)),
+        args, nullptr);
+    synchronize();
+    expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
+                   factors.to_vector<float>(m), "fused");
+
+    DeviceBuffer host_codes = DeviceBuffer::from(expected.codes),
+                 host_scales = DeviceBuffer::from(expected.scales);
+    operand.fill_bytes(0xff);
+    factors.fill_bytes(0xff);
+    kernels::ExpandActivationArgs expand{};
+    expand.codes = host_codes.as<const unsigned char>();
+    expand.scales = host_scales.as<const unsigned char>();
+    expand.tensor_scale = static_cast<float>(expected.tensor_scale);
+    expand.operand = operand.as<unsigned short>();
+    expand.ldo = ldo;
+    expand.row_factors = factors.as<float>();
+    expand.m = m;
+    expand.k = k;
+    expand.group = quant.group > 0 ? quant.group : k;
+    runtime::launch_expand_activation(load(jit::expand_activation_spec(quant, type, arch)), expand,
+                                      nullptr);
+    synchronize();
+    expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
+                   factors.to_vector<float>(m), "expanded");
   }
 }
 

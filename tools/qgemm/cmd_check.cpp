@@ -57,7 +57,7 @@ int run(const CheckOptions& options) {
   const check::BackendChoice choice = check::parse_backend_choice(options.backend);
   check::BackendSelection selection;
   try {
-    selection = check::select_backend(choice, scheme);
+    selection = check::select_backend(choice);
   } catch (const Error& error) {
     if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
     std::fprintf(stderr, "qgemm check: %s\n", error.what());

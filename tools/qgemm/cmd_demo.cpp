@@ -40,7 +40,7 @@ int run(const DemoOptions& options) {
   const Scheme scheme = parse_scheme(options.scheme);
   check::BackendSelection selection;
   try {
-    selection = check::select_backend(check::parse_backend_choice(options.backend), scheme);
+    selection = check::select_backend(check::parse_backend_choice(options.backend));
   } catch (const Error& error) {
     if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
     std::fprintf(stderr, "qgemm demo: %s\n", error.what());
