@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine session: build, GPU tests, a compute-sanitizer memcheck subset, the dense
 # bench. Logs go to $OUT (or ./gpu_out); a short table comes last.
-#   scripts/gpu_session.sh [--quick]
+#   scripts/gpu_session.sh [--quick | --no-profile]   (--quick: no bench; --no-profile: no ceiling,
+#                                                      SASS or ncu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
@@ -34,7 +35,9 @@ ncu --clock-control none --kernel-name regex:mma_repack --launch-skip 12 --launc
   --section SpeedOfLight build-gpu/tests/qgemm_tests_gpu --gtest_filter='MmaRepackGpu.*' \
   > "$out/ncu_repack.txt" 2>&1
 grep -E "Duration|DRAM Throughput|Memory Throughput" "$out/ncu_repack.txt" | sed 's/^/repack: /'
-if [ "${1:-}" != "--quick" ]; then
+if [ "${1:-}" = "--no-profile" ]; then
+  build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
+elif [ "${1:-}" != "--quick" ]; then
   nvcc -O3 -arch=sm_90a -o build-gpu/mma_ceiling bench/mma_ceiling.cu && build-gpu/mma_ceiling | tee "$out/bench.log"
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee -a "$out/bench.log"
   # The decode kernel's SASS (w4a16 g128, M = 1) for instruction counts per k16 block.

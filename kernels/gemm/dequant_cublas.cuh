@@ -8,9 +8,8 @@
 //                         cuBLAS          C(or sums)[M][chunk] = A · W16ᵀ · global_scale
 //                         finish_gemm     sums · row factor + bias ──► C[M][chunk]   (this file)
 //
-// Both kernels: one thread per output element, grid-stride; consecutive threads take
-// consecutive columns, so the outputs are written coalesced. mma_dequantize reads the lane words
-// scattered, through L1 (32 threads of a row segment touch 2 lanes' words).
+// finish_gemm: one thread per output element, grid-stride, consecutive threads on consecutive
+// columns (coalesced). mma_dequantize: one thread per lane of a (slice, k16 block), see below.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
@@ -22,45 +21,60 @@
 
 namespace qgemm::kernels {
 
-// value(n, k) = (u − zero) · scale for integers, decode(u) · scale for floats, as
-// layout::mma_weight_value computes on the host.
+// value(n, k) = (u − zero) · scale for integers, decode(u) · scale for floats, rounded once to
+// 16 bits, as layout::mma_weight_value computes on the host. One thread per (slice, k16 block,
+// lane) of the chunk: it reads the lane's `bits` words (consecutive lanes, consecutive words)
+// and its 8 columns' scales, dequantizes its 32 codes in registers (dequantize_lane, the tiled
+// kernel's fp32 path) and writes them as 16 pairs of k: per warp 64 rows × 32 bytes, whole
+// sectors.
 template <unsigned long long kWeightFormat, int kZeroMode, int kOutput, int kThreads,
           int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) mma_dequantize_kernel(MmaDequantizeArgs args) {
-  constexpr FormatCode format = FormatCode::unpack(kWeightFormat);
-  constexpr int bits = format.bits;
+  constexpr int bits = FormatCode::unpack(kWeightFormat).bits;
   static_assert(kDynamicSmemBytes == 0, "mma_dequantize uses no shared memory");
   static_assert(kOutput == kOutBf16 || kOutput == kOutFp16, "16-bit output");
-  const long long total = args.rows * args.k;
+  const long long first_slice = args.n_begin / MmaWeightLayout::kSliceN;
+  const long long slices = (args.rows + MmaWeightLayout::kSliceN - 1) / MmaWeightLayout::kSliceN;
+  const long long total = slices * args.k_blocks * 32;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {
-    const long long row = index / args.k;
-    const long long k = index - row * args.k;
-    const long long n = args.n_begin + row;
-    const int lane = MmaWeightLayout::lane_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
-    const int c = MmaWeightLayout::code_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
+    const int lane = static_cast<int>(index % 32);
+    const long long kb = index / 32 % args.k_blocks;
+    const long long slice = first_slice + index / 32 / args.k_blocks;
     const unsigned* lane_words =
-        args.words + MmaWeightLayout::word_index(n / 64, k / 16, args.k_blocks, lane, bits);
-    const int word = MmaWeightLayout::code_word(c, bits);
-    const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
-    unsigned code = (lane_words[word] >> MmaWeightLayout::code_shift(c, bits)) & ((1u << first) - 1u);
-    if (first < bits)
-      code |= ((lane_words[word + 1] >> (16 * (c % 2))) & ((1u << (bits - first)) - 1u)) << first;
-    const long long group = args.group_size == 0 ? 0 : k / args.group_size;
-    const long long at = group * args.n_padded + MmaWeightLayout::scale_column(n);
-    const float scale = args.scales[at];
-    float value;
-    if constexpr (format.is_float()) {
-      value = decode_to_float<kWeightFormat>(code) * scale;
-    } else {
-      float unsigned_code = static_cast<float>(code);
-      if constexpr (kZeroMode == kZeroConstant) unsigned_code -= static_cast<float>(1 << (bits - 1));
-      if constexpr (kZeroMode == kZeroInteger || kZeroMode == kZeroFloat) unsigned_code -= args.zeros[at];
-      value = unsigned_code * scale;
+        args.words + MmaWeightLayout::word_index(slice, kb, args.k_blocks, lane, bits);
+    unsigned words[bits];
+#pragma unroll
+    for (int w = 0; w < bits; ++w) words[w] = lane_words[w];
+    const long long group = args.group_size == 0 ? 0 : kb * 16 / args.group_size;
+    const long long at = group * args.n_padded + slice * 64 + (lane / 4) * 8;
+    float scales[8], zeros[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      scales[j] = args.scales[at + j];
+      zeros[j] = args.zeros ? args.zeros[at + j] : 0.0f;
     }
-    args.out[index] = kOutput == kOutBf16 ? ptx::float_to_bf16_bits(value)
-                                          : ptx::float_to_fp16_bits(value);
+    unsigned out[8][2];
+    dequantize_lane<kWeightFormat, kZeroMode, kOutput == kOutBf16>(words, scales, zeros, out);
+    // Element (n, k) of the pairs: n = slice · 64 + j · 8 + lane / 4, k = kb · 16 + 2 · (lane %
+    // 4) + 8 · r, and k + 1 in the high half.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const long long row = slice * 64 + j * 8 + lane / 4 - args.n_begin;
+      if (row >= args.rows) continue;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const long long k = kb * 16 + 2 * (lane % 4) + 8 * r;
+        unsigned short* at_out = args.out + row * args.k + k;
+        if (k + 1 < args.k && args.k % 2 == 0) {
+          *reinterpret_cast<unsigned*>(at_out) = out[j][r];
+        } else {
+          if (k < args.k) at_out[0] = static_cast<unsigned short>(out[j][r]);
+          if (k + 1 < args.k) at_out[1] = static_cast<unsigned short>(out[j][r] >> 16);
+        }
+      }
+    }
   }
 }
 

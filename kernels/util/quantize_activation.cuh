@@ -151,6 +151,7 @@ struct ActivationQuantizer {
                                                     *args.tensor_absmax, args.element_max, 1.0);
     } else {
       float absmax = 0.0f;
+#pragma unroll 8
       for (long long col = threadIdx.x; col < args.k; col += kThreads)
         absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
       for (int offset = 16; offset > 0; offset >>= 1)
@@ -198,6 +199,7 @@ struct ActivationQuantizer {
       const bool valid = cell < cells;
       const long long begin = cell * group + sub;
       float absmax = 0.0f;
+#pragma unroll 4
       for (long long i = 0; i < per_lane; ++i)
         if (valid) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * lanes)));
       for (int offset = lanes / 2; offset > 0; offset >>= 1)

@@ -303,7 +303,9 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
       d.k_blocks = w.k_blocks;
       d.n_padded = w.n_padded;
       d.group_size = w.group_size;
-      runtime::launch_kernel(dequantize, grid_for(rows * w.k), d, cu_stream);
+      // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
+      runtime::launch_kernel(dequantize, grid_for((rows + 63) / 64 * w.k_blocks * 32), d,
+                             cu_stream);
     }
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     if (direct) {

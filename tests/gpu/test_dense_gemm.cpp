@@ -305,7 +305,7 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
         "w=uint4:g48:s=bf16:zp=int;a=bf16;o=bf16", "w=uint4:g8:s=bf16:zp=int;a=bf16;o=bf16",
         "w=e4m3:b64x8:s=fp32;a=bf16;o=fp32"}) {
     const Scheme scheme = parse_scheme(text);
-    const std::int64_t n = 4000, k = 2880;
+    const std::int64_t n = 4000, k = 3840;  // divisible by every group below (128, 48, 8)
     std::vector<float> w(static_cast<std::size_t>(n * k));
     for (float& x : w) x = normal(rng);
     const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
