@@ -126,43 +126,38 @@ __device__ __forceinline__ unsigned int encode_from_float(float value) {
   }
 }
 
-// encode_from_float(x / divisor) for the quotient the host quantizer rounds: the double
-// x / divisor (src/quant: `value / (scale · second_level)`, a double division), taken to the
-// code grid in one rounding. The fp32 quotient (within two fp32 ulps of it: the divisor is
-// rounded to fp32 once, the quotient once) picks the same code unless it lies within those ulps
-// of a midpoint between two codes; only there is the double computed, and an fp32 value that
-// the double rounded onto the midpoint is moved one ulp toward it, which the coarse code grid
-// then rounds as the double would. (An fp32 value off the midpoint lies on the same side of it
-// as the double it was rounded from: a midpoint between them would be nearer to the double.)
-// divisor > 0.
+// encode_from_float(x / divisor) for the quotient the host quantizer rounds (src/quant divides
+// in double: `value / (scale · second_level)`), without a division per element. `inverse` is
+// 1 / divisor in double (once per cell, by the caller); x · inverse rounded to fp32 is then
+// within an fp32 ulp of the exact quotient, and picks the same code unless it lies within those
+// ulps of a midpoint between two codes. There the sign of x − midpoint · divisor (one double FMA:
+// exact, as the product has at most 38 significant bits) says on which side the exact quotient
+// lies, and the midpoint moved one fp32 ulp to that side rounds to the right code; zero is a true
+// tie, which encode_from_float breaks to even. The host's double quotient agrees: off a midpoint, x
+// − midpoint · divisor is at least 2^-38 relative, far above a double's rounding, so it too lies on
+// the exact side. divisor > 0.
 template <unsigned long long kFormat>
-__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor) {
+__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor, double inverse) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
-  float q = x / static_cast<float>(divisor);
-  // |q| in units of the code spacing around it, by multiplying with the spacing's inverse (a
-  // power of two, so exact): 2^(m - e) for normals, from the fp32 exponent field e.
-  auto steps = [](float value) {
-    float inverse_step = 1.0f;
-    if constexpr (f.is_float()) {
-      constexpr int m = f.mantissa_bits;
-      constexpr float min_normal = power_of_two(1 - f.bias);
-      inverse_step = power_of_two(f.bias + m - 1);
-      if (fabsf(value) >= min_normal)
-        inverse_step = __uint_as_float((254u + m - ((__float_as_uint(value) >> 23) & 0xffu)) << 23);
-    }
-    return fabsf(value) * inverse_step;
-  };
-  float t = steps(q);
-  // Four fp32 ulps of t: t · 2^-21 covers t's own ulp (2^-23 relative) twice over.
+  float q = static_cast<float>(static_cast<double>(x) * inverse);
+  // |q| in units of the code spacing around it: times the spacing's inverse (a power of two,
+  // so exact), 2^(m - e) for normals from the fp32 exponent field e.
+  float inverse_step = 1.0f;
+  if constexpr (f.is_float()) {
+    constexpr int m = f.mantissa_bits;
+    constexpr float min_normal = power_of_two(1 - f.bias);
+    inverse_step = power_of_two(f.bias + m - 1);
+    if (fabsf(q) >= min_normal)
+      inverse_step = __uint_as_float((254u + m - ((__float_as_uint(q) >> 23) & 0xffu)) << 23);
+  }
+  const float t = fabsf(q) * inverse_step;
+  // Four fp32 ulps of t: t · 2^-21 covers the quotient's error twice over.
   if (fabsf(t - floorf(t) - 0.5f) <= t * 4.76837158e-7f) {
-    const double exact = static_cast<double>(x) / divisor;
-    q = static_cast<float>(exact);
-    t = steps(q);
-    if (t - floorf(t) == 0.5f && static_cast<double>(q) != exact) {
-      // q != 0 here (|q| >= step / 2), so one ulp toward `exact` is ±1 on the bits: +1 moves
-      // away from zero, −1 toward it.
-      q = __uint_as_float(__float_as_uint(q) + ((exact > q) == (q > 0.0f) ? 1u : ~0u));
-    }
+    const float midpoint = copysignf((floorf(t) + 0.5f) / inverse_step, q);  // exact
+    const double residual = fma(-static_cast<double>(midpoint), divisor, static_cast<double>(x));
+    q = midpoint;
+    if (residual != 0.0)  // ±1 on the bits: +1 away from zero, −1 toward it
+      q = __uint_as_float(__float_as_uint(q) + ((residual > 0.0) == (q > 0.0f) ? 1u : ~0u));
   }
   return encode_from_float<kFormat>(q);
 }

@@ -121,8 +121,8 @@ struct ActivationQuantizer {
   // Emits element `col` of `row` (code and value), all lanes of the warp together: 4-bit codes
   // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
   __device__ static void emit(const QuantizeActivationArgs& args, long long row, long long col,
-                              bool valid, float x, double divisor, float scale) {
-    unsigned code = valid ? encode_quotient<kCode>(x, divisor) : 0u;
+                              bool valid, float x, double divisor, double inverse, float scale) {
+    unsigned code = valid ? encode_quotient<kCode>(x, divisor, inverse) : 0u;
     if constexpr (kEmit == kEmitCodes) {
       if constexpr (code_format.bits == 8) {
         if (valid) args.codes[row * args.k + col] = static_cast<unsigned char>(code);
@@ -175,11 +175,12 @@ struct ActivationQuantizer {
       }
     }
     // Whole warps walk the row together (emit pairs 4-bit codes across lanes).
+    const double inverse = 1.0 / scale;
     for (long long base = 0; base < args.k; base += kThreads) {
       const long long col = base + threadIdx.x;
       const bool valid = col < args.k;
       const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-      emit(args, row, col, valid, x, scale, static_cast<float>(scale));
+      emit(args, row, col, valid, x, scale, inverse, static_cast<float>(scale));
     }
     __syncthreads();  // shared_scale and warp_absmax are reused by the next row
   }
@@ -209,10 +210,12 @@ struct ActivationQuantizer {
       if constexpr (kEmit == kEmitCodes) {
         if (valid && sub == 0) store_scale<kScaleFormat>(args.scales, row * cells + cell, scale);
       }
+      const double divisor = scale * tensor_scale;
+      const double inverse = 1.0 / divisor;
       for (long long i = 0; i < per_lane; ++i) {
         const long long col = begin + i * lanes;
         const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-        emit(args, row, col, valid, x, scale * tensor_scale, static_cast<float>(scale));
+        emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale));
       }
     }
     if (threadIdx.x == 0) {

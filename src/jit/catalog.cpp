@@ -67,7 +67,7 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
   spec.arch = arch;
   // One block per row: a decode call's few rows are spread over as many threads as a block
   // holds, so each thread's loads are few and in flight together.
-  spec.launch = {1024, 0};
+  spec.launch = {512, 0};
   spec.params = {SpecParam::number_format("code", quant.format),
                  SpecParam::chosen("scaling", scaling_choice(quant)),
                  SpecParam::number_format("scale", quant.scale_format),
