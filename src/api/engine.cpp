@@ -142,7 +142,12 @@ Engine::~Engine() = default;
 int Engine::device() const { return impl_->device; }
 int Engine::sm_count() const { return impl_->info.sm_count; }
 
-QuantWeight Engine::prepare_weight(const PackedWeight& weight) {
+QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQuant& activation,
+                                   double /*static_activation_scale*/) {
+  // Build stub on branch bench until main's quantized-activation implementation lands.
+  if (activation.is_quantized())
+    throw Error(ErrorCode::Unsupported,
+                "prepare_weight: quantized activations are not served on the GPU yet");
   impl_->make_current();
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->quant = weight.quant;
