@@ -62,9 +62,10 @@ class CaseWeights {
   std::size_t case_index() const { return case_index_; }
   const RecipeCase& recipe_case() const { return *case_; }
   const PackedWeight& packed() const { return packed_; }
-  // The Engine's prepared weight (prepare_weight with the scheme's activation part); its
-  // Error (e.g. Unsupported) is thrown again at every call.
-  const QuantWeight& prepared(Engine& engine);
+  // The Engine's prepared weight: with the scheme's activation part (qgemm), or without it
+  // (qdq: dequantize the weight, multiply the 16-bit activations as they are). Its Error (e.g.
+  // Unsupported) is thrown again at every call.
+  const QuantWeight& prepared(Engine& engine, bool quantized_activations = true);
   const std::vector<std::uint8_t>& bf16_codes() const { return bf16_codes_; }
   const runtime::DeviceBuffer& bf16_device();
   const PackedWeight& fp8() const { return fp8_; }
@@ -77,8 +78,11 @@ class CaseWeights {
   PackedWeight packed_;
   std::vector<std::uint8_t> bf16_codes_;  // empty unless cublas-bf16 runs
   PackedWeight fp8_;                      // empty unless a cuBLASLt FP8 backend runs
-  std::optional<QuantWeight> prepared_;
-  std::optional<Error> prepare_error_;
+  struct Prepared {
+    std::optional<QuantWeight> weight;
+    std::optional<Error> error;
+  };
+  Prepared prepared_[2];  // [quantized_activations]
   runtime::DeviceBuffer bf16_device_, fp8_device_, fp8_scale_device_;
 };
 
@@ -107,9 +111,12 @@ class Problem {
   // `options` applies to qgemm (the tuner forces tile configs through it); qdq forces
   // "dequant-cublas". Error(Unsupported) when the backend cannot run this problem.
   BackendCall call(Backend backend, GpuBench& gpu, const GemmOptions& options = {});
+  // Computes the backend's reference now (else its first check does).
+  void prepare_reference(Backend backend);
 
  private:
   const std::vector<double>& qgemm_reference();
+  const std::vector<double>& qdq_reference();  // the weight-only scheme on the 16-bit input
   const std::vector<double>& bf16_reference();
   const std::vector<double>& fp8_reference();
   std::function<double()> error_function(const Format& output,
@@ -124,7 +131,7 @@ class Problem {
   PackedActivation fp8_;    // per-tensor e4m3 (empty unless needed)
   runtime::DeviceBuffer input_device_, bf16_device_, fp8_device_, fp8_scale_device_, output_;
   OutputSample sample_;
-  std::optional<std::vector<double>> qgemm_expected_, bf16_expected_, fp8_expected_;
+  std::optional<std::vector<double>> qgemm_expected_, qdq_expected_, bf16_expected_, fp8_expected_;
 };
 
 // The message of an Error without its "<code name>: " prefix (the status says it already).
