@@ -148,10 +148,15 @@ void CublasLtFp8Gemm::prepare(std::int64_t m, std::int64_t n, std::int64_t k, co
 void CublasLtFp8Gemm::gemm(cudaStream_t stream, const void* a, const void* w, void* c) {
   require(operation_ != nullptr, "cuBLASLt FP8 baseline: prepare() first");
   const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(
+  const cublasStatus_t status =
       cublasLtMatmul(handle_, operation_, &alpha, w, w_layout_, a, a_layout_, &beta, c, c_layout_,
-                     c, c_layout_, &algo_, workspace_.as<void>(), workspace_.bytes(), stream),
-      "cublasLtMatmul (e4m3)");
+                     c, c_layout_, &algo_, workspace_.as<void>(), workspace_.bytes(), stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("cublasLtMatmul: e4m3 with m = {}, n = {}, k = {} is not supported "
+                            "on this GPU",
+                            m_, n_, k_));
+  check_cublas(status, "cublasLtMatmul (e4m3)");
 }
 
 std::string CublasLtFp8Gemm::description() const {

@@ -7,6 +7,9 @@
 //                        (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1)
 //   cublaslt-fp8-exact   the same with the accumulation promoted to fp32 (FAST_ACCUM = 0)
 //
+// cuBLASLt's FP8 kernels need M (tokens) in multiples of 16: the bench pads the activation rows
+// (workbench.hpp), as serving engines do, and times the padded product.
+//
 // Row-major C[m, n] = A[m, k] · W[n, k]ᵀ is, in cuBLAS's column-major terms, Cᵀ (n x m, ld n) =
 // op(W) · A with W seen as a k x n column-major matrix transposed (op T) and A as a k x m one
 // (op N): the "TN" form, which is also the only one cuBLASLt's FP8 kernels accept.

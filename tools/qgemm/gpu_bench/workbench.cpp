@@ -240,10 +240,18 @@ Problem::Problem(CaseWeights& weights, std::int64_t m, std::uint64_t seed,
     // The same bf16 activations an FP8 pipeline would quantize, per tensor.
     const std::vector<float> rounded = decode_to_float(bf16_.codes, formats::bf16);
     fp8_ = quantize_activation(fp8_tensor_activation_quant(), rounded.data(), m, k);
-    fp8_device_ = runtime::DeviceBuffer::from(fp8_.codes);
+    // cuBLASLt's FP8 kernels need M in multiples of 16: the rows are padded, as serving
+    // engines pad them, with copies of real rows (timed work is never on zeros).
+    std::vector<std::uint8_t> padded = fp8_.codes;
+    for (std::int64_t row = m; row < fp8_rows(); ++row)
+      padded.insert(padded.end(), fp8_.codes.begin() + (row % m) * k,
+                    fp8_.codes.begin() + (row % m + 1) * k);
+    fp8_device_ = runtime::DeviceBuffer::from(padded);
     fp8_scale_device_ = runtime::DeviceBuffer::from(fp8_.scales);
   }
-  output_ = runtime::DeviceBuffer(static_cast<std::size_t>(m * n * 4));  // room for fp32
+  // Room for an fp32 output, and for the FP8 baselines' padded bf16 one.
+  output_ =
+      runtime::DeviceBuffer(static_cast<std::size_t>(std::max(m * n * 4, fp8_rows() * n * 2)));
   sample_ = sample_output(m, n, scale_row_alignment(weights_.packed()));
 }
 
@@ -354,18 +362,18 @@ BackendCall Problem::call(Backend backend, GpuBench& gpu, const GemmOptions& opt
     case Backend::CublasLtFp8:
     case Backend::CublasLtFp8Exact: {
       CublasLtFp8Gemm& blas = gpu.cublaslt_fp8(backend == Backend::CublasLtFp8);
-      blas.prepare(m, n, k, fp8_scale_device_.as<float>(), weights_.fp8_scale_device());
+      blas.prepare(fp8_rows(), n, k, fp8_scale_device_.as<float>(), weights_.fp8_scale_device());
       const void* a = fp8_device_.as<void>();
       const void* w = weights_.fp8_device().as<void>();
       void* c = output_.as<void>();
       out.kernel = blas.description();
       out.call = [&blas, a, w, c](cudaStream_t stream) { blas.gemm(stream, a, w, c); };
-      out.output_bytes = m * n * 2;
+      out.output_bytes = fp8_rows() * n * 2;
       out.error_now = error_function(
           formats::bf16, [this]() -> const std::vector<double>& { return fp8_reference(); });
       out.weight_bytes = n * k + 4;  // codes and the fp32 tensor scale
       out.weight_device_bytes = out.weight_bytes;
-      out.activation_bytes = m * k;
+      out.activation_bytes = fp8_rows() * k;
       return out;
     }
   }

@@ -108,6 +108,8 @@ class Problem {
   std::int64_t m() const { return m_; }
   std::uint64_t activation_seed() const { return activation_seed_; }
   const OutputSample& sample() const { return sample_; }
+  // The rows the FP8 baselines multiply: M rounded up to a multiple of 16.
+  std::int64_t fp8_rows() const { return (m_ + 15) / 16 * 16; }
   // `options` applies to qgemm (the tuner forces tile configs through it); qdq forces
   // "dequant-cublas". Error(Unsupported) when the backend cannot run this problem.
   BackendCall call(Backend backend, GpuBench& gpu, const GemmOptions& options = {});
@@ -128,7 +130,7 @@ class Problem {
   std::uint64_t activation_seed_;
   PackedActivation input_;  // what the Engine is given (bf16 / fp16 codes)
   PackedActivation bf16_;   // the baselines' bf16 activations (empty unless needed)
-  PackedActivation fp8_;    // per-tensor e4m3 (empty unless needed)
+  PackedActivation fp8_;    // per-tensor e4m3, M rows (empty unless needed)
   runtime::DeviceBuffer input_device_, bf16_device_, fp8_device_, fp8_scale_device_, output_;
   OutputSample sample_;
   std::optional<std::vector<double>> qgemm_expected_, qdq_expected_, bf16_expected_, fp8_expected_;
