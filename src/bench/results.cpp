@@ -138,6 +138,7 @@ std::string to_json_text(const BenchDocument& document) {
                    {"warmup", document.warmup},
                    {"backends", backends}};
   doc["seed"] = document.seed;
+  doc["tuning_table"] = text_or_null(document.tuning_table);
   doc["started_at"] = document.started_at;
   doc["elapsed_s"] = document.elapsed_s;
   const MachineInfo& m = document.machine;

@@ -6,7 +6,8 @@
 // JSON (to_json_text):
 //   {"format": "qgemm-bench", "format_version": 1,
 //    "recipe": {"name", "source", "timing", "repeats", "warmup", "backends": [...]},
-//    "seed": u64, "started_at": "YYYY-MM-DDTHH:MM:SSZ", "elapsed_s": x,
+//    "seed": u64, "tuning_table": path or null, "started_at": "YYYY-MM-DDTHH:MM:SSZ",
+//    "elapsed_s": x,
 //    "machine": {"gpu", "compute_capability", "sm_count", "sm_clock_mhz", "memory_clock_mhz",
 //                "memory_bus_bits", "l2_bytes", "memory_bytes", "cuda_runtime", "cuda_driver",
 //                "driver", "nvrtc", "cublas", "qgemm", "host_cpu"},
@@ -123,6 +124,7 @@ struct BenchDocument {
   int repeats = 0, warmup = 0;
   std::vector<Backend> backends;
   std::uint64_t seed = 0;
+  std::string tuning_table;  // QGEMM_TUNING_TABLE when the run had one (the qgemm backend used it)
   std::string started_at;
   double elapsed_s = 0;
   MachineInfo machine;

@@ -62,6 +62,7 @@ TEST(BenchResults, JsonHasTheDocumentedSchemaForEveryRun) {
   EXPECT_EQ(doc.at("recipe").at("backends").size(), recipe.backends.size());
   EXPECT_EQ(doc.at("seed").get<std::uint64_t>(), seed);
   EXPECT_TRUE(doc.at("started_at").is_string());
+  EXPECT_TRUE(doc.at("tuning_table").is_null());  // none in the synthetic run
   EXPECT_TRUE(doc.at("elapsed_s").is_number());
   for (const char* key : {"gpu", "compute_capability", "cuda_runtime", "cuda_driver", "driver",
                           "nvrtc", "cublas", "qgemm", "host_cpu"})

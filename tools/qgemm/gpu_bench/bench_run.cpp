@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "dispatch/tuning_table.hpp"
@@ -63,6 +64,7 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
   const Clock::time_point started = Clock::now();
   BenchDocument document = make_document(recipe, seed);
   document.started_at = dispatch::utc_timestamp_now();
+  if (const char* table = std::getenv("QGEMM_TUNING_TABLE")) document.tuning_table = table;
   GpuBench gpu(device);
   document.machine = gpu.machine();
   std::fprintf(stderr, "qgemm bench: %s on %s (%d SMs); measuring peaks...\n", recipe.name.c_str(),
