@@ -4,7 +4,7 @@
 //
 // Timing is GPU time between CUDA events around the call on one stream:
 //
-//   cold-l2   per repeat: [overwrite 2 x L2] [start] call [stop]
+//   cold-l2   per repeat: [stream 2 x L2 through the L2] [start] call [stop]
 //             The flush evicts the weight, as running the model's other layers would; while the
 //             GPU runs it the host enqueues the call, so host launch overhead is hidden.
 //   warm      [e0] call [e1] call [e2] ...   back to back: the weight may stay in L2 (fits
@@ -48,16 +48,26 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
-// Overwrites at least twice the device's L2 per flush, with a value that changes each time.
+// Replaces the whole L2 between timed calls by streaming twice its size through it.
+//
+// The stream is a read (cublasSasum over the buffer, result kept on the device), not a memset:
+// a memset leaves the L2 full of dirty lines, and the timed call would then pay for writing
+// them back to HBM as its own reads evict them (up to a whole L2 of extra traffic, most of it
+// for the short memory-bound calls a decode bake-off is about). A read leaves clean lines, and
+// the dirty lines the previous call left (its output) are written back during the flush,
+// outside the timed window.
 class L2Flusher {
  public:
   explicit L2Flusher(std::int64_t l2_bytes);
+  ~L2Flusher();
+  L2Flusher(const L2Flusher&) = delete;
+  L2Flusher& operator=(const L2Flusher&) = delete;
   void flush(cudaStream_t stream);
   std::int64_t bytes() const { return static_cast<std::int64_t>(buffer_.bytes()); }
 
  private:
-  runtime::DeviceBuffer buffer_;
-  unsigned char value_ = 0;
+  runtime::DeviceBuffer buffer_, sum_;
+  void* cublas_ = nullptr;  // cublasHandle_t
 };
 
 using GpuCall = std::function<void(cudaStream_t)>;
