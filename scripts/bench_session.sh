@@ -23,7 +23,9 @@ build-gpu/qgemm info >> "$out/info.txt" 2>&1
 
 if [ "${1:-}" != "--no-tests" ]; then
   # The bench and tune GPU tests (tests/gpu/test_bench_cli.cpp) and the cpu ones of the bench.
-  ctest --test-dir build-gpu -R 'BenchCliGpu|TuneCliGpu|Bench|Tune|TunedConfig' \
+  # Three at a time: most of their time is NVRTC compiling kernels on the CPU (the disk cache
+  # is safe to share), and they check results, not timings.
+  ctest --test-dir build-gpu -R 'BenchCliGpu|TuneCliGpu|Bench|Tune|TunedConfig' -j3 \
     --output-on-failure -V > "$out/bench_tests.log" 2>&1
   echo "bench tests rc=$?"
   grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Skipped|Failure" "$out/bench_tests.log" | head -20
