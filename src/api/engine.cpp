@@ -10,6 +10,7 @@
 
 #include "common/log.hpp"
 #include "dispatch/dense_config.hpp"
+#include "dispatch/tuned_config.hpp"
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/dequant_cublas_args.cuh"
 #include "gemm/mma_weight_layout.cuh"
@@ -93,8 +94,15 @@ struct Engine::Impl {
       launch.spec = jit::dequantize_weight_spec(weight.quant, activation, arch);
       return launch;
     }
-    launch.plan =
-        dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, options.tile_config);
+    // Unforced: the tuning table's config where one applies (dispatch/tuned_config.hpp), keyed
+    // by the weight's scheme (its activation part when gemm() quantizes A for it).
+    std::string config = options.tile_config;
+    if (config.empty()) {
+      Scheme scheme = dispatch::call_scheme(weight.quant, activation, output);
+      if (weight.activation.is_quantized()) scheme.activation = weight.activation;
+      config = dispatch::tuned_dense_config(info, scheme, m, weight.host, activation);
+    }
+    launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, config);
     launch.spec = dispatch::dense_gemm_spec(launch.plan, weight.host, activation, output, arch);
     return launch;
   }

@@ -170,10 +170,11 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
   } else {
     // Large M is bound by tensor cores, where the tiled mma.sync kernel reaches ~35 % of cuBLAS
     // BF16 on the H200 (M = 4096, 8192²: 2.06 ms against 0.67 ms; bench/NOTES.md), while
-    // dequantizing the weight is one pass writing 2 bytes per weight (8192²: ~0.05–0.1 ms). The
-    // estimated crossover is M ≈ 256 (both ~130 µs there); below it the weight read dominates
-    // and the fused kernels, which read it once at its packed width, win. The bench times both.
-    const std::string wanted = m <= 128 ? "medium" : m <= 256 ? "prefill" : "dequant-cublas";
+    // dequantizing the weight is one pass writing 2 bytes per weight (8192²: ~0.08 ms), so
+    // dequant + cuBLAS runs at ~89 % of cuBLAS there. Measured crossover (8192²): M = 64 tiled
+    // 80 µs vs 140 µs, M = 256 tiled 192 µs vs 157 µs; below it the weight read dominates and
+    // the fused kernels, which read it once at its packed width, win.
+    const std::string wanted = m <= 128 ? "medium" : "dequant-cublas";
     for (const auto& config : configs)
       if (config.name == wanted && !config.unsupported_reason(m, weight, activation))
         chosen = &config;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "bench/recipe.hpp"
+#include "check/backend.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/scheme.hpp"
 
@@ -313,11 +314,35 @@ TEST(BenchCli, InvalidRecipeExits2NamingLineAndKey) {
   std::remove(path.c_str());
 }
 
-TEST(BenchCli, TimingWithoutDryRunExits3SayingItNeedsAGpu) {
+TEST(BenchCli, TimingWithoutAGpuExits3SayingItNeedsOne) {
+  // With a GPU this would be the real bake-off: tests/gpu/test_bench_cli.cpp covers that.
+  if (check::probe_gpu().usable) GTEST_SKIP() << "a GPU is present";
   const CommandResult r = run_cli("bench '" + kRecipeDir + "quickstart.yaml' 2>&1");
   EXPECT_EQ(r.status, 3) << r.output;
-  EXPECT_NE(r.output.find("GPU"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("future work"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("needs a GPU"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dry-run"), std::string::npos) << r.output;
+}
+
+TEST(TuneCli, WithoutAGpuExits3SayingItNeedsOne) {
+  if (check::probe_gpu().usable) GTEST_SKIP() << "a GPU is present";
+  const CommandResult r = run_cli("tune '" + kRecipeDir + "quickstart.yaml' 2>&1");
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_NE(r.output.find("needs a GPU"), std::string::npos) << r.output;
+  // The MoE case is named as left out, before the GPU is even looked for.
+  EXPECT_NE(r.output.find("MoE"), std::string::npos) << r.output;
+}
+
+TEST(TuneCli, InvalidRecipeExits2NamingTheKey) {
+  const std::string path = testing::TempDir() + "/qgemm_bad_tune_recipe.yaml";
+  {
+    std::ofstream out(path);
+    out << "name: bad\nrepeat: 3\ncases:\n  - scheme: w4a16\n    n: 256\n    k: 256\n    m: 1\n";
+  }
+  const CommandResult r = run_cli("tune '" + path + "' 2>&1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("'repeat'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("line 2"), std::string::npos) << r.output;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Tests of tuning tables (src/bench/tuning_table.hpp): load, merge, mismatch, atomic save.
+// Tests of tuning tables (src/dispatch/tuning_table.hpp): load, merge, mismatch, atomic save.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,11 +9,11 @@
 #include <random>
 #include <string>
 
-#include "bench/tuning_table.hpp"
+#include "dispatch/tuning_table.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/scheme.hpp"
 
-namespace qgemm::bench {
+namespace qgemm::dispatch {
 namespace {
 
 MachineKey h200() { return {"NVIDIA H200", 132, "13.0", "580.65.06", qgemm_version()}; }
@@ -244,4 +244,4 @@ TEST(TuningTable, TimestampNowHasTheStoredFormat) {
 }
 
 }  // namespace
-}  // namespace qgemm::bench
+}  // namespace qgemm::dispatch

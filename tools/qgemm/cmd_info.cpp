@@ -3,31 +3,19 @@
 //   qgemm info [--json]
 #include <fmt/format.h>
 
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "command.hpp"
+#include "host_info.hpp"
 #include "jit/cache.hpp"
 #include "jit/kernel_spec.hpp"
 #include "runtime/driver.hpp"
 
 namespace qgemm::cli {
 namespace {
-
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown";
-}
 
 nlohmann::json machine_info() {
   nlohmann::json info;

@@ -1,4 +1,4 @@
-#include "bench/tuning_table.hpp"
+#include "dispatch/tuning_table.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #define QGEMM_VERSION "unknown"
 #endif
 
-namespace qgemm::bench {
+namespace qgemm::dispatch {
 namespace {
 
 constexpr const char* kFormatName = "qgemm-tuning-table";
@@ -167,9 +167,18 @@ TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t 
   return {to_string(parse_scheme(scheme)), n, k, m_bucket(m)};
 }
 
+TuningKey make_tuning_key(const Scheme& scheme, std::int64_t n, std::int64_t k, std::int64_t m) {
+  require(n >= 1 && k >= 1, fmt::format("tuning key: n = {}, k = {} (rule: both >= 1)", n, k));
+  // to_string is canonical: parse_scheme(to_string(s)) == s, so this equals the text form key.
+  return {to_string(scheme), n, k, m_bucket(m)};
+}
+
 const TuningEntry* TuningTable::find(std::string_view scheme, std::int64_t n, std::int64_t k,
                                      std::int64_t m) const {
-  const TuningKey key = make_tuning_key(scheme, n, k, m);
+  return find(make_tuning_key(scheme, n, k, m));
+}
+
+const TuningEntry* TuningTable::find(const TuningKey& key) const {
   for (const TuningEntry& entry : entries) {
     if (entry.key == key) return &entry;
   }
@@ -297,4 +306,4 @@ std::string utc_timestamp_now() {
   return buffer;
 }
 
-}  // namespace qgemm::bench
+}  // namespace qgemm::dispatch

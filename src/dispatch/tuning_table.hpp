@@ -22,7 +22,9 @@
 #include <string_view>
 #include <vector>
 
-namespace qgemm::bench {
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::dispatch {
 
 struct MachineKey {
   std::string gpu;
@@ -61,12 +63,15 @@ struct TuningTable {
   // The entry for (scheme, n, k, m's bucket); `scheme` may be a preset name or any text form.
   const TuningEntry* find(std::string_view scheme, std::int64_t n, std::int64_t k,
                           std::int64_t m) const;
+  const TuningEntry* find(const TuningKey& key) const;
   // Adds the entry, or replaces the one with the same key when `entry` is at least as new.
   void insert(TuningEntry entry);
 };
 
 // Builds a key from any spelling of the scheme (validated; canonical text stored).
 TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k, std::int64_t m);
+// The same from a parsed scheme (no text parsing: the per-call lookup of the selection layer).
+TuningKey make_tuning_key(const Scheme& scheme, std::int64_t n, std::int64_t k, std::int64_t m);
 
 // Parses a table; errors (InvalidArgument) name `source` and the field, e.g.
 //   "tuning table t.json: entries[2].us: must be a positive number".
@@ -94,4 +99,4 @@ void merge_into(TuningTable& base, const TuningTable& incoming);
 // The current time as "YYYY-MM-DDTHH:MM:SSZ".
 std::string utc_timestamp_now();
 
-}  // namespace qgemm::bench
+}  // namespace qgemm::dispatch

@@ -1,0 +1,85 @@
+// The cuBLAS baselines of `qgemm bench`: what a user runs without qgemm.
+//
+//   cublas-bf16          cublasGemmEx, bf16 weights and activations (the unquantized model),
+//                        fp32 accumulation, bf16 output
+//   cublaslt-fp8         cublasLtMatmul, e4m3 weights and activations with one fp32 scale per
+//                        tensor (the A/B scale pointers), bf16 output, fast accumulation
+//                        (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1)
+//   cublaslt-fp8-exact   the same with the accumulation promoted to fp32 (FAST_ACCUM = 0)
+//
+// cuBLASLt's FP8 kernels need M (tokens) in multiples of 16: the bench pads the activation rows
+// (workbench.hpp), as serving engines do, and times the padded product.
+//
+// Row-major C[m, n] = A[m, k] · W[n, k]ᵀ is, in cuBLAS's column-major terms, Cᵀ (n x m, ld n) =
+// op(W) · A with W seen as a k x n column-major matrix transposed (op T) and A as a k x m one
+// (op N): the "TN" form, which is also the only one cuBLASLt's FP8 kernels accept.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/device_memory.hpp"
+
+namespace qgemm::bench {
+
+// Error(CudaError) "<what>: <status name>: <description>" unless CUBLAS_STATUS_SUCCESS.
+void check_cublas(cublasStatus_t status, const char* what);
+
+// "13.0.2": the cuBLAS this binary runs against.
+std::string cublas_version_text();
+
+class CublasBf16Gemm {
+ public:
+  CublasBf16Gemm();
+  ~CublasBf16Gemm();
+  CublasBf16Gemm(const CublasBf16Gemm&) = delete;
+  CublasBf16Gemm& operator=(const CublasBf16Gemm&) = delete;
+
+  // C = A · Wᵀ, all bf16 and row-major (A [m, k], W [n, k], C [m, n]). Asynchronous.
+  void gemm(cudaStream_t stream, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+            const void* w, void* c);
+  static std::string description();
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+  // A workspace of our own: cuBLAS then allocates nothing inside a graph capture.
+  runtime::DeviceBuffer workspace_;
+};
+
+class CublasLtFp8Gemm {
+ public:
+  explicit CublasLtFp8Gemm(bool fast_accumulation);
+  ~CublasLtFp8Gemm();
+  CublasLtFp8Gemm(const CublasLtFp8Gemm&) = delete;
+  CublasLtFp8Gemm& operator=(const CublasLtFp8Gemm&) = delete;
+
+  // Describes C (bf16, row-major [m, n]) = a_scale · w_scale · A · Wᵀ for e4m3 A [m, k] and
+  // W [n, k], the scales device fp32 scalars, and chooses cuBLASLt's first heuristic algorithm
+  // for it; Error(Unsupported) when it offers none (FP8 needs an SM89+ GPU, 16-byte aligned
+  // dimensions).
+  void prepare(std::int64_t m, std::int64_t n, std::int64_t k, const float* a_scale,
+               const float* w_scale);
+  // The prepared product. Asynchronous.
+  void gemm(cudaStream_t stream, const void* a, const void* w, void* c);
+  // The call and the chosen algorithm, e.g. "cublasLtMatmul e4m3 -> bf16, fast accumulation,
+  // algo 52 tile 23".
+  std::string description() const;
+
+ private:
+  void release_problem();
+
+  bool fast_accumulation_;
+  cublasLtHandle_t handle_ = nullptr;
+  runtime::DeviceBuffer workspace_;
+  cublasLtMatmulDesc_t operation_ = nullptr;
+  cublasLtMatrixLayout_t w_layout_ = nullptr, a_layout_ = nullptr, c_layout_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  std::int64_t m_ = 0, n_ = 0, k_ = 0;
+  std::string algo_text_;
+};
+
+}  // namespace qgemm::bench

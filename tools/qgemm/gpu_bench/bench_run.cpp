@@ -1,0 +1,124 @@
+#include "gpu_bench/bench_run.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
+#include "dispatch/tuning_table.hpp"
+#include "gpu_bench/workbench.hpp"
+#include "qgemm/error.hpp"
+
+namespace qgemm::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void print_progress(std::size_t done, std::size_t total, Clock::time_point started,
+                    const RunResult& run) {
+  const auto seconds =
+      static_cast<long>(std::chrono::duration<double>(Clock::now() - started).count());
+  std::string outcome;
+  if (run.status == RunStatus::Ok && run.time)
+    outcome = fmt::format("{:.2f} us  (error {:.1e})", run.time->median_us, run.error.value_or(0));
+  else
+    outcome = to_string(run.status) + (run.reason.empty() ? "" : ": " + run.reason);
+  std::fprintf(stderr, "[%*zu/%zu %ld:%02ld] %s m=%lld %s: %s\n",
+               static_cast<int>(std::to_string(total).size()), done, total, seconds / 60,
+               seconds % 60, run.label.c_str(), static_cast<long long>(run.m),
+               to_string(run.backend).c_str(), outcome.c_str());
+  std::fflush(stderr);
+}
+
+// Runs one backend on `problem` and fills the measured fields of `result`.
+void run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResult& result) {
+  const BackendCall call = problem.call(result.backend, gpu);
+  result.kernel = call.kernel;
+  result.weight_bytes = call.weight_bytes;
+  result.weight_device_bytes = call.weight_device_bytes;
+  result.activation_bytes = call.activation_bytes;
+  result.output_bytes = call.output_bytes;
+  result.error_rows = static_cast<std::int64_t>(problem.sample().rows.size());
+  result.error_cols = problem.sample().columns();
+  result.tolerance = call.tolerance;
+  const Measurement measured =
+      measure(call.call, call.output, call.output_bytes, call.error_now, call.tolerance,
+              {recipe.timing, recipe.warmup, recipe.repeats}, gpu.stream(), gpu.flusher());
+  result.first_call_ms = measured.first_call_ms;
+  result.error = measured.error;
+  if (!measured.failure.empty()) {
+    result.status = RunStatus::Failed;
+    result.reason = measured.failure;
+    return;
+  }
+  result.warm_call_ms = measured.warm_call_ms;
+  result.time = measured.time;
+  result.status = RunStatus::Ok;
+}
+
+}  // namespace
+
+BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
+  const Clock::time_point started = Clock::now();
+  BenchDocument document = make_document(recipe, seed);
+  document.started_at = dispatch::utc_timestamp_now();
+  if (const char* table = std::getenv("QGEMM_TUNING_TABLE")) document.tuning_table = table;
+  GpuBench gpu(device);
+  document.machine = gpu.machine();
+  std::fprintf(stderr, "qgemm bench: %s on %s (%d SMs); measuring peaks...\n", recipe.name.c_str(),
+               gpu.machine().gpu.c_str(), gpu.machine().sm_count);
+  document.peaks = measure_peaks(gpu, seed);
+  for (const std::string& problem : document.peaks.problems)
+    std::fprintf(stderr, "qgemm bench: peak not measured: %s\n", problem.c_str());
+
+  const std::vector<ExpandedRun> runs = expand(recipe);
+  std::optional<CaseWeights> weights;
+  std::optional<Problem> problem;
+  std::string context_lost;  // set once a sticky CUDA error ends the timing
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ExpandedRun& run = runs[i];
+    RunResult result = make_run_result(run);
+    if (!context_lost.empty()) {
+      result.status = RunStatus::Skipped;
+      result.reason = context_lost;
+    } else if (run.recipe_case->kind == CaseKind::Moe) {
+      result.status = RunStatus::Skipped;
+      result.reason = "MoE GEMM is not implemented in the library yet (roadmap item 6)";
+    } else {
+      try {
+        if (!weights || weights->case_index() != run.case_index) {
+          problem.reset();
+          weights.reset();
+          weights.emplace(*run.recipe_case, run.case_index, seed, recipe.backends);
+        }
+        if (!problem || problem->m() != run.m) {
+          problem.reset();
+          problem.emplace(*weights, run.m, seed, recipe.backends);
+        }
+        result.activation_seed = problem->activation_seed();
+        run_backend(gpu, *problem, recipe, result);
+      } catch (const Error& error) {
+        result.status =
+            error.code() == ErrorCode::Unsupported ? RunStatus::Unsupported : RunStatus::Failed;
+        result.reason = error_message(error);
+      } catch (const std::exception& error) {
+        result.status = RunStatus::Failed;
+        result.reason = error.what();
+      }
+      if (result.status == RunStatus::Failed && !context_usable()) {
+        context_lost = fmt::format("not run: the CUDA context was lost at run {} ({} m={} {})",
+                                   i + 1, result.label, result.m, to_string(result.backend));
+        problem.reset();
+        weights.reset();
+      }
+    }
+    print_progress(i + 1, runs.size(), started, result);
+    document.runs.push_back(std::move(result));
+  }
+  document.elapsed_s = std::chrono::duration<double>(Clock::now() - started).count();
+  return document;
+}
+
+}  // namespace qgemm::bench
