@@ -1,5 +1,7 @@
 // cp.async (SM80+): global -> shared copies that bypass registers, grouped into commit groups
-// so that a multistage pipeline can wait for "all but the newest N" stages.
+// so that a multistage pipeline can wait for "all but the newest N" stages. SM75 has no cp.async:
+// there the copy goes through registers at once (same zero fill) and commit / wait do nothing,
+// so the pipelines keep their shape and lose only the overlap of copies with compute.
 //
 //   cp_async_16(dst, src, bytes)   copies `bytes` (0..16) and zero-fills the rest of 16 bytes:
 //                                  bytes = 0 is how out-of-bounds rows and columns are
@@ -15,15 +17,34 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
 // .cg: cache in L2 only. Streamed weights are read once per call, so L1 would only evict the
 // activation tiles that are reused.
 __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared_dst)),
                "l"(global_src), "r"(bytes));
+#else
+  union {
+    uint4 vector;
+    unsigned char byte[16];
+  } chunk = {make_uint4(0u, 0u, 0u, 0u)};
+  if (bytes == 16) {
+    chunk.vector = *static_cast<const uint4*>(global_src);
+  } else {
+    for (int i = 0; i < bytes; ++i) chunk.byte[i] = static_cast<const unsigned char*>(global_src)[i];
+  }
+  *static_cast<uint4*>(shared_dst) = chunk.vector;
+#endif
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
 
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
 }
 
 }  // namespace qgemm::ptx

@@ -1,4 +1,5 @@
-// Warp-level tensor-core instructions of SM80+: ldmatrix and mma.sync m16n8k16.
+// Warp-level tensor-core instructions: ldmatrix and mma.sync m16n8k16 (SM80+; on SM75, fp16
+// only, as two m16n8k8 over the k halves: a0, a1 with b0, then a2, a3 with b1).
 //
 // mma.m16n8k16 fragments (lane = 0..31, g = lane / 4, t = lane % 4), 16-bit operands:
 //   A (16x16, row)  a0 = (row g,   k 2t..2t+1)   a1 = (row g+8, k 2t..2t+1)
@@ -34,11 +35,24 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
+#if __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
   }
 }
 
@@ -49,7 +63,14 @@ __device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
   if constexpr (kBf16) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
   } else {
+#if __CUDA_ARCH__ >= 800
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+#else
+    unsigned short low, high;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(low) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(high) : "f"(hi));
+    packed = static_cast<unsigned>(low) | static_cast<unsigned>(high) << 16;
+#endif
   }
   return packed;
 }

@@ -56,6 +56,7 @@ struct Engine::Impl {
   int device = 0;
   CUcontext context = nullptr;
   runtime::DeviceInfo info;
+  dispatch::GpuLimits gpu;  // of `info`
   jit::Arch arch = jit::Arch::sm_80;
 
   // Scratch per stream. Split-K: fp32 sums and per-tile counters that the kernels leave zero.
@@ -89,8 +90,7 @@ struct Engine::Impl {
             ErrorCode::Unsupported,
             fmt::format("dense gemm: config '{}' cannot serve this weight: {}", options.tile_config,
                         *layout::mma_unsupported_reason(weight.quant)));
-      launch.plan =
-          dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, "dequant-cublas");
+      launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, gpu, "dequant-cublas");
       launch.spec = jit::dequantize_weight_spec(weight.quant, activation, arch);
       return launch;
     }
@@ -102,7 +102,7 @@ struct Engine::Impl {
       if (weight.activation.is_quantized()) scheme.activation = weight.activation;
       config = dispatch::tuned_dense_config(info, scheme, m, weight.host, activation);
     }
-    launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, info.sm_count, config);
+    launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, gpu, config);
     launch.spec = dispatch::dense_gemm_spec(launch.plan, weight.host, activation, output, arch);
     return launch;
   }
@@ -170,7 +170,8 @@ Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   impl_->context = runtime::use_primary_context(device);
   impl_->info = runtime::device_info(device);
-  impl_->arch = jit::arch_for_device(impl_->info.major, impl_->info.minor);
+  impl_->gpu = dispatch::GpuLimits::of_device(impl_->info);
+  impl_->arch = impl_->gpu.arch;
 }
 
 Engine::~Engine() = default;

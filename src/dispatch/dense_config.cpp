@@ -12,8 +12,6 @@ namespace qgemm::dispatch {
 
 namespace {
 
-constexpr int kMaxSharedBytes = 227 * 1024;  // per block, SM80 and later
-
 // The residency target of `config` for `rows` A rows: the streamed kernel's 16-row
 // instantiation holds twice the accumulators and fits 128 registers (4 blocks of 128 threads),
 // not fewer.
@@ -22,10 +20,12 @@ int target_blocks(const DenseGemmConfig& config, int rows) {
   return config.blocks_per_sm;
 }
 
-// Blocks of `config` resident per SM: its target, capped by shared memory.
-int resident_blocks(const DenseGemmConfig& config, const layout::MmaWeight& weight, int rows) {
+// Blocks of `config` resident per SM: its target, capped by shared memory (1 KB per block is
+// the system's on SM80 and later).
+int resident_blocks(const DenseGemmConfig& config, const layout::MmaWeight& weight, int rows,
+                    const GpuLimits& gpu) {
   const int smem = config.shared_bytes(weight, rows);
-  return std::max(1, std::min(target_blocks(config, rows), kMaxSharedBytes / (smem + 1024)));
+  return std::max(1, std::min(target_blocks(config, rows), gpu.shared_per_sm / (smem + 1024)));
 }
 
 // The streamed kernel's A rows for M <= 16: a power of two (five instantiations serve every M).
@@ -63,16 +63,22 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
   return std::max(pipeline, reduce);
 }
 
-std::optional<std::string> DenseGemmConfig::unsupported_reason(
-    std::int64_t m, const layout::MmaWeight& weight, const Format& activation) const {
+std::optional<std::string> DenseGemmConfig::unsupported_reason(std::int64_t m,
+                                                               const layout::MmaWeight& weight,
+                                                               const Format& activation,
+                                                               const GpuLimits& gpu) const {
+  // bf16 tensor-core operands (mma.sync .bf16, cuBLAS bf16 GEMMs) start with SM80.
+  if (activation == formats::bf16 && gpu.arch == jit::Arch::sm_75)
+    return std::string("bf16 activations need SM80 or later (sm_75 serves fp16)");
   if (kernel == DenseKernel::DequantCublas) return std::nullopt;  // every M, every weight
   const int group_size = weight.group_size;
   if (group_size != 0 && group_size % block_k != 0 && block_k % group_size != 0)
     return fmt::format("group {} neither divides nor is a multiple of BK {}", group_size, block_k);
-  const int rows = kernel == DenseKernel::Streamed ? streamed_rows(std::min<std::int64_t>(m, 16))
-                                                   : block_m();
-  if (const int bytes = shared_bytes(weight, rows); bytes > kMaxSharedBytes)
-    return fmt::format("needs {} bytes of shared memory (at most {})", bytes, kMaxSharedBytes);
+  const int rows =
+      kernel == DenseKernel::Streamed ? streamed_rows(std::min<std::int64_t>(m, 16)) : block_m();
+  if (const int bytes = shared_bytes(weight, rows); bytes > gpu.shared_per_block)
+    return fmt::format("needs {} bytes of shared memory (this GPU allows {} per block)", bytes,
+                       gpu.shared_per_block);
   if (kernel == DenseKernel::Streamed) {
     if (m > 16) return fmt::format("M = {} exceeds the 16 rows of the streamed kernel", m);
     std::string why;
@@ -134,8 +140,8 @@ int wave_filling_splits(std::int64_t resident, int max_splits, BlocksFor blocks_
 
 }  // namespace
 
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
-                          const Format& activation, int sm_count, std::string_view forced) {
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const Format& activation,
+                          const GpuLimits& gpu, std::string_view forced) {
   const auto& configs = dense_gemm_configs();
   const DenseGemmConfig* chosen = nullptr;
   if (!forced.empty()) {
@@ -144,7 +150,7 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
     if (!chosen)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("dense gemm: config '{}' is not a tile config", forced));
-    if (auto reason = chosen->unsupported_reason(m, weight, activation))
+    if (auto reason = chosen->unsupported_reason(m, weight, activation, gpu))
       throw Error(ErrorCode::Unsupported,
                   fmt::format("dense gemm: config '{}' cannot serve: {}", forced, *reason));
   } else if (m <= 16) {
@@ -154,14 +160,14 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
     std::string refused;
     for (const auto& config : configs) {
       if (config.name.rfind("decode", 0) != 0) continue;
-      if (auto reason = config.unsupported_reason(m, weight, activation)) {
+      if (auto reason = config.unsupported_reason(m, weight, activation, gpu)) {
         log(LogLevel::Debug, "dense gemm: config {} skipped: {}", config.name, *reason);
         if (refused.empty()) refused = config.name + ": " + *reason;
         continue;
       }
       const int rows = config.kernel == DenseKernel::Streamed ? streamed_rows(m) : 16;
       const int warps = config.kernel == DenseKernel::Streamed
-                            ? resident_blocks(config, weight, rows) * config.warps_k
+                            ? resident_blocks(config, weight, rows, gpu) * config.warps_k
                             : 0;  // the tiled decode config only when nothing streams
       if (!chosen || warps > best_warps) chosen = &config, best_warps = warps;
     }
@@ -176,22 +182,25 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
     // the fused kernels, which read it once at its packed width, win.
     const std::string wanted = m <= 128 ? "medium" : "dequant-cublas";
     for (const auto& config : configs)
-      if (config.name == wanted && !config.unsupported_reason(m, weight, activation))
+      if (config.name == wanted && !config.unsupported_reason(m, weight, activation, gpu))
         chosen = &config;
   }
   // Any config that serves (dequant + cuBLAS, last, always does).
   for (const auto& config : configs) {
     if (chosen) break;
-    if (!config.unsupported_reason(m, weight, activation)) {
+    if (!config.unsupported_reason(m, weight, activation, gpu)) {
       chosen = &config;
-      log(LogLevel::Info, "dense gemm: M = {} with weight groups of {} falls back to config {}",
-          m, weight.group_size, config.name);
+      log(LogLevel::Info, "dense gemm: M = {} with weight groups of {} falls back to config {}", m,
+          weight.group_size, config.name);
     }
   }
-  if (!chosen)
+  if (!chosen) {
+    // Dequant + cuBLAS serves every weight; what refuses it refuses the call.
+    const auto last_resort = configs.back().unsupported_reason(m, weight, activation, gpu);
     throw Error(ErrorCode::Unsupported,
-                fmt::format("dense gemm: no config serves M = {} with weight groups of {}", m,
-                            weight.group_size));
+                fmt::format("dense gemm: no config serves M = {} with weight groups of {}{}", m,
+                            weight.group_size, last_resort ? ": " + *last_resort : ""));
+  }
   DensePlan plan;
   plan.config = *chosen;
   const auto& c = plan.config;
@@ -199,18 +208,19 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
     // Chunks of whole 64-row slices that keep the 16-bit weight chunk under 64 MiB and, where
     // C needs fp32 sums first, those under 128 MiB: bounded scratch, and each cuBLAS call still
     // a large GEMM (8192 rows of a K = 4096 weight).
-    constexpr std::int64_t kWeightBytes = std::int64_t{64} << 20, kSumBytes = std::int64_t{128} << 20;
+    constexpr std::int64_t kWeightBytes = std::int64_t{64} << 20,
+                           kSumBytes = std::int64_t{128} << 20;
     const std::int64_t by_weight = kWeightBytes / (2 * weight.k);
     const std::int64_t by_sums = kSumBytes / (4 * m);
-    plan.chunk_n = std::clamp<std::int64_t>(std::min(by_weight, by_sums) / 64 * 64, 64,
-                                            weight.n_padded);
+    plan.chunk_n =
+        std::clamp<std::int64_t>(std::min(by_weight, by_sums) / 64 * 64, 64, weight.n_padded);
     plan.rows = 0;
     return plan;
   }
   const std::int64_t slices = weight.n_padded / 64;
   plan.rows = c.kernel == DenseKernel::Streamed ? streamed_rows(m) : c.block_m();
   const std::int64_t resident =
-      static_cast<std::int64_t>(sm_count) * resident_blocks(c, weight, plan.rows);
+      static_cast<std::int64_t>(gpu.sm_count) * resident_blocks(c, weight, plan.rows, gpu);
 
   if (c.kernel == DenseKernel::Streamed) {
     // Each warp takes a whole number of stages; a split is a block of warps_k warps per slice.

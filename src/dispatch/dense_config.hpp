@@ -3,9 +3,10 @@
 // Two kernels: the tiled GEMM (kernels/gemm/sm80_dense.cuh, any M) and the streamed decode GEMM
 // (kernels/gemm/sm80_decode.cuh, M <= 16); and the dequantize + cuBLAS path
 // (kernels/gemm/dequant_cublas.cuh), which serves every weight the layout holds and is the
-// faster one for large M until the wgmma kernels come. DenseGemmConfig mirrors their template constants; the
-// launch shape (threads, shared memory) is computed here from the same formulas as the kernels'
-// DenseGemmShape / DecodeGemmShape, and the kernels static_assert that the spec's values agree.
+// faster one for large M until the wgmma kernels come. DenseGemmConfig mirrors their template
+// constants; the launch shape (threads, shared memory) is computed here from the same formulas as
+// the kernels' DenseGemmShape / DecodeGemmShape, and the kernels static_assert that the spec's
+// values agree.
 #pragma once
 
 #include <optional>
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dispatch/gpu_limits.hpp"
 #include "jit/kernel_spec.hpp"
 #include "layout/mma_layout.hpp"
 #include "qgemm/scheme.hpp"
@@ -20,8 +22,8 @@
 namespace qgemm::dispatch {
 
 enum class DenseKernel {
-  Tiled,     // block tiles through a block-wide cp.async pipeline (sm80_dense.cuh)
-  Streamed,  // M <= 16: every warp streams its own K range (sm80_decode.cuh)
+  Tiled,          // block tiles through a block-wide cp.async pipeline (sm80_dense.cuh)
+  Streamed,       // M <= 16: every warp streams its own K range (sm80_decode.cuh)
   DequantCublas,  // N chunks dequantized to 16 bits, multiplied by cuBLAS (dequant_cublas.cuh)
 };
 
@@ -41,9 +43,10 @@ struct DenseGemmConfig {
   int block_n() const { return 64 * warps_n; }
   // `rows`: the streamed kernel's A rows (a power of two up to 16); ignored by the tiled one.
   int shared_bytes(const layout::MmaWeight& weight, int rows) const;
-  // Why this config cannot serve (M, weight, activation type) (nullopt when it can).
+  // Why this config cannot serve (M, weight, activation type) on `gpu` (nullopt when it can).
   std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
-                                                const Format& activation) const;
+                                                const Format& activation,
+                                                const GpuLimits& gpu) const;
 };
 
 const std::vector<DenseGemmConfig>& dense_gemm_configs();
@@ -54,17 +57,17 @@ struct DensePlan {
   int splits = 1;
   int tiles_per_split = 0;  // tiled: K tiles of one split
   int k_tiles = 0;          // tiled: K tiles in all
-  int rows = 16;            // streamed: A rows of the instantiation (M rounded up to 1, 2, 4, 8, 16)
-  int blocks_per_warp = 0;  // streamed: k16 blocks of one warp
+  int rows = 16;  // streamed: A rows of the instantiation (M rounded up to 1, 2, 4, 8, 16)
+  int blocks_per_warp = 0;   // streamed: k16 blocks of one warp
   std::int64_t chunk_n = 0;  // dequant + cuBLAS: weight rows dequantized per cuBLAS call
   unsigned grid_x = 1, grid_y = 1;
 };
 
-// Picks the config and split-K factor for (M, prepared weight) on a device with `sm_count`
-// SMs. Every rule that removes a candidate says why at QGEMM_LOG_LEVEL >= 3. A non-empty
-// `forced` names the config to use (benches, the tuner); Error when it cannot serve.
-DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight,
-                          const Format& activation, int sm_count, std::string_view forced = {});
+// Picks the config and split-K factor for (M, prepared weight) on `gpu`. Every rule that removes a
+// candidate says why at QGEMM_LOG_LEVEL >= 3. A non-empty `forced` names the config to use
+// (benches, the tuner); Error when it cannot serve.
+DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const Format& activation,
+                          const GpuLimits& gpu, std::string_view forced = {});
 
 // The KernelSpec of a plan for an activation type (bf16/fp16) and output format (for
 // dequant + cuBLAS: its dequantization kernel).

@@ -54,7 +54,7 @@ Scheme call_scheme(const WeightQuant& weight, const Format& activation, const Fo
 
 std::string lookup_dense_config(const TuningTable& table, const Scheme& scheme, std::int64_t m,
                                 const layout::MmaWeight& weight, const Format& activation,
-                                std::string* why) {
+                                const GpuLimits& gpu, std::string* why) {
   auto refuse = [&](std::string reason) {
     if (why) *why = std::move(reason);
     return std::string();
@@ -65,7 +65,7 @@ std::string lookup_dense_config(const TuningTable& table, const Scheme& scheme, 
                               weight.k, m_bucket(m)));
   for (const DenseGemmConfig& config : dense_gemm_configs()) {
     if (config.name != entry->config) continue;
-    if (auto reason = config.unsupported_reason(m, weight, activation))
+    if (auto reason = config.unsupported_reason(m, weight, activation, gpu))
       return refuse(
           fmt::format("tuned config '{}' cannot serve M = {}: {}", config.name, m, *reason));
     if (why) why->clear();
@@ -144,7 +144,8 @@ std::string tuned_dense_config(const runtime::DeviceInfo& device, const Scheme& 
   }
   if (!applies->second) return {};
   std::string why;
-  std::string config = lookup_dense_config(*state.table, scheme, m, weight, activation, &why);
+  std::string config = lookup_dense_config(*state.table, scheme, m, weight, activation,
+                                           GpuLimits::of_device(device), &why);
   if (config.empty() && why.rfind("no entry", 0) != 0 && state.refusals.insert(why).second)
     log(LogLevel::Info, "tuning table {}: {}; the heuristics choose", state.path, why);
   return config;

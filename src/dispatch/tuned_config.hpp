@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dispatch/gpu_limits.hpp"
 #include "dispatch/tuning_table.hpp"
 #include "layout/mma_layout.hpp"
 #include "qgemm/scheme.hpp"
@@ -43,7 +44,7 @@ Scheme call_scheme(const WeightQuant& weight, const Format& activation, const Fo
 // (when given) saying which rule refused it. The table's machine is not checked here.
 std::string lookup_dense_config(const TuningTable& table, const Scheme& scheme, std::int64_t m,
                                 const layout::MmaWeight& weight, const Format& activation,
-                                std::string* why = nullptr);
+                                const GpuLimits& gpu, std::string* why = nullptr);
 
 // Makes the table at `path` the active one (empty: none). A file that cannot be read or parsed
 // is Error(IoError / InvalidArgument) here, not a silent fallback: the caller asked for it.

@@ -130,15 +130,14 @@ DeviceInfo device_info(int index) {
   char name[256] = {};
   driver.check(driver.cuDeviceGetName(name, sizeof name, device), "cuDeviceGetName");
   info.name = name;
-  driver.check(driver.cuDeviceGetAttribute(&info.major,
-                                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-               "cuDeviceGetAttribute");
-  driver.check(driver.cuDeviceGetAttribute(&info.minor,
-                                           CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-               "cuDeviceGetAttribute");
-  driver.check(
-      driver.cuDeviceGetAttribute(&info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
-      "cuDeviceGetAttribute");
+  auto attribute = [&](int* value, CUdevice_attribute which) {
+    driver.check(driver.cuDeviceGetAttribute(value, which, device), "cuDeviceGetAttribute");
+  };
+  attribute(&info.major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  attribute(&info.minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  attribute(&info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  attribute(&info.shared_per_block_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  attribute(&info.shared_per_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
   driver.check(driver.cuDeviceTotalMem(&info.memory_bytes, device), "cuDeviceTotalMem");
   return info;
 }

@@ -70,6 +70,8 @@ struct DeviceInfo {
   std::string name;
   int major = 0, minor = 0;
   int sm_count = 0;
+  int shared_per_block_optin = 0;  // bytes a block may use when it opts in
+  int shared_per_sm = 0;
   std::size_t memory_bytes = 0;
 };
 int device_count();  // 0 when there is no driver

@@ -14,39 +14,40 @@
 namespace qgemm {
 namespace {
 
-constexpr int kSmCount = 132;  // the H200's
+const dispatch::GpuLimits kH200 = dispatch::GpuLimits::of_arch(jit::Arch::sm_90a, 132);
 
 // The prepared weight's metadata for `scheme` at N x K, quantized on a small random tile (the
 // metadata of a large weight differs only in its sizes, which are set directly).
 layout::MmaWeight metadata(const char* scheme_text, std::int64_t n, std::int64_t k) {
   const Scheme scheme = parse_scheme(scheme_text);
-  const std::int64_t tile_k = scheme.weight.granularity == WeightGranularity::Group
-                                  ? 2 * scheme.weight.group
-                                  : 256;
+  const std::int64_t tile_k =
+      scheme.weight.granularity == WeightGranularity::Group ? 2 * scheme.weight.group : 256;
   std::vector<float> w(static_cast<std::size_t>(64 * tile_k));
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : w) x = normal(rng);
-  layout::MmaWeight meta = layout::mma_metadata(quantize_weight(scheme.weight, w.data(), 64, tile_k));
+  layout::MmaWeight meta =
+      layout::mma_metadata(quantize_weight(scheme.weight, w.data(), 64, tile_k));
   meta.n = n;
   meta.k = k;
   meta.n_padded = (n + 63) / 64 * 64;
   meta.k_blocks = (k + 15) / 16;
-  meta.groups = meta.group_size == 0 ? 1 : static_cast<int>((k + meta.group_size - 1) / meta.group_size);
+  meta.groups =
+      meta.group_size == 0 ? 1 : static_cast<int>((k + meta.group_size - 1) / meta.group_size);
   return meta;
 }
 
 TEST(DensePlan, PicksTheKernelByM) {
   const layout::MmaWeight w = metadata("w4a16", 28672, 8192);
   for (std::int64_t m : {1, 2, 5, 16})
-    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.kernel,
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kH200).config.kernel,
               dispatch::DenseKernel::Streamed)
         << "M=" << m;
   for (std::int64_t m : {17, 64, 128})
-    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.name, "medium")
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kH200).config.name, "medium")
         << "M=" << m;
   for (std::int64_t m : {129, 200, 257, 4096})
-    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount).config.kernel,
+    EXPECT_EQ(dispatch::plan_dense_gemm(m, w, formats::bf16, kH200).config.kernel,
               dispatch::DenseKernel::DequantCublas)
         << "M=" << m;
 }
@@ -54,13 +55,16 @@ TEST(DensePlan, PicksTheKernelByM) {
 // Every k16 block belongs to exactly one split: the splits reach K, and the last one is needed.
 TEST(DensePlan, SplitsCoverKExactlyOnce) {
   for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
-    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192}, {8192, 28672},
-                        {640, 640}, {5472, 2880}, {4000, 10944}})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {640, 640},
+                        {5472, 2880},
+                        {4000, 10944}})
       for (std::int64_t m : {1, 3, 16, 17, 64, 128}) {
         SCOPED_TRACE(std::string(scheme) + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
                      " K=" + std::to_string(k));
         const layout::MmaWeight w = metadata(scheme, n, k);
-        const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount);
+        const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kH200);
         ASSERT_GE(plan.splits, 1);
         if (plan.config.kernel == dispatch::DenseKernel::Streamed) {
           const std::int64_t per_split =
@@ -84,13 +88,17 @@ TEST(DensePlan, SplitsCoverKExactlyOnce) {
 // Dequant + cuBLAS chunks are whole 64-row slices, within the scratch bound where one slice
 // fits it, and never more than the weight.
 TEST(DensePlan, DequantCublasChunksAreBoundedWholeSlices) {
-  for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192}, {8192, 28672},
-                      {640, 640}, {4000, 10944}, {100, 1 << 20}})
+  for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                      {8192, 28672},
+                      {640, 640},
+                      {4000, 10944},
+                      {100, 1 << 20}})
     for (std::int64_t m : {std::int64_t{300}, std::int64_t{4096}, std::int64_t{1} << 22}) {
-      SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+      SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) +
+                   " K=" + std::to_string(k));
       const layout::MmaWeight w = metadata("w4a16", n, k);
       const dispatch::DensePlan plan =
-          dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount, "dequant-cublas");
+          dispatch::plan_dense_gemm(m, w, formats::bf16, kH200, "dequant-cublas");
       EXPECT_EQ(plan.chunk_n % 64, 0);
       EXPECT_GE(plan.chunk_n, 64);
       EXPECT_LE(plan.chunk_n, w.n_padded);
@@ -107,11 +115,11 @@ TEST(DensePlan, DequantCublasChunksAreBoundedWholeSlices) {
 TEST(DensePlan, WeightsNoTileConfigServesFallBackToDequantCublas) {
   const layout::MmaWeight w = metadata("w=uint4:g48:s=bf16:zp=int;a=bf16", 640, 2880);
   for (std::int64_t m : {1, 16, 64, 4096}) {
-    const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kSmCount);
+    const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, w, formats::bf16, kH200);
     EXPECT_EQ(plan.config.kernel, dispatch::DenseKernel::DequantCublas) << "M=" << m;
   }
   try {
-    dispatch::plan_dense_gemm(1, w, formats::bf16, kSmCount, "decode");
+    dispatch::plan_dense_gemm(1, w, formats::bf16, kH200, "decode");
     ADD_FAILURE() << "forced decode served a group of 48";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported);
@@ -119,7 +127,7 @@ TEST(DensePlan, WeightsNoTileConfigServesFallBackToDequantCublas) {
     EXPECT_NE(std::string(e.what()).find("group 48"), std::string::npos) << e.what();
   }
   try {
-    dispatch::plan_dense_gemm(1, w, formats::bf16, kSmCount, "no-such-config");
+    dispatch::plan_dense_gemm(1, w, formats::bf16, kH200, "no-such-config");
     ADD_FAILURE() << "an unknown config name was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
@@ -132,13 +140,12 @@ TEST(DensePlan, WeightsNoTileConfigServesFallBackToDequantCublas) {
 TEST(DequantCublasSpecs, CompileWithoutSpills) {
   jit::KernelCache cache(jit::CacheConfig{});
   std::vector<jit::KernelSpec> specs;
-  for (const char* scheme : {"w4a16", "w=uint4:g128:s=bf16:zp=int;a=bf16",
-                             "w=uint6:g128:s=fp16:zp=float;a=fp16", "w=e3m2:g32:s=e8m0;a=bf16",
-                             "w8a16"}) {
+  for (const char* scheme :
+       {"w4a16", "w=uint4:g128:s=bf16:zp=int;a=bf16", "w=uint6:g128:s=fp16:zp=float;a=fp16",
+        "w=e3m2:g32:s=e8m0;a=bf16", "w8a16"}) {
     const Scheme s = parse_scheme(scheme);
-    dispatch::DensePlan plan =
-        dispatch::plan_dense_gemm(4096, metadata(scheme, 640, 1024), s.activation.format,
-                                  kSmCount, "dequant-cublas");
+    dispatch::DensePlan plan = dispatch::plan_dense_gemm(
+        4096, metadata(scheme, 640, 1024), s.activation.format, kH200, "dequant-cublas");
     specs.push_back(dispatch::dense_gemm_spec(plan, metadata(scheme, 640, 1024),
                                               s.activation.format, s.output, jit::Arch::sm_90a));
     EXPECT_EQ(specs.back().family, "mma_dequantize");

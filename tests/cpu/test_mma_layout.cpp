@@ -7,6 +7,7 @@
 #include "dispatch/dense_config.hpp"
 #include "gemm/mma_weight_layout.cuh"
 #include "jit/cache.hpp"
+#include "jit/catalog.hpp"
 #include "jit/compiler.hpp"
 #include "layout/mma_layout.hpp"
 #include "layout/mma_repack_gpu.hpp"
@@ -150,7 +151,9 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
       for (const auto& config : dispatch::dense_gemm_configs()) {
         // All configs on sm_90a; one scheme per config elsewhere.
         if (arch != jit::Arch::sm_90a && s != 0) continue;
-        if (config.unsupported_reason(16, prepared, scheme.activation.format)) continue;
+        if (config.unsupported_reason(16, prepared, scheme.activation.format,
+                                      dispatch::GpuLimits::of_arch(jit::Arch::sm_90a, 132)))
+          continue;
         dispatch::DensePlan plan;
         plan.config = config;
         plan.splits = config.warps_k > 1 ? 2 : 1;
@@ -166,6 +169,48 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
       }
     }
   }
+}
+
+// SM75 (Turing) with fp16 activations: the plan fits its 64 KB of shared memory at every M, and
+// what it launches (decode, tiled, dequant + cuBLAS with its finishing pass) compiles for sm_75
+// without spills, where cp.async and mma.m16n8k16 fall back (ptx/); bf16 is refused by name.
+TEST(DenseGemmSpecs, Sm75ServesFp16Activations) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  const dispatch::GpuLimits turing = dispatch::GpuLimits::of_arch(jit::Arch::sm_75, 40);
+  std::vector<float> w(512 * 512);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  for (const char* text : {"gptq-w4a16-g128", "w=e4m3:ch:s=fp32;a=fp16;o=fp16"}) {
+    const Scheme scheme = parse_scheme(text);
+    const layout::MmaWeight prepared =
+        layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 512, 512));
+    for (std::int64_t m : {1, 9, 17, 100, 300}) {
+      const dispatch::DensePlan plan =
+          dispatch::plan_dense_gemm(m, prepared, formats::fp16, turing);
+      const jit::KernelSpec spec =
+          dispatch::dense_gemm_spec(plan, prepared, formats::fp16, scheme.output, jit::Arch::sm_75);
+      SCOPED_TRACE(jit::to_string(spec));
+      EXPECT_LE(spec.launch.dynamic_smem_bytes, turing.shared_per_block);
+      for (const jit::KernelSpec& launched :
+           {spec, dispatch::finish_gemm_spec(scheme.output, jit::Arch::sm_75)}) {
+        const auto lookup = cache.get(launched);
+        EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0) << jit::to_string(launched);
+        EXPECT_GT(lookup.kernel->resources.registers, 0);
+      }
+    }
+    try {
+      dispatch::plan_dense_gemm(1, prepared, formats::bf16, turing);
+      ADD_FAILURE() << "bf16 planned on sm_75";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+      EXPECT_NE(std::string(e.what()).find("SM80"), std::string::npos) << e.what();
+    }
+  }
+  const ActivationQuant per_token = parse_scheme("w8a8-fp8").activation;
+  const auto lookup = cache.get(jit::quantize_activation_spec(
+      per_token, formats::fp16, jit::ActivationEmit::Operand, formats::fp16, jit::Arch::sm_75));
+  EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
 }
 
 // The device twin of the repack compiles for every weight family (integer, float, zero points).

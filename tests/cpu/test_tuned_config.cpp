@@ -17,6 +17,8 @@
 namespace qgemm::dispatch {
 namespace {
 
+const GpuLimits kH200 = GpuLimits::of_arch(jit::Arch::sm_90a, 132);
+
 // A small random w4a16 weight's layout metadata (what the Engine's prepared weight carries).
 layout::MmaWeight w4a16_weight(std::int64_t n, std::int64_t k, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -70,9 +72,10 @@ TEST(TunedConfig, ReturnsTheTableConfigExactlyWhenItCanServeTheBucket) {
     for (std::int64_t m : ms) {
       TuningTable table;
       table.entries.push_back(entry_for(scheme, weight.n, weight.k, m, config.name));
-      const bool can_serve = !config.unsupported_reason(m, weight, formats::bf16);
+      const bool can_serve = !config.unsupported_reason(m, weight, formats::bf16, kH200);
       std::string why;
-      const std::string chosen = lookup_dense_config(table, scheme, m, weight, formats::bf16, &why);
+      const std::string chosen =
+          lookup_dense_config(table, scheme, m, weight, formats::bf16, kH200, &why);
       SCOPED_TRACE(config.name + " m=" + std::to_string(m));
       if (can_serve) {
         EXPECT_EQ(chosen, config.name);
@@ -96,16 +99,18 @@ TEST(TunedConfig, MatchesOnlyItsOwnBucketSchemeAndShape) {
   TuningTable table;
   table.entries.push_back(entry_for(scheme, 256, 512, 128, "dequant-cublas"));
   // Bucket 128 holds M 65..128.
-  EXPECT_EQ(lookup_dense_config(table, scheme, 65, weight, formats::bf16), "dequant-cublas");
-  EXPECT_EQ(lookup_dense_config(table, scheme, 128, weight, formats::bf16), "dequant-cublas");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 65, weight, formats::bf16, kH200), "dequant-cublas");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 128, weight, formats::bf16, kH200),
+            "dequant-cublas");
   std::string why;
-  EXPECT_EQ(lookup_dense_config(table, scheme, 64, weight, formats::bf16, &why), "");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 64, weight, formats::bf16, kH200, &why), "");
   EXPECT_NE(why.find("no entry"), std::string::npos) << why;
-  EXPECT_EQ(lookup_dense_config(table, scheme, 129, weight, formats::bf16), "");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 129, weight, formats::bf16, kH200), "");
   // Another scheme (zero points) or another shape: no entry.
-  EXPECT_EQ(lookup_dense_config(table, parse_scheme("w4a16-zp"), 100, weight, formats::bf16), "");
+  EXPECT_EQ(lookup_dense_config(table, parse_scheme("w4a16-zp"), 100, weight, formats::bf16, kH200),
+            "");
   const layout::MmaWeight wider = w4a16_weight(320, 512, 8);
-  EXPECT_EQ(lookup_dense_config(table, scheme, 100, wider, formats::bf16), "");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 100, wider, formats::bf16, kH200), "");
 }
 
 TEST(TunedConfig, UnknownConfigNameFallsBack) {
@@ -114,7 +119,7 @@ TEST(TunedConfig, UnknownConfigNameFallsBack) {
   TuningTable table;
   table.entries.push_back(entry_for(scheme, 128, 256, 1, "no-such-config"));
   std::string why;
-  EXPECT_EQ(lookup_dense_config(table, scheme, 1, weight, formats::bf16, &why), "");
+  EXPECT_EQ(lookup_dense_config(table, scheme, 1, weight, formats::bf16, kH200, &why), "");
   EXPECT_NE(why.find("no-such-config"), std::string::npos) << why;
 }
 

@@ -243,7 +243,9 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
     for (const auto& config : dispatch::dense_gemm_configs()) {
       if (config.name.rfind("decode", 0) != 0) continue;
       // A config that cannot serve this weight must say so, never launch.
-      if (auto reason = config.unsupported_reason(16, meta, scheme.activation.format)) {
+      if (auto reason =
+              config.unsupported_reason(16, meta, scheme.activation.format,
+                                        dispatch::GpuLimits::of_device(runtime::device_info(0)))) {
         GemmOptions options;
         options.tile_config = config.name;
         EXPECT_THROW(engine.warm_up(16, weights.at(text).second, scheme.activation.format,

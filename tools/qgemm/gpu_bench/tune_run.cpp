@@ -30,7 +30,8 @@ std::optional<std::string> static_skip_reason(const TuneTask& task, const Packed
   if (config->kernel == dispatch::DenseKernel::DequantCublas) return std::nullopt;
   if (auto reason = layout::mma_unsupported_reason(packed.quant))
     return fmt::format("the weight stays canonical ({}): only dequant-cublas serves it", *reason);
-  return config->unsupported_reason(task.m, layout::mma_metadata(packed), activation);
+  return config->unsupported_reason(task.m, layout::mma_metadata(packed), activation,
+                                    dispatch::GpuLimits::of_device(runtime::device_info(0)));
 }
 
 // Runs one task and returns its result; `context_lost` is set when the CUDA context broke.
