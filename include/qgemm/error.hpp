@@ -4,8 +4,11 @@
 //   "scheme: weight group size 96 does not divide K = 1000 (rule: K % group == 0)".
 #pragma once
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace qgemm {
 
@@ -47,6 +50,14 @@ inline const char* error_code_name(ErrorCode code) {
 // Throws InvalidArgument with `message` unless `condition` holds.
 inline void require(bool condition, const std::string& message) {
   if (!condition) throw Error(ErrorCode::InvalidArgument, message);
+}
+
+// The same with the message formatted (fmt) only when `condition` fails: checks that sit on a
+// call's path cost the comparison, not the message.
+template <typename... Args>
+void require(bool condition, fmt::format_string<Args...> format, Args&&... args) {
+  if (!condition)
+    throw Error(ErrorCode::InvalidArgument, fmt::format(format, std::forward<Args>(args)...));
 }
 
 }  // namespace qgemm

@@ -79,50 +79,105 @@ struct DecodeGemm {
   static constexpr int kBatchTiles = kRows > 8 ? 2 : 1;  // 8 batch rows per mma
   using Accumulators = float[4][kBatchTiles][4];
   using RowSums = float[kBatchTiles][4];
-  using Shape =
-      DecodeGemmShape<kRows, kWarps, kStageBlocks, kStages, kBits, kGroup, kStoredZeros>;
+  using Shape = DecodeGemmShape<kRows, kWarps, kStageBlocks, kStages, kBits, kGroup, kStoredZeros>;
   // k16 blocks per group; one group for all of K (per channel) never ends inside the range.
   static constexpr int kGroupBlocks = kGroup == 0 ? 1 << 30 : kGroup / 16;
 
-  __device__ static void load_stage(const DenseGemmParams& p, char* stage, int kb0, int kb_end,
-                                    int slice, int lane) {
-    // W: the stage's blocks are one contiguous run of the slice.
-    const char* w = reinterpret_cast<const char*>(p.b) +
-                    (static_cast<long long>(slice) * p.k_blocks + kb0) * 32 * kBits * 4;
-    const int blocks = kb_end - kb0 < kStageBlocks ? kb_end - kb0 : kStageBlocks;
-    const int w_chunks = blocks * 8 * kBits;
+  // What one lane copies into every stage, computed once per warp; a stage then costs the lane a
+  // few additions per copy. (Recomputing these per stage took more instructions than the
+  // stage's dequantization and mma.)
+  //   W      chunks lane + 32 i of the stage's contiguous run of codes
+  //   A      chunk c = lane % C of rows r = lane / C + i · 32 / C (C = 16-byte chunks per row,
+  //          a divisor of 32), rows < M only
+  //   S      chunk lane % 16 of scale (or zero) row i · 2 + lane / 16 (16 chunks per row)
+  struct StageLoader {
+    static constexpr int kWChunks = Shape::kWBytes / 16;
+    static constexpr int kWPerLane = (kWChunks + 31) / 32;
+    static constexpr int kAChunksPerRow = Shape::kStageK / 8;
+    static_assert(32 % kAChunksPerRow == 0 || kAChunksPerRow % 32 == 0, "A chunks tile the warp");
+    static constexpr int kARowsPerPass = kAChunksPerRow >= 32 ? 1 : 32 / kAChunksPerRow;
+    static constexpr int kAPasses = kAChunksPerRow >= 32
+                                        ? kRows * (kAChunksPerRow / 32)
+                                        : (kRows + kARowsPerPass - 1) / kARowsPerPass;
+    static constexpr int kSRows = (kStoredZeros ? 2 : 1) * Shape::kScaleRows;
+    static constexpr int kSPerLane = (kSRows * 16 + 31) / 32;
+
+    const char* w;                   // the lane's first W chunk of the warp's first stage
+    const char* a;                   // the lane's A chunk in its first row, at k = 0
+    int a_row, a_chunk_k, a_passes;  // first row, the chunk's k within a stage, rows < M passes
+    const char* s;                   // the lane's scale chunk in group row 0 (slice, chunk)
+    const char* z;                   // the same in the zeros, when stored
+
+    __device__ StageLoader(const DenseGemmParams& p, int slice, int kb_begin, int lane) {
+      w = reinterpret_cast<const char*>(p.b) +
+          (static_cast<long long>(slice) * p.k_blocks + kb_begin) * 32 * kBits * 4 + lane * 16;
+      if constexpr (kAChunksPerRow >= 32) {
+        a_row = 0;
+        a_chunk_k = (lane % 32) * 8;
+      } else {
+        a_row = lane / kAChunksPerRow;
+        a_chunk_k = (lane % kAChunksPerRow) * 8;
+      }
+      a = static_cast<const char*>(p.a) + (static_cast<long long>(a_row) * p.lda + a_chunk_k) * 2;
+      a_passes = 0;  // passes whose row is < M (rows grow with the pass)
+      for (int i = 0; i < kAPasses; ++i) a_passes += a_row + row_of_pass(i) < p.m;
+      const int s_offset = (slice * 64 + (lane % 16) * 4) * 4;
+      s = reinterpret_cast<const char*>(p.scales) + s_offset;
+      z = kStoredZeros ? reinterpret_cast<const char*>(p.zeros) + s_offset : nullptr;
+    }
+
+    __device__ static int row_of_pass(int i) {
+      return kAChunksPerRow >= 32 ? i / (kAChunksPerRow / 32) : i * kARowsPerPass;
+    }
+
+    // Stage `stage_index` of the warp (its blocks [kb0, kb0 + blocks)) into the stage at
+    // shared address `stage`.
+    __device__ void load(const DenseGemmParams& p, unsigned stage, int stage_index, int kb0,
+                         int blocks, int lane) const {
+      // W: the stage's blocks are one contiguous run of the slice.
+      const char* w_stage = w + static_cast<long long>(stage_index) * Shape::kWBytes;
+      const int w_chunks = blocks * 8 * kBits;
 #pragma unroll
-    for (int i = lane; i < Shape::kWBytes / 16; i += 32)
-      if (i < w_chunks) ptx::cp_async_16(stage + i * 16, w + i * 16, 16);
-    // A: rows < M in chunks of 8 values; bytes past K are zero-filled.
-    char* a_stage = stage + Shape::kWBytes;
-    const char* a = static_cast<const char*>(p.a);
-    constexpr int kChunksPerRow = Shape::kStageK / 8;
-    const int k0 = kb0 * 16;
-    for (int i = lane; i < p.m * kChunksPerRow; i += 32) {
-      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-      const int k = k0 + chunk * 8;
+      for (int i = 0; i < kWPerLane; ++i) {
+        const int chunk = lane + 32 * i;
+        if ((kWChunks % 32 == 0 || chunk < kWChunks) && chunk < w_chunks)
+          ptx::cp_async_16(stage + chunk * 16, w_stage + i * 512, 16);
+      }
+      // A: rows < M, 16 bytes of K each; bytes past K are zero-filled.
+      const unsigned a_stage = stage + Shape::kWBytes;
+      const int k = kb0 * 16 + (kAChunksPerRow >= 32 ? 0 : a_chunk_k);
       int bytes = (p.k - k) * 2;
       bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
-      const char* src = bytes ? a + (static_cast<long long>(row) * p.lda + k) * 2 : a;
-      ptx::cp_async_16(a_stage + row * Shape::kARowBytes + chunk * 16, src, bytes);
-    }
-    // Scales (then zeros) of the stage's groups; rows past the last group read as zero.
-    char* s_stage = a_stage + Shape::kABytes;
-    const int g0 = kGroup == 0 ? 0 : k0 / kGroup;
-    constexpr int kArrays = kStoredZeros ? 2 : 1;
-    constexpr int kChunks = kArrays * Shape::kScaleRows * 16;
 #pragma unroll
-    for (int i = lane; i < kChunks; i += 32) {
-      const int array = i / (Shape::kScaleRows * 16);
-      const int row = i / 16 % Shape::kScaleRows, chunk = i % 16;
-      const int g = g0 + row;
-      const float* base = array == 0 ? p.scales : p.zeros;
-      const bool valid = g < p.groups;
-      const float* src = base + static_cast<long long>(g) * p.n_padded + slice * 64 + chunk * 4;
-      ptx::cp_async_16(s_stage + i * 16, valid ? src : base, valid ? 16 : 0);
+      for (int i = 0; i < kAPasses; ++i) {
+        if (i >= a_passes) break;
+        int chunk_k = a_chunk_k, chunk_bytes = bytes;
+        if constexpr (kAChunksPerRow >= 32) {  // several chunks of one row per pass
+          chunk_k = ((i % (kAChunksPerRow / 32)) * 32 + lane) * 8;
+          chunk_bytes = (p.k - kb0 * 16 - chunk_k) * 2;
+          chunk_bytes = chunk_bytes < 0 ? 0 : (chunk_bytes > 16 ? 16 : chunk_bytes);
+        }
+        const int row = a_row + row_of_pass(i);
+        const char* src = a + static_cast<long long>(row - a_row) * p.lda * 2 +
+                          (kb0 * 16 + chunk_k - a_chunk_k) * 2;
+        ptx::cp_async_16(a_stage + row * Shape::kARowBytes + chunk_k * 2,
+                         chunk_bytes ? src : static_cast<const char*>(p.a), chunk_bytes);
+      }
+      // Scales (then zeros) of the stage's groups; rows past the last group read as zero.
+      const unsigned s_stage = a_stage + Shape::kABytes;
+      const int g0 = kGroup == 0 ? 0 : kb0 * 16 / kGroup;
+#pragma unroll
+      for (int i = 0; i < kSPerLane; ++i) {
+        const int row = i * 2 + lane / 16;  // scale rows, then zero rows
+        if (row >= kSRows) break;
+        const int g = g0 + row % Shape::kScaleRows;
+        const bool valid = g < p.groups;
+        const char* base = kStoredZeros && row >= Shape::kScaleRows ? z : s;
+        const char* src = base + static_cast<long long>(g) * p.n_padded * 4;
+        ptx::cp_async_16(s_stage + (row * 16 + lane % 16) * 16, valid ? src : s, valid ? 16 : 0);
+      }
     }
-  }
+  };
 
   // The B-side offsets of a group for this lane's columns j · 8 + lane / 4 (see
   // dequantize_lane_unscaled).
@@ -210,13 +265,13 @@ struct DecodeGemm {
       unsigned x[kBatchTiles][2];
       if constexpr (kBatchTiles == 1) {
         const int row = lane % 8, chunk = i * 2 + (lane / 8) % 2;
-        ptx::ldmatrix_x2(x[0], row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
-                                         : zero_chunk);
+        ptx::ldmatrix_x2(x[0],
+                         row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
       } else {
         const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
         unsigned r[4];
-        ptx::ldmatrix_x4(r, row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16
-                                      : zero_chunk);
+        ptx::ldmatrix_x4(r,
+                         row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
         x[0][0] = r[0], x[0][1] = r[2], x[1][0] = r[1], x[1][1] = r[3];
       }
 #pragma unroll
@@ -245,7 +300,8 @@ struct DecodeGemm {
     const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
     const int kb_limit = kb_begin + p.blocks_per_warp;
     const int kb_end = kb_limit < p.k_blocks ? kb_limit : p.k_blocks;
-    const int stages = kb_end > kb_begin ? (kb_end - kb_begin + kStageBlocks - 1) / kStageBlocks : 0;
+    const int stages =
+        kb_end > kb_begin ? (kb_end - kb_begin + kStageBlocks - 1) / kStageBlocks : 0;
 
     char* mine = shared + warp * Shape::kWarpBytes;
     if (lane < 4) reinterpret_cast<unsigned*>(mine)[lane] = 0u;  // the zero chunk
@@ -268,20 +324,22 @@ struct DecodeGemm {
     // Constant and absent zeros now; stored ones at each group's first block (compute_stage).
     if constexpr (kZeroMode != kZeroInteger) group_offsets(nullptr, lane, off);
 
+    const StageLoader loader(p, slice, kb_begin, lane);
+    const unsigned ring_address = ptx::shared_address(ring);
+    auto load = [&](int s) {
+      const int kb0 = kb_begin + s * kStageBlocks;
+      const int blocks = kb_end - kb0 < kStageBlocks ? kb_end - kb0 : kStageBlocks;
+      loader.load(p, ring_address + (s % kStages) * Shape::kStageBytes, s, kb0, blocks, lane);
+    };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < stages)
-        load_stage(p, ring + s * Shape::kStageBytes, kb_begin + s * kStageBlocks, kb_end, slice,
-                   lane);
+      if (s < stages) load(s);
       ptx::cp_async_commit();
     }
     for (int s = 0; s < stages; ++s) {
       ptx::cp_async_wait<kStages - 2>();
       __syncwarp();  // every lane's copies of stage s landed; every lane is done with s − 1
-      const int next = s + kStages - 1;
-      if (next < stages)
-        load_stage(p, ring + (next % kStages) * Shape::kStageBytes,
-                   kb_begin + next * kStageBlocks, kb_end, slice, lane);
+      if (s + kStages - 1 < stages) load(s + kStages - 1);
       ptx::cp_async_commit();
       compute_stage(p, ring + (s % kStages) * Shape::kStageBytes, zero_chunk,
                     kb_begin + s * kStageBlocks, kb_begin, kb_end, lane, off, acc, part, rowsum);
@@ -302,7 +360,8 @@ struct DecodeGemm {
       if (warp == 0) {
         for (int other = 1; other < kWarps; ++other)
 #pragma unroll
-          for (int v = 0; v < kValues; ++v) flat[v] += reduce[((other - 1) * kValues + v) * 32 + lane];
+          for (int v = 0; v < kValues; ++v)
+            flat[v] += reduce[((other - 1) * kValues + v) * 32 + lane];
       }
     }
 

@@ -16,10 +16,13 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
 
 // .cg: cache in L2 only. Streamed weights are read once per call, so L1 would only evict the
 // activation tiles that are reused.
-__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
+// `shared_dst` as a shared-window address (shared_address): callers that copy into the same
+// stage every iteration keep it in a register instead of converting a pointer per copy.
+__device__ __forceinline__ void cp_async_16(unsigned shared_dst, const void* global_src,
+                                            int bytes) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared_dst)),
-               "l"(global_src), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(global_src),
+               "r"(bytes));
 #else
   union {
     uint4 vector;
@@ -28,7 +31,27 @@ __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global
   if (bytes == 16) {
     chunk.vector = *static_cast<const uint4*>(global_src);
   } else {
-    for (int i = 0; i < bytes; ++i) chunk.byte[i] = static_cast<const unsigned char*>(global_src)[i];
+    for (int i = 0; i < bytes; ++i)
+      chunk.byte[i] = static_cast<const unsigned char*>(global_src)[i];
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(shared_dst), "r"(chunk.vector.x),
+               "r"(chunk.vector.y), "r"(chunk.vector.z), "r"(chunk.vector.w));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+  cp_async_16(shared_address(shared_dst), global_src, bytes);
+#else
+  union {
+    uint4 vector;
+    unsigned char byte[16];
+  } chunk = {make_uint4(0u, 0u, 0u, 0u)};
+  if (bytes == 16) {
+    chunk.vector = *static_cast<const uint4*>(global_src);
+  } else {
+    for (int i = 0; i < bytes; ++i)
+      chunk.byte[i] = static_cast<const unsigned char*>(global_src)[i];
   }
   *static_cast<uint4*>(shared_dst) = chunk.vector;
 #endif

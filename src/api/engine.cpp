@@ -80,6 +80,7 @@ struct Engine::Impl {
   struct Launch {
     dispatch::DensePlan plan;
     jit::KernelSpec spec;
+    runtime::LoadedKernel kernel;  // of `spec`, once loaded (ready())
   };
   Launch choose(std::int64_t m, const detail::PreparedWeight& weight, const Format& activation,
                 const Format& output, const GemmOptions& options) const {
@@ -127,10 +128,19 @@ struct Engine::Impl {
     return *cublas_handle;
   }
 
+  // choose() with the kernel loaded (JIT-compiled on first use): a call plans and loads all its
+  // kernels before it enqueues any, so that they reach the stream back to back.
+  Launch ready(std::int64_t m, const detail::PreparedWeight& weight, const Format& activation,
+               const Format& output, const GemmOptions& options) {
+    Launch launch = choose(m, weight, activation, output, options);
+    launch.kernel = kernel(launch.spec);
+    return launch;
+  }
   // The GEMM proper on a 16-bit A (the caller's, or the operand of quantized activations with
   // their row factors). Called with `mutex` held and the context current.
   void run(const DeviceMatrix& a, const detail::PreparedWeight& weight, const DeviceMatrix& c,
-           void* stream, const GemmOptions& options, const float* row_factors);
+           void* stream, const GemmOptions& options, const Launch& launch,
+           const float* row_factors);
   void dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
                       const DeviceMatrix& c, void* stream, const GemmOptions& options,
                       const Launch& launch, const float* row_factors);
@@ -192,9 +202,9 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     validate(scheme);  // names the activation field and rule
     validate_shape(scheme, 1, weight.n, weight.k);
     require(std::isfinite(static_activation_scale),
-            fmt::format("prepare_weight: static_activation_scale = {} (rule: finite; > 0 a "
-                        "calibrated scale, <= 0 each call's tensor absmax)",
-                        static_activation_scale));
+            "prepare_weight: static_activation_scale = {} (rule: finite; > 0 a "
+            "calibrated scale, <= 0 each call's tensor absmax)",
+            static_activation_scale);
     prepared->activation = activation;
     prepared->static_activation_scale =
         activation.scaling == ActivationScaling::StaticTensor ? static_activation_scale : 0.0;
@@ -265,7 +275,7 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
   Workspace& ws = workspaces[stream];
   grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
   if (!direct) grow(ws.chunk_sums, static_cast<std::size_t>(m * chunk) * sizeof(float));
-  const runtime::LoadedKernel dequantize = kernel(launch.spec);
+  const runtime::LoadedKernel& dequantize = launch.kernel;
   runtime::LoadedKernel finish;
   if (!direct) finish = kernel(dispatch::finish_gemm_spec(c.dtype, arch));
   runtime::Cublas& blas = cublas();
@@ -425,12 +435,14 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
                   fmt::format("gemm: A needs 16-byte aligned rows (stride {} must be a multiple of "
                               "8 and the pointer 16-byte aligned)",
                               a.stride));
-    impl_->run(a, w, c, stream, options, nullptr);
+    impl_->run(a, w, c, stream, options, impl_->ready(m, w, a.dtype, c.dtype, options), nullptr);
     return;
   }
   // Quantize A as the weight's activation scheme says, into the 16-bit operand.
   float* row_factors = nullptr;
   const DeviceMatrix operand = impl_->operand_for(stream, m, w.host.k, w.operand, &row_factors);
+  const Impl::Launch launch = impl_->ready(m, w, operand.dtype, c.dtype, options);
+  const runtime::LoadedKernel quantize = impl_->kernel(quantize_spec(w, a.dtype, impl_->arch));
   const auto cu_stream = static_cast<CUstream>(stream);
   kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
       w.activation, m, w.host.k, reinterpret_cast<CUdeviceptr>(a.data), a.stride,
@@ -446,9 +458,8 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
                                   absmax.address(), cu_stream);
     args.tensor_absmax = absmax.as<const float>();
   }
-  runtime::launch_quantize_activation(impl_->kernel(quantize_spec(w, a.dtype, impl_->arch)), args,
-                                      cu_stream);
-  impl_->run(operand, w, c, stream, options, row_factors);
+  runtime::launch_quantize_activation(quantize, args, cu_stream);
+  impl_->run(operand, w, c, stream, options, launch, row_factors);
 }
 
 void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
@@ -482,6 +493,9 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   const Format type = jit::activation_operand_format(a.quant);
   float* row_factors = nullptr;
   const DeviceMatrix operand = impl_->operand_for(stream, m, a.cols, type, &row_factors);
+  const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
+  const runtime::LoadedKernel expand =
+      impl_->kernel(jit::expand_activation_spec(a.quant, type, impl_->arch));
   kernels::ExpandActivationArgs args{};
   args.codes = static_cast<const unsigned char*>(a.codes);
   args.scales = static_cast<const unsigned char*>(a.scales);
@@ -492,18 +506,15 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   args.m = m;
   args.k = a.cols;
   args.group = a.quant.group > 0 ? a.quant.group : a.cols;
-  runtime::launch_expand_activation(
-      impl_->kernel(jit::expand_activation_spec(a.quant, type, impl_->arch)), args,
-      static_cast<CUstream>(stream));
-  impl_->run(operand, w, c, stream, options, row_factors);
+  runtime::launch_expand_activation(expand, args, static_cast<CUstream>(stream));
+  impl_->run(operand, w, c, stream, options, launch, row_factors);
 }
 
 void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weight,
                        const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                       const float* row_factors) {
+                       const Launch& launch, const float* row_factors) {
   const layout::MmaWeight& w = weight.host;
   const std::int64_t m = a.rows;
-  const Launch launch = choose(m, weight, a.dtype, c.dtype, options);
   const auto& plan = launch.plan;
   const jit::KernelSpec& spec = launch.spec;
   jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
@@ -511,7 +522,6 @@ void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weig
     dequant_cublas(a, weight, c, stream, options, launch, row_factors);
     return;
   }
-  const runtime::LoadedKernel loaded = kernel(spec);
 
   kernels::DenseGemmParams params{};
   params.a = a.data;
@@ -539,8 +549,9 @@ void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weig
     params.workspace = ws.sums.as<float>();
     params.counters = ws.counters.as<unsigned>();
   }
-  runtime::launch_kernel(loaded, {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)},
-                         params, static_cast<CUstream>(stream));
+  runtime::launch_kernel(launch.kernel,
+                         {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)}, params,
+                         static_cast<CUstream>(stream));
 }
 
 }  // namespace qgemm

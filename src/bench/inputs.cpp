@@ -35,7 +35,7 @@ std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t a, std::uint64_t b) 
 }
 
 std::vector<float> random_normal(std::int64_t count, std::uint64_t seed, double sigma) {
-  require(count >= 0, fmt::format("random_normal: count = {} (rule: >= 0)", count));
+  require(count >= 0, "random_normal: count = {} (rule: >= 0)", count);
   std::vector<float> values(static_cast<std::size_t>(count));
   const std::int64_t chunks = (count + kDrawChunk - 1) / kDrawChunk;
   quant_detail::parallel_rows(chunks, kDrawChunk, [&](std::int64_t begin, std::int64_t end) {
@@ -52,7 +52,7 @@ std::vector<float> random_normal(std::int64_t count, std::uint64_t seed, double 
 
 std::vector<float> decode_to_float(const std::vector<std::uint8_t>& codes, const Format& format) {
   require(format == formats::bf16 || format == formats::fp16,
-          fmt::format("decode_to_float: format {} (rule: bf16 or fp16)", format.name()));
+          "decode_to_float: format {} (rule: bf16 or fp16)", format.name());
   const auto count = static_cast<std::int64_t>(codes.size() / 2);
   std::vector<float> values(static_cast<std::size_t>(count));
   quant_detail::parallel_rows(count, 1, [&](std::int64_t begin, std::int64_t end) {
@@ -86,8 +86,7 @@ std::int64_t OutputSample::columns() const {
 
 OutputSample sample_output(std::int64_t m, std::int64_t n, std::int64_t alignment) {
   require(m >= 1 && n >= 1 && alignment >= 1,
-          fmt::format("sample_output: m = {}, n = {}, alignment = {} (rule: all >= 1)", m, n,
-                      alignment));
+          "sample_output: m = {}, n = {}, alignment = {} (rule: all >= 1)", m, n, alignment);
   OutputSample sample;
   constexpr std::int64_t kAllRowsUpTo = 64, kSampledRows = 32;
   if (m <= kAllRowsUpTo) {
@@ -124,13 +123,13 @@ std::int64_t scale_row_alignment(const PackedWeight& weight) {
 
 PackedWeight slice_weight_rows(const PackedWeight& weight, std::int64_t begin, std::int64_t end) {
   require(0 <= begin && begin < end && end <= weight.n,
-          fmt::format("slice_weight_rows: rows [{}, {}) of a weight of {} rows (rule: 0 <= begin "
-                      "< end <= n)",
-                      begin, end, weight.n));
+          "slice_weight_rows: rows [{}, {}) of a weight of {} rows (rule: 0 <= begin "
+          "< end <= n)",
+          begin, end, weight.n);
   const ScaleGrid grid = weight.scale_grid();
   require(grid.rows == 1 || begin % grid.rows_per == 0,
-          fmt::format("slice_weight_rows: begin = {} does not start a scale row of {} rows", begin,
-                      grid.rows_per));
+          "slice_weight_rows: begin = {} does not start a scale row of {} rows", begin,
+          grid.rows_per);
   PackedWeight out;
   out.quant = weight.quant;
   out.n = end - begin;
@@ -175,9 +174,8 @@ PackedActivation select_activation_rows(const PackedActivation& activation,
       per_row_scales ? grid.cols * activation.quant.scale_format.storage_bytes() : 0;
   if (!per_row_scales) out.scales = activation.scales;  // none, or one for the tensor
   for (std::int64_t r : rows) {
-    require(
-        0 <= r && r < activation.m,
-        fmt::format("select_activation_rows: row {} of {} (rule: 0 <= row < m)", r, activation.m));
+    require(0 <= r && r < activation.m, "select_activation_rows: row {} of {} (rule: 0 <= row < m)",
+            r, activation.m);
     out.codes.insert(out.codes.end(), activation.codes.begin() + r * row_bytes,
                      activation.codes.begin() + (r + 1) * row_bytes);
     if (per_row_scales)
@@ -226,8 +224,8 @@ std::vector<double> sampled_bf16_product(const std::vector<std::uint8_t>& a_code
 double relative_frobenius_error(const std::vector<double>& actual,
                                 const std::vector<double>& expected) {
   require(actual.size() == expected.size(),
-          fmt::format("relative_frobenius_error: {} values against {} (rule: same size)",
-                      actual.size(), expected.size()));
+          "relative_frobenius_error: {} values against {} (rule: same size)", actual.size(),
+          expected.size());
   double difference = 0, norm = 0;
   for (std::size_t i = 0; i < actual.size(); ++i) {
     if (!std::isfinite(actual[i])) return std::numeric_limits<double>::quiet_NaN();

@@ -64,8 +64,8 @@ std::string to_string(RunStatus status) {
 TimingStats summarize(std::vector<double> samples_us) {
   require(!samples_us.empty(), "timing: no samples (rule: at least one timed run)");
   for (double sample : samples_us)
-    require(std::isfinite(sample) && sample > 0,
-            fmt::format("timing: sample {} µs (rule: finite and > 0)", sample));
+    require(std::isfinite(sample) && sample > 0, "timing: sample {} µs (rule: finite and > 0)",
+            sample);
   std::sort(samples_us.begin(), samples_us.end());
   const std::size_t count = samples_us.size();
   TimingStats stats;

@@ -141,8 +141,8 @@ std::vector<dispatch::TuningEntry> pick_winners(const Recipe& recipe,
                                                 const std::vector<CandidateResult>& results,
                                                 const std::string& measured_at) {
   require(tasks.size() == results.size(),
-          fmt::format("pick_winners: {} tasks but {} results (rule: one result per task)",
-                      tasks.size(), results.size()));
+          "pick_winners: {} tasks but {} results (rule: one result per task)", tasks.size(),
+          results.size());
   std::map<std::pair<std::size_t, std::int64_t>, std::size_t> best;  // (case, bucket) -> task
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     if (results[i].status != CandidateStatus::Ok || !results[i].time) continue;

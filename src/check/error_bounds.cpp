@@ -21,9 +21,9 @@ struct CodeSpacing {
 
 CodeSpacing code_spacing(const Format& format) {
   require(format.bits <= 16,
-          fmt::format("error bounds: format {} has {} bits (rule: element formats of at most 16 "
-                      "bits)",
-                      format.name(), format.bits));
+          "error bounds: format {} has {} bits (rule: element formats of at most 16 "
+          "bits)",
+          format.name(), format.bits);
   const std::uint32_t count = format.code_count();
   CodeSpacing spacing;
   spacing.half_step.resize(count);
@@ -48,11 +48,12 @@ std::vector<double> decode_scales(const Format& scale_format,
                                   const char* tensor) {
   const int width = scale_format.storage_bytes();
   require(static_cast<std::int64_t>(bytes.size()) == count * width,
-          fmt::format("error bounds: the {} scales hold {} bytes (rule: {} scales of {} bytes)",
-                      tensor, bytes.size(), count, width));
+          "error bounds: the {} scales hold {} bytes (rule: {} scales of {} bytes)", tensor,
+          bytes.size(), count, width);
   std::vector<double> scales(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
-    scales[static_cast<std::size_t>(i)] = decode(scale_format, read_code(bytes.data(), i, 8 * width));
+    scales[static_cast<std::size_t>(i)] =
+        decode(scale_format, read_code(bytes.data(), i, 8 * width));
   return scales;
 }
 
@@ -63,17 +64,16 @@ std::vector<double> radii(const Format& element, const std::vector<std::uint8_t>
                           const std::vector<double>& cell_scales, double second_level,
                           std::int64_t rows, std::int64_t cols, const float* original,
                           const std::vector<double>& dequantized, const char* tensor) {
-  require(original != nullptr, fmt::format("error bounds: the original {} is null", tensor));
+  require(original != nullptr, "error bounds: the original {} is null", tensor);
   require(static_cast<std::int64_t>(dequantized.size()) == rows * cols &&
               static_cast<std::int64_t>(codes.size()) == rows * row_bytes,
-          fmt::format("error bounds: the {} [{}, {}] has {} code bytes and {} dequantized values "
-                      "(rule: {} and {})",
-                      tensor, rows, cols, codes.size(), dequantized.size(), rows * row_bytes,
-                      rows * cols));
+          "error bounds: the {} [{}, {}] has {} code bytes and {} dequantized values "
+          "(rule: {} and {})",
+          tensor, rows, cols, codes.size(), dequantized.size(), rows * row_bytes, rows * cols);
   require(grid.cols_per >= 1 && grid.rows_per >= 1,
-          fmt::format("error bounds: the {} scale grid covers {} x {} elements per scale (rule: "
-                      ">= 1)",
-                      tensor, grid.rows_per, grid.cols_per));
+          "error bounds: the {} scale grid covers {} x {} elements per scale (rule: "
+          ">= 1)",
+          tensor, grid.rows_per, grid.cols_per);
   const CodeSpacing spacing = code_spacing(element);
   std::vector<double> out(static_cast<std::size_t>(rows * cols));
   quant_detail::parallel_rows(rows, cols, [&](std::int64_t row_begin, std::int64_t row_end) {
@@ -151,8 +151,7 @@ double frobenius_norm(const float* values, std::int64_t count) {
 }
 
 double frobenius_distance(const std::vector<double>& a, const std::vector<double>& b) {
-  require(a.size() == b.size(),
-          fmt::format("frobenius_distance: sizes {} and {} differ", a.size(), b.size()));
+  require(a.size() == b.size(), "frobenius_distance: sizes {} and {} differ", a.size(), b.size());
   double sum = 0;
   for (std::size_t i = 0; i < a.size(); ++i) sum += (a[i] - b[i]) * (a[i] - b[i]);
   return std::sqrt(sum);

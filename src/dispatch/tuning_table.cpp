@@ -155,20 +155,20 @@ bool operator==(const TuningKey& a, const TuningKey& b) {
 std::string qgemm_version() { return QGEMM_VERSION; }
 
 std::int64_t m_bucket(std::int64_t m) {
-  require(m >= 1, fmt::format("m_bucket: m = {} (rule: m >= 1)", m));
-  require(m <= (std::int64_t{1} << 62), fmt::format("m_bucket: m = {} is too large", m));
+  require(m >= 1, "m_bucket: m = {} (rule: m >= 1)", m);
+  require(m <= (std::int64_t{1} << 62), "m_bucket: m = {} is too large", m);
   std::int64_t bucket = 1;
   while (bucket < m) bucket <<= 1;
   return bucket;
 }
 
 TuningKey make_tuning_key(std::string_view scheme, std::int64_t n, std::int64_t k, std::int64_t m) {
-  require(n >= 1 && k >= 1, fmt::format("tuning key: n = {}, k = {} (rule: both >= 1)", n, k));
+  require(n >= 1 && k >= 1, "tuning key: n = {}, k = {} (rule: both >= 1)", n, k);
   return {to_string(parse_scheme(scheme)), n, k, m_bucket(m)};
 }
 
 TuningKey make_tuning_key(const Scheme& scheme, std::int64_t n, std::int64_t k, std::int64_t m) {
-  require(n >= 1 && k >= 1, fmt::format("tuning key: n = {}, k = {} (rule: both >= 1)", n, k));
+  require(n >= 1 && k >= 1, "tuning key: n = {}, k = {} (rule: both >= 1)", n, k);
   // to_string is canonical: parse_scheme(to_string(s)) == s, so this equals the text form key.
   return {to_string(scheme), n, k, m_bucket(m)};
 }
@@ -292,8 +292,7 @@ std::optional<TuningTable> load_applicable_table(const std::string& path, const 
 
 void merge_into(TuningTable& base, const TuningTable& incoming) {
   const std::string mismatch = mismatch_reason(incoming.machine, base.machine);
-  require(mismatch.empty(),
-          fmt::format("merge: tables of different machines cannot be merged ({})", mismatch));
+  require(mismatch.empty(), "merge: tables of different machines cannot be merged ({})", mismatch);
   for (const TuningEntry& entry : incoming.entries) base.insert(entry);
 }
 

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "qgemm/error.hpp"
 
@@ -80,7 +83,9 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
   return spec;
 }
 
-Format activation_operand_format(const ActivationQuant& quant) {
+namespace {
+
+Format judge_operand_format(const ActivationQuant& quant) {
   const bool cell_scale_in_value = quant.scaling == ActivationScaling::NV;
   if (quant.scaling != ActivationScaling::StaticTensor &&
       quant.scaling != ActivationScaling::DynamicToken && !cell_scale_in_value)
@@ -101,6 +106,21 @@ Format activation_operand_format(const ActivationQuant& quant) {
     }
   }
   return formats::fp16;
+}
+
+}  // namespace
+
+Format activation_operand_format(const ActivationQuant& quant) {
+  // Every code (and NV scale) is judged: once per quantization per process.
+  using Key = std::tuple<std::string, int, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, Format> types;
+  Key key{quant.format.name(), static_cast<int>(quant.scaling), quant.scale_format.name()};
+  std::lock_guard lock(mutex);
+  auto found = types.find(key);
+  if (found == types.end())
+    found = types.emplace(std::move(key), judge_operand_format(quant)).first;
+  return found->second;
 }
 
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch) {

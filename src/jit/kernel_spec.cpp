@@ -50,7 +50,7 @@ std::int64_t parse_integer(std::string_view text, std::string_view what) {
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   require(error == std::errc() && end == text.data() + text.size(),
-          fmt::format("kernel spec: {} = '{}' is not an integer", what, text));
+          "kernel spec: {} = '{}' is not an integer", what, text);
   return value;
 }
 
@@ -309,66 +309,62 @@ const SpecParam& KernelSpec::param(std::string_view name) const {
 
 void validate(const KernelSpec& spec) {
   const KernelFamily& family = find_kernel_family(spec.family);
-  require(spec.params.size() == family.params.size(),
-          fmt::format("kernel spec {}: {} parameters given, the family takes {} ({})", spec.family,
-                      spec.params.size(), family.params.size(), [&] {
-                        std::string names;
-                        for (const auto& p : family.params)
-                          names += (names.empty() ? "" : ",") + p.name;
-                        return names;
-                      }()));
+  if (spec.params.size() != family.params.size()) {
+    std::string names;
+    for (const auto& p : family.params) names += (names.empty() ? "" : ",") + p.name;
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("kernel spec {}: {} parameters given, the family takes {} ({})",
+                            spec.family, spec.params.size(), family.params.size(), names));
+  }
   for (std::size_t i = 0; i < family.params.size(); ++i) {
     const ParamSchema& schema = family.params[i];
     const SpecParam& param = spec.params[i];
     require(param.name == schema.name,
-            fmt::format("kernel spec {}: parameter {} is '{}', expected '{}' (rule: the family's "
-                        "order)",
-                        spec.family, i, param.name, schema.name));
-    require(param.kind == schema.kind,
-            fmt::format("kernel spec {}: parameter '{}' is a {}, expected a {}", spec.family,
-                        param.name, kind_name(param.kind), kind_name(schema.kind)));
+            "kernel spec {}: parameter {} is '{}', expected '{}' (rule: the family's "
+            "order)",
+            spec.family, i, param.name, schema.name);
+    require(param.kind == schema.kind, "kernel spec {}: parameter '{}' is a {}, expected a {}",
+            spec.family, param.name, kind_name(param.kind), kind_name(schema.kind));
     if (schema.kind == ParamKind::Choice) {
       require(std::find(schema.choices.begin(), schema.choices.end(), param.choice) !=
                   schema.choices.end(),
-              fmt::format("kernel spec {}: {} = '{}' is not one of {}", spec.family, param.name,
-                          param.choice, fmt::join(schema.choices, "|")));
+              "kernel spec {}: {} = '{}' is not one of {}", spec.family, param.name, param.choice,
+              fmt::join(schema.choices, "|"));
     }
     if (schema.kind == ParamKind::Format) packed_format_code(param.format);  // range check
   }
   if (spec.family == "quantize_activation" || spec.family == "expand_activation") {
     const Format& code = spec.param("code").format;
     require(code.bits == 8 || code.bits == 4,
-            fmt::format("kernel spec {}: code = {} has {} bits (rule: activation codes of 4 or 8 "
-                        "bits)",
-                        spec.family, code.name(), code.bits));
+            "kernel spec {}: code = {} has {} bits (rule: activation codes of 4 or 8 "
+            "bits)",
+            spec.family, code.name(), code.bits);
     const Format& scale = spec.param("scale").format;
     require(scale.is_float() && (scale.bits == 32 || scale.bits <= 8),
-            fmt::format("kernel spec {}: scale = {} (rule: fp32 or a float format of <= 8 bits)",
-                        spec.family, scale.name()));
+            "kernel spec {}: scale = {} (rule: fp32 or a float format of <= 8 bits)", spec.family,
+            scale.name());
   }
   if (spec.family == "dequantize_weight") {
     const Format& weight = spec.param("weight").format;
     require(weight.bits >= 1 && weight.bits <= 8,
-            fmt::format("kernel spec dequantize_weight: weight = {} has {} bits (rule: 1..8)",
-                        weight.name(), weight.bits));
+            "kernel spec dequantize_weight: weight = {} has {} bits (rule: 1..8)", weight.name(),
+            weight.bits);
     const Format& scale = spec.param("scale").format;
-    require(scale.is_float(),
-            fmt::format("kernel spec dequantize_weight: scale = {} (rule: a float format)",
-                        scale.name()));
+    require(scale.is_float(), "kernel spec dequantize_weight: scale = {} (rule: a float format)",
+            scale.name());
   }
   if (spec.family == "repack_weight") {
     const auto bits = spec.param("bits").value;
-    require(bits >= 1 && bits <= 8,
-            fmt::format("kernel spec repack_weight: bits = {} (rule: 1..8)", bits));
+    require(bits >= 1 && bits <= 8, "kernel spec repack_weight: bits = {} (rule: 1..8)", bits);
   }
   const int threads = spec.launch.threads_per_block;
   require(threads >= 32 && threads <= 1024 && threads % 32 == 0,
-          fmt::format("kernel spec {}: threads = {} (rule: a multiple of 32 in [32, 1024])",
-                      spec.family, threads));
+          "kernel spec {}: threads = {} (rule: a multiple of 32 in [32, 1024])", spec.family,
+          threads);
   const int smem = spec.launch.dynamic_smem_bytes;
   require(smem >= 0 && smem <= kMaxDynamicSmemBytes,
-          fmt::format("kernel spec {}: smem = {} (rule: 0 .. {} bytes)", spec.family, smem,
-                      kMaxDynamicSmemBytes));
+          "kernel spec {}: smem = {} (rule: 0 .. {} bytes)", spec.family, smem,
+          kMaxDynamicSmemBytes);
 }
 
 std::string to_string(const KernelSpec& spec) {
@@ -479,9 +475,9 @@ std::uint64_t packed_format_code(const Format& format) {
                                  format.min_int,
                                  format.max_int};
   require(kernels::format_code_fits(code),
-          fmt::format("format {}: a field is out of the range a kernel parameter holds (bits "
-                      "1..32, exponent ≤ 15, mantissa ≤ 31, |bias| < 512)",
-                      format.name()));
+          "format {}: a field is out of the range a kernel parameter holds (bits "
+          "1..32, exponent ≤ 15, mantissa ≤ 31, |bias| < 512)",
+          format.name());
   return code.pack();
 }
 

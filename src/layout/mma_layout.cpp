@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "gemm/mma_weight_layout.cuh"
 #include "qgemm/error.hpp"
@@ -114,12 +116,14 @@ MmaWeight mma_metadata(const PackedWeight& w) {
     std::vector<std::uint8_t> seen(std::size_t{1} << (8 * scale_bytes), 0);
     for (std::int64_t i = 0; i < grid.count(); ++i)
       seen[scale_bytes == 1 ? w.scales[i]
-                            : w.scales[2 * i] | static_cast<unsigned>(w.scales[2 * i + 1]) << 8] = 1;
+                            : w.scales[2 * i] | static_cast<unsigned>(w.scales[2 * i + 1]) << 8] =
+          1;
     for (std::uint32_t code = 0; code < seen.size(); ++code)
       if (seen[code]) check(decode(q.scale_format, code));
   } else {
     quant_detail::parallel_rows(grid.count(), 1, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t i = first; i < last; ++i) check(read_scale_value(w.scales, q.scale_format, i));
+      for (std::int64_t i = first; i < last; ++i)
+        check(read_scale_value(w.scales, q.scale_format, i));
     });
   }
   out.scales_exact_in_bf16 = bf16_exact;
@@ -193,20 +197,27 @@ bool packed16_dequant_applies(const MmaWeight& w, const Format& activation) {
   return activation == formats::bf16 ? w.scales_exact_in_bf16 : w.scales_exact_in_fp16;
 }
 
-std::optional<std::string> unscaled_dequant(const MmaWeight& w, const Format& activation,
-                                            std::string* why) {
-  auto refuse = [&](std::string reason) -> std::optional<std::string> {
-    if (why) *why = std::move(reason);
-    return std::nullopt;
+namespace {
+
+// unscaled_dequant's verdict for a weight format against an activation type (its float rule
+// walks every code, so each pair is judged once per process).
+struct UnscaledVerdict {
+  std::optional<std::string> dequant;
+  std::string why;  // when refused
+};
+
+UnscaledVerdict judge_unscaled_dequant(const Format& f, const Format& activation) {
+  auto refuse = [&](std::string reason) {
+    return UnscaledVerdict{std::nullopt, std::move(reason)};
   };
-  const Format& f = w.format;
+  auto accept = [](const char* dequant) { return UnscaledVerdict{std::string(dequant), {}}; };
   const bool bf16 = activation == formats::bf16;
   if (!bf16 && activation != formats::fp16)
     return refuse(fmt::format("activation {} is not bf16 or fp16", activation.name()));
   if (f.is_integer()) {
     // base + u must be exact: 8 significant bits in bf16, 11 in fp16.
-    if (f.bits <= (bf16 ? 7 : 8)) return std::string("int16");
-    if (f.bits == 8) return std::string("int_f32");
+    if (f.bits <= (bf16 ? 7 : 8)) return accept("int16");
+    if (f.bits == 8) return accept("int_f32");
     return refuse(fmt::format("{}-bit integers", f.bits));
   }
   if (f.specials == FloatSpecials::ExponentOnly)
@@ -215,18 +226,35 @@ std::optional<std::string> unscaled_dequant(const MmaWeight& w, const Format& ac
     return refuse(fmt::format("{} has more mantissa bits than {}", f.name(), activation.name()));
   const int act_bias = activation.bias, rebias_field = 2 * act_bias - f.bias;
   if (rebias_field < 1 || rebias_field > 2 * act_bias)
-    return refuse(fmt::format("2^({} - {}) is not a normal {}", act_bias, f.bias,
-                              activation.name()));
+    return refuse(
+        fmt::format("2^({} - {}) is not a normal {}", act_bias, f.bias, activation.name()));
   const int top_exponent = (1 << activation.exponent_bits) - 1;
   for (std::uint32_t code = 0; code < (1u << f.bits); ++code) {
     const double v = decode(f, code);
     if (!std::isfinite(v)) continue;
-    const int exponent = static_cast<int>((code >> f.mantissa_bits) & ((1u << f.exponent_bits) - 1));
+    const int exponent =
+        static_cast<int>((code >> f.mantissa_bits) & ((1u << f.exponent_bits) - 1));
     if (exponent >= top_exponent || round_to(activation, v) != v)
       return refuse(fmt::format("{} value {} is not exact in {} by placement", f.name(), v,
                                 activation.name()));
   }
-  return std::string("float16");
+  return accept("float16");
+}
+
+}  // namespace
+
+std::optional<std::string> unscaled_dequant(const MmaWeight& w, const Format& activation,
+                                            std::string* why) {
+  using Key = std::pair<std::string, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, UnscaledVerdict> verdicts;
+  Key key{w.format.name(), activation.name()};
+  std::lock_guard lock(mutex);
+  auto found = verdicts.find(key);
+  if (found == verdicts.end())
+    found = verdicts.emplace(std::move(key), judge_unscaled_dequant(w.format, activation)).first;
+  if (!found->second.dequant && why) *why = found->second.why;
+  return found->second.dequant;
 }
 
 double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {

@@ -133,17 +133,17 @@ std::vector<double> decode_table(const Format& format) {
 
 void require_rule(const BlockRule& rule) {
   require(rule.scale_format.is_float(),
-          fmt::format("{}: scale format {} is not a floating format (rule: scales are fp32, "
-                      "fp16, bf16, e4m3, ue4m3 or e8m0)",
-                      rule.function, rule.scale_format.name()));
+          "{}: scale format {} is not a floating format (rule: scales are fp32, "
+          "fp16, bf16, e4m3, ue4m3 or e8m0)",
+          rule.function, rule.scale_format.name());
   require(rule.element.bits <= 8 || rule.element.bits == 16 || rule.element.bits == 32,
-          fmt::format("{}: {} format {} has {} bits (rule: 1..8, 16 or 32)", rule.function,
-                      rule.tensor, rule.element.name(), rule.element.bits));
+          "{}: {} format {} has {} bits (rule: 1..8, 16 or 32)", rule.function, rule.tensor,
+          rule.element.name(), rule.element.bits);
   if (rule.zero_point != ZeroPoint::None)
     require(rule.element.is_integer(),
-            fmt::format("{}: {} format {} has a zero point (rule: zero points need an integer "
-                        "format)",
-                        rule.function, rule.tensor, rule.element.name()));
+            "{}: {} format {} has a zero point (rule: zero points need an integer "
+            "format)",
+            rule.function, rule.tensor, rule.element.name());
 }
 
 }  // namespace
@@ -207,7 +207,7 @@ std::uint32_t ElementEncoder::operator()(double x) const {
 QuantizedBlocks quantize_blocks(const BlockRule& rule, const ScaleGrid& grid, const float* data,
                                 std::int64_t rows, std::int64_t cols) {
   require_rule(rule);
-  require(data != nullptr, fmt::format("{}: {} is null", rule.function, rule.tensor));
+  require(data != nullptr, "{}: {} is null", rule.function, rule.tensor);
   const std::int64_t grid_cols = grid.cols;
 
   // Pass 1: per-(row, grid column) statistics; the first non-finite element is reported.
@@ -323,9 +323,9 @@ std::vector<double> dequantize_blocks(const BlockRule& rule, const ScaleGrid& gr
   const int scale_bytes = rule.scale_format.storage_bytes();
   auto require_size = [&](const char* what, std::size_t actual, std::int64_t expected) {
     require(static_cast<std::int64_t>(actual) == expected,
-            fmt::format("{}: {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes match "
-                        "the scheme's packed form)",
-                        rule.function, what, actual, rows, cols, expected));
+            "{}: {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes match "
+            "the scheme's packed form)",
+            rule.function, what, actual, rows, cols, expected);
   };
   require_size("codes", codes.size(), rows * row_bytes);
   require_size("scales", scales.size(), grid.count() * scale_bytes);
@@ -335,8 +335,7 @@ std::vector<double> dequantize_blocks(const BlockRule& rule, const ScaleGrid& gr
   else if (rule.zero_point == ZeroPoint::Float)
     require_size("zeros", zeros.size(), grid.count() * scale_bytes);
   require(std::isfinite(second_level) && second_level > 0,
-          fmt::format("{}: second-level scale {} is not a positive finite number", rule.function,
-                      second_level));
+          "{}: second-level scale {} is not a positive finite number", rule.function, second_level);
 
   std::vector<CellQuant> cells(static_cast<std::size_t>(grid.count()));
   std::vector<std::uint32_t> unpacked(cells.size());

@@ -16,8 +16,8 @@ using quant_detail::BlockRule;
 using quant_detail::ScaleRule;
 
 void require_size(const char* function, const char* name, std::int64_t value) {
-  require(value >= 1, fmt::format("{}: {} = {} is not a valid size (rule: {} >= 1)", function, name,
-                                  value, name));
+  require(value >= 1, "{}: {} = {} is not a valid size (rule: {} >= 1)", function, name, value,
+          name);
 }
 
 // Scale rule of a scale format: e8m0 can only hold powers of two, so it takes the OCP MX
@@ -107,9 +107,9 @@ void check_packed_weight(const PackedWeight& weight, const char* function) {
   const std::int64_t scale_bytes = weight.quant.scale_format.storage_bytes();
   auto require_bytes = [&](const char* what, std::size_t actual, std::int64_t expected) {
     require(static_cast<std::int64_t>(actual) == expected,
-            fmt::format("{}: weight {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes "
-                        "match the scheme's packed form)",
-                        function, what, actual, weight.n, weight.k, expected));
+            "{}: weight {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes "
+            "match the scheme's packed form)",
+            function, what, actual, weight.n, weight.k, expected);
   };
   require_bytes("codes", weight.codes.size(), weight.n * weight.row_bytes());
   require_bytes("scales", weight.scales.size(), grid.count() * scale_bytes);
@@ -118,8 +118,8 @@ void check_packed_weight(const PackedWeight& weight, const char* function) {
   else if (weight.quant.zero_point == ZeroPoint::Float)
     require_bytes("zeros", weight.zeros.size(), grid.count() * scale_bytes);
   require(std::isfinite(weight.global_scale) && weight.global_scale > 0,
-          fmt::format("{}: weight global_scale = {} (rule: positive and finite)", function,
-                      weight.global_scale));
+          "{}: weight global_scale = {} (rule: positive and finite)", function,
+          weight.global_scale);
 }
 
 std::vector<double> dequantize_weight(const PackedWeight& weight) {
@@ -140,9 +140,9 @@ PackedActivation quantize_activation(const ActivationQuant& quant, const float* 
   require(activation != nullptr, "quantize_activation: activation is null");
   validate_activation(quant, m, k);
   require(std::isfinite(static_scale),
-          fmt::format("quantize_activation: static_scale = {} is not finite (rule: a calibrated "
-                      "scale > 0, or <= 0 for this tensor's absmax)",
-                      static_scale));
+          "quantize_activation: static_scale = {} is not finite (rule: a calibrated "
+          "scale > 0, or <= 0 for this tensor's absmax)",
+          static_scale);
   PackedActivation out;
   out.quant = quant;
   out.m = m;
@@ -189,9 +189,9 @@ std::vector<double> dequantize_activation(const PackedActivation& activation) {
   if (!quant.is_quantized()) {
     const std::int64_t row_bytes = activation.row_bytes();
     require(static_cast<std::int64_t>(activation.codes.size()) == m * row_bytes,
-            fmt::format("dequantize_activation: codes holds {} bytes, the shape [{}, {}] needs {} "
-                        "(rule: sizes match the packed form)",
-                        activation.codes.size(), m, k, m * row_bytes));
+            "dequantize_activation: codes holds {} bytes, the shape [{}, {}] needs {} "
+            "(rule: sizes match the packed form)",
+            activation.codes.size(), m, k, m * row_bytes);
     std::vector<double> out(static_cast<std::size_t>(m * k));
     quant_detail::parallel_rows(m, k, [&](std::int64_t begin, std::int64_t end) {
       std::vector<std::uint32_t> row_codes(static_cast<std::size_t>(k));

@@ -35,9 +35,9 @@ void require_operands_match(const char* function, const Scheme& scheme, const Pa
                             to_string(Scheme{"", weight_quant, scheme.activation, scheme.output}),
                             to_string(scheme)));
   require(a.k == weight_k,
-          fmt::format("reference::{}: activation k = {} differs from {} k = {} (rule: A is "
-                      "[m, k] and W is [n, k] with the same k)",
-                      function, a.k, weight_name, weight_k));
+          "reference::{}: activation k = {} differs from {} k = {} (rule: A is "
+          "[m, k] and W is [n, k] with the same k)",
+          function, a.k, weight_name, weight_k);
 }
 
 void round_all_to(const Format& format, std::vector<double>& values) {
@@ -57,8 +57,7 @@ std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a, const 
     bias_values.resize(static_cast<std::size_t>(w.n));
     for (std::int64_t j = 0; j < w.n; ++j) {
       require(std::isfinite(bias[j]),
-              fmt::format("reference::gemm: bias[{}] = {} is not finite (rule: finite bias)", j,
-                          bias[j]));
+              "reference::gemm: bias[{}] = {} is not finite (rule: finite bias)", j, bias[j]);
       bias_values[static_cast<std::size_t>(j)] = bias[j];
     }
   }
@@ -80,45 +79,45 @@ std::vector<double> moe(const Scheme& scheme, const PackedActivation& a,
     const PackedWeight& expert = experts[e];
     require_operands_match("moe", scheme, a, expert.quant, expert.k, fmt::format("expert {}", e));
     require(expert.n == expert_n,
-            fmt::format("reference::moe: expert {} has n = {} but expert 0 has n = {} (rule: "
-                        "every expert has the same shape)",
-                        e, expert.n, expert_n));
+            "reference::moe: expert {} has n = {} but expert 0 has n = {} (rule: "
+            "every expert has the same shape)",
+            e, expert.n, expert_n);
   }
   const bool gated = activation == MoeActivation::SiluGlu;
   require(!gated || expert_n % 2 == 0,
-          fmt::format("reference::moe: SiLU-GLU experts have n = {} rows (rule: an even number, "
-                      "gate rows 0..n/2-1 then up rows n/2..n-1)",
-                      expert_n));
+          "reference::moe: SiLU-GLU experts have n = {} rows (rule: an even number, "
+          "gate rows 0..n/2-1 then up rows n/2..n-1)",
+          expert_n);
   const std::int64_t out_n = gated ? expert_n / 2 : expert_n;
 
   // Routing: sizes first, then every id and weight, naming the first bad entry.
   require(routing.tokens == a.m,
-          fmt::format("reference::moe: routing.tokens = {} but the activation has m = {} rows "
-                      "(rule: one routing entry per token)",
-                      routing.tokens, a.m));
-  require(routing.top_k >= 1,
-          fmt::format("reference::moe: routing.top_k = {} (rule: top_k >= 1)", routing.top_k));
+          "reference::moe: routing.tokens = {} but the activation has m = {} rows "
+          "(rule: one routing entry per token)",
+          routing.tokens, a.m);
+  require(routing.top_k >= 1, "reference::moe: routing.top_k = {} (rule: top_k >= 1)",
+          routing.top_k);
   const std::int64_t slots = routing.tokens * routing.top_k;
   require(static_cast<std::int64_t>(routing.expert_ids.size()) == slots,
-          fmt::format("reference::moe: routing.expert_ids has {} entries (rule: tokens * top_k "
-                      "= {} * {} = {})",
-                      routing.expert_ids.size(), routing.tokens, routing.top_k, slots));
+          "reference::moe: routing.expert_ids has {} entries (rule: tokens * top_k "
+          "= {} * {} = {})",
+          routing.expert_ids.size(), routing.tokens, routing.top_k, slots);
   require(static_cast<std::int64_t>(routing.weights.size()) == slots,
-          fmt::format("reference::moe: routing.weights has {} entries (rule: tokens * top_k "
-                      "= {} * {} = {})",
-                      routing.weights.size(), routing.tokens, routing.top_k, slots));
+          "reference::moe: routing.weights has {} entries (rule: tokens * top_k "
+          "= {} * {} = {})",
+          routing.weights.size(), routing.tokens, routing.top_k, slots);
   const auto expert_count = static_cast<std::int64_t>(experts.size());
   for (std::int64_t slot = 0; slot < slots; ++slot) {
     const std::int32_t id = routing.expert_ids[static_cast<std::size_t>(slot)];
     require(id >= 0 && id < expert_count,
-            fmt::format("reference::moe: routing.expert_ids[{}] (token {}, choice {}) = {} "
-                        "(rule: 0 <= id < experts = {})",
-                        slot, slot / routing.top_k, slot % routing.top_k, id, expert_count));
+            "reference::moe: routing.expert_ids[{}] (token {}, choice {}) = {} "
+            "(rule: 0 <= id < experts = {})",
+            slot, slot / routing.top_k, slot % routing.top_k, id, expert_count);
     const float weight = routing.weights[static_cast<std::size_t>(slot)];
     require(std::isfinite(weight),
-            fmt::format("reference::moe: routing.weights[{}] (token {}, choice {}) = {} (rule: "
-                        "finite)",
-                        slot, slot / routing.top_k, slot % routing.top_k, weight));
+            "reference::moe: routing.weights[{}] (token {}, choice {}) = {} (rule: "
+            "finite)",
+            slot, slot / routing.top_k, slot % routing.top_k, weight);
   }
 
   const std::vector<double> a_values = dequantize_activation(a);

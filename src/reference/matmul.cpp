@@ -158,8 +158,7 @@ std::vector<TileRange> split_work(std::int64_t m, std::int64_t n, std::int64_t k
 std::vector<double> matmul_nt(const double* a, const double* w, std::int64_t m, std::int64_t n,
                               std::int64_t k, const double* bias) {
   require(m >= 1 && n >= 1 && k >= 1,
-          fmt::format("reference::matmul_nt: shape m = {}, n = {}, k = {} (rule: every size >= 1)",
-                      m, n, k));
+          "reference::matmul_nt: shape m = {}, n = {}, k = {} (rule: every size >= 1)", m, n, k);
   require(a != nullptr, "reference::matmul_nt: a is null (rule: A [m, k] must be given)");
   require(w != nullptr, "reference::matmul_nt: w is null (rule: W [n, k] must be given)");
   std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);

@@ -33,15 +33,14 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 void DeviceBuffer::upload(const void* host, std::size_t bytes) {
-  require(bytes <= bytes_, fmt::format("upload of {} bytes into a {}-byte buffer", bytes, bytes_));
+  require(bytes <= bytes_, "upload of {} bytes into a {}-byte buffer", bytes, bytes_);
   if (!bytes) return;
   const Driver& driver = Driver::get();
   driver.check(driver.cuMemcpyHtoD(address_, host, bytes), "cuMemcpyHtoD");
 }
 
 void DeviceBuffer::download(void* host, std::size_t bytes) const {
-  require(bytes <= bytes_,
-          fmt::format("download of {} bytes from a {}-byte buffer", bytes, bytes_));
+  require(bytes <= bytes_, "download of {} bytes from a {}-byte buffer", bytes, bytes_);
   if (!bytes) return;
   const Driver& driver = Driver::get();
   driver.check(driver.cuMemcpyDtoH(host, address_, bytes), "cuMemcpyDtoH");

@@ -121,8 +121,8 @@ int device_count() {
 DeviceInfo device_info(int index) {
   const Driver& driver = Driver::get();
   const int count = device_count();
-  require(index >= 0 && index < count,
-          fmt::format("device index {} (rule: 0 <= index < {} devices)", index, count));
+  require(index >= 0 && index < count, "device index {} (rule: 0 <= index < {} devices)", index,
+          count);
   CUdevice device;
   driver.check(driver.cuDeviceGet(&device, index), "cuDeviceGet");
   DeviceInfo info;

@@ -32,8 +32,8 @@ std::int64_t packed_row_bytes(std::int64_t count, int bits) { return (count * bi
 kernels::DequantizeWeightArgs dequantize_weight_args(const PackedWeight& weight, CUdeviceptr codes,
                                                      CUdeviceptr scales, CUdeviceptr zeros,
                                                      CUdeviceptr out) {
-  require(weight.n > 0 && weight.k > 0,
-          fmt::format("dequantize_weight: n = {}, k = {} (rule: both >= 1)", weight.n, weight.k));
+  require(weight.n > 0 && weight.k > 0, "dequantize_weight: n = {}, k = {} (rule: both >= 1)",
+          weight.n, weight.k);
   const ScaleGrid grid = weight.scale_grid();
   kernels::DequantizeWeightArgs args{};
   args.codes = device_pointer<const unsigned char>(codes);
@@ -62,11 +62,10 @@ kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& 
                                                          std::int64_t m, std::int64_t k,
                                                          CUdeviceptr input, std::int64_t lda,
                                                          double static_scale) {
-  require(m > 0 && k > 0,
-          fmt::format("quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k));
-  require(lda >= k, fmt::format("quantize_activation: lda = {} (rule: >= k = {})", lda, k));
-  require(quant.is_quantized(), fmt::format("quantize_activation: {} activations are not quantized",
-                                            quant.format.name()));
+  require(m > 0 && k > 0, "quantize_activation: m = {}, k = {} (rule: both >= 1)", m, k);
+  require(lda >= k, "quantize_activation: lda = {} (rule: >= k = {})", lda, k);
+  require(quant.is_quantized(), "quantize_activation: {} activations are not quantized",
+          quant.format.name());
   kernels::QuantizeActivationArgs args{};
   args.input = device_pointer<const unsigned short>(input);
   args.lda = lda;
@@ -121,8 +120,8 @@ std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits) {
 
 kernels::RepackWeightArgs repack_weight_args(std::int64_t n, std::int64_t k, int bits,
                                              CUdeviceptr codes, CUdeviceptr words) {
-  require(n > 0 && k > 0, fmt::format("repack_weight: n = {}, k = {} (rule: both >= 1)", n, k));
-  require(bits >= 1 && bits <= 8, fmt::format("repack_weight: bits = {} (rule: 1..8)", bits));
+  require(n > 0 && k > 0, "repack_weight: n = {}, k = {} (rule: both >= 1)", n, k);
+  require(bits >= 1 && bits <= 8, "repack_weight: bits = {} (rule: 1..8)", bits);
   kernels::RepackWeightArgs args{};
   args.codes = device_pointer<const unsigned char>(codes);
   args.words = device_pointer<unsigned int>(words);

@@ -111,7 +111,7 @@ jit::Arch default_arch() {
 
 int cache_prewarm(const CacheCommandOptions& options) {
   const jit::Arch arch = options.arch.empty() ? default_arch() : jit::parse_arch(options.arch);
-  require(options.jobs >= 1, fmt::format("cache prewarm: --jobs {} (rule: >= 1)", options.jobs));
+  require(options.jobs >= 1, "cache prewarm: --jobs {} (rule: >= 1)", options.jobs);
   auto& cache = jit::KernelCache::global();
   if (!cache.disk_enabled()) {
     fmt::print(stderr,

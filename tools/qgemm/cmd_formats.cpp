@@ -116,9 +116,9 @@ void print_format_list(bool json) {
 void print_code_table(const std::string& name, bool json) {
   const Format f = parse_format(name);
   require(f.bits <= kMaxTableBits,
-          fmt::format("--table {}: format {} has {} bits; a code table lists formats of at most "
-                      "{} bits ({} codes)",
-                      name, f.name(), f.bits, kMaxTableBits, 1u << kMaxTableBits));
+          "--table {}: format {} has {} bits; a code table lists formats of at most "
+          "{} bits ({} codes)",
+          name, f.name(), f.bits, kMaxTableBits, 1u << kMaxTableBits);
   const std::uint32_t code_count = f.code_count();
   if (json) {
     Json out = Json::array();

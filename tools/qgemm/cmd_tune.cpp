@@ -109,8 +109,8 @@ int run(const TuneOptions& options) {
     std::fprintf(stderr, "qgemm tune: the recipe has nothing to tune\n");
     return kExitInvalid;
   }
-  require(options.deadline_s > 0,
-          fmt::format("--deadline {} (rule: a positive number of seconds)", options.deadline_s));
+  require(options.deadline_s > 0, "--deadline {} (rule: a positive number of seconds)",
+          options.deadline_s);
   const check::GpuProbe gpu = check::probe_gpu();
   if (!gpu.usable) {
     std::fprintf(stderr, "qgemm tune: tuning needs a GPU: %s\n", gpu.detail.c_str());

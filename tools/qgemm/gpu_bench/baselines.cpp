@@ -14,7 +14,7 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 int as_int(std::int64_t value, const char* name) {
   require(value >= 1 && value <= std::numeric_limits<int>::max(),
-          fmt::format("cuBLAS baseline: {} = {} (rule: 1 <= {} <= 2^31 - 1)", name, value, name));
+          "cuBLAS baseline: {} = {} (rule: 1 <= {} <= 2^31 - 1)", name, value, name);
   return static_cast<int>(value);
 }
 

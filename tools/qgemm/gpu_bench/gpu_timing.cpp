@@ -121,7 +121,7 @@ void L2Flusher::flush(cudaStream_t stream) {
 
 std::vector<double> time_call(const GpuCall& call, const TimingPlan& plan, cudaStream_t stream,
                               L2Flusher& flusher) {
-  require(plan.repeats >= 1, fmt::format("time_call: repeats = {} (rule: >= 1)", plan.repeats));
+  require(plan.repeats >= 1, "time_call: repeats = {} (rule: >= 1)", plan.repeats);
   const auto repeats = static_cast<std::size_t>(plan.repeats);
   std::vector<double> samples(repeats);
   if (plan.mode == TimingMode::Warm) {
@@ -172,7 +172,7 @@ double wall_call_ms(const GpuCall& call, cudaStream_t stream) {
 std::vector<double> read_sampled_output(const void* data, const Format& format, std::int64_t n,
                                         const OutputSample& sample) {
   require(format == formats::bf16 || format == formats::fp16 || format == formats::fp32,
-          fmt::format("read_sampled_output: format {} (rule: bf16, fp16 or fp32)", format.name()));
+          "read_sampled_output: format {} (rule: bf16, fp16 or fp32)", format.name());
   const std::int64_t bytes = format.storage_bytes();
   const std::int64_t columns = sample.columns();
   std::vector<double> out;
