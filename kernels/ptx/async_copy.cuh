@@ -40,21 +40,7 @@ __device__ __forceinline__ void cp_async_16(unsigned shared_dst, const void* glo
 }
 
 __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
-#if __CUDA_ARCH__ >= 800
   cp_async_16(shared_address(shared_dst), global_src, bytes);
-#else
-  union {
-    uint4 vector;
-    unsigned char byte[16];
-  } chunk = {make_uint4(0u, 0u, 0u, 0u)};
-  if (bytes == 16) {
-    chunk.vector = *static_cast<const uint4*>(global_src);
-  } else {
-    for (int i = 0; i < bytes; ++i)
-      chunk.byte[i] = static_cast<const unsigned char*>(global_src)[i];
-  }
-  *static_cast<uint4*>(shared_dst) = chunk.vector;
-#endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {

@@ -53,6 +53,19 @@ __device__ __forceinline__ unsigned short to_half_bits(float value) {
   return kType == kBf16 ? ptx::float_to_bf16_bits(value) : ptx::float_to_fp16_bits(value);
 }
 
+// The largest of the block's `absmax` values, in thread 0 (the others hold partial maxima);
+// `warp_absmax` is shared scratch of one float per warp. Ends with the block synchronized.
+template <int kThreads>
+__device__ __forceinline__ float block_absmax(float absmax, float* warp_absmax) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+  if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int warp = 1; warp < kThreads / 32; ++warp) absmax = fmaxf(absmax, warp_absmax[warp]);
+  return absmax;
+}
+
 // A scale's value in its format (scales are fp32, or one byte: e8m0, ue4m3).
 template <unsigned long long kScaleFormat>
 __device__ __forceinline__ float load_scale(const unsigned char* scales, long long index) {
@@ -154,14 +167,9 @@ struct ActivationQuantizer {
 #pragma unroll 8
       for (long long col = threadIdx.x; col < args.k; col += kThreads)
         absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
-      for (int offset = 16; offset > 0; offset >>= 1)
-        absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
-      if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        for (int warp = 1; warp < kThreads / 32; ++warp) absmax = fmaxf(absmax, warp_absmax[warp]);
+      absmax = block_absmax<kThreads>(absmax, warp_absmax);
+      if (threadIdx.x == 0)
         *shared_scale = cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, 1.0);
-      }
     }
     __syncthreads();
     const double scale = *shared_scale;
@@ -291,14 +299,9 @@ __global__ void __launch_bounds__(kThreads) tensor_absmax_kernel(TensorAbsmaxArg
     const long long row = index / args.k, col = index - row * args.k;
     absmax = fmaxf(absmax, fabsf(load_half<kInput>(args.input, row * args.lda + col)));
   }
-  for (int offset = 16; offset > 0; offset >>= 1)
-    absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
-  if (threadIdx.x % 32 == 0) warp_absmax[threadIdx.x / 32] = absmax;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int warp = 1; warp < kThreads / 32; ++warp) absmax = fmaxf(absmax, warp_absmax[warp]);
+  absmax = block_absmax<kThreads>(absmax, warp_absmax);
+  if (threadIdx.x == 0)
     atomicMax(reinterpret_cast<unsigned*>(args.absmax), __float_as_uint(absmax));
-  }
 }
 
 }  // namespace qgemm::kernels

@@ -118,6 +118,33 @@ std::vector<std::uint16_t> to_codes(const Format& f, const std::vector<double>& 
   return codes;
 }
 
+// C (`out` values on the device) against `expected`: relative Frobenius error, and how many
+// outputs are not finite (an unwritten, poisoned element).
+struct OutputError {
+  double relative = 0;
+  std::size_t non_finite = 0;
+};
+OutputError compare_output(const runtime::DeviceBuffer& c_device, const Format& out,
+                           const std::vector<double>& expected) {
+  std::vector<double> got(expected.size());
+  if (out == formats::fp32) {
+    auto host = c_device.to_vector<float>(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) got[i] = host[i];
+  } else {
+    auto host = c_device.to_vector<std::uint16_t>(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) got[i] = decode(out, host[i]);
+  }
+  double err = 0, ref = 0;
+  OutputError result;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    result.non_finite += !std::isfinite(got[i]);
+    err += (got[i] - expected[i]) * (got[i] - expected[i]);
+    ref += expected[i] * expected[i];
+  }
+  result.relative = std::sqrt(err / ref);
+  return result;
+}
+
 // Runs C = A · Wᵀ on the GPU for a fresh random A (output poisoned first) and checks it against
 // the double reference of the dequantized weight.
 // With `with_bias`, a fresh random fp32 bias is added (options.bias is set to it).
@@ -148,23 +175,9 @@ void expect_matches_reference(Engine& engine, const Scheme& scheme,
   c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
   engine.gemm({a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
               nullptr, options);
-  std::vector<double> got(static_cast<std::size_t>(m * n));
-  if (out == formats::fp32) {
-    auto host = c_device.to_vector<float>(got.size());
-    for (std::size_t i = 0; i < got.size(); ++i) got[i] = host[i];
-  } else {
-    auto host = c_device.to_vector<std::uint16_t>(got.size());
-    for (std::size_t i = 0; i < got.size(); ++i) got[i] = decode(out, host[i]);
-  }
-  double err = 0, ref = 0;
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) ++bad;
-    err += (got[i] - expected[i]) * (got[i] - expected[i]);
-    ref += expected[i] * expected[i];
-  }
-  const double relative = std::sqrt(err / ref);
-  EXPECT_EQ(bad, 0u) << "non-finite (unwritten?) outputs";
+  const OutputError error = compare_output(c_device, out, expected);
+  const double relative = error.relative;
+  EXPECT_EQ(error.non_finite, 0u) << "non-finite (unwritten?) outputs";
   EXPECT_LE(relative, tolerance(act, out)) << engine.kernel_for(m, weight, act, out, options);
   std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e tol=%.3e\n", label.c_str(),
               static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
@@ -408,23 +421,10 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
           engine.gemm(DeviceActivation{scheme.activation, codes.as<void>(), scales.as<void>(), m, k,
                                        quantized.tensor_scale},
                       weight, c, nullptr);
-        std::vector<double> got(static_cast<std::size_t>(m * n));
-        if (out == formats::fp32) {
-          auto host = c_device.to_vector<float>(got.size());
-          for (std::size_t j = 0; j < got.size(); ++j) got[j] = host[j];
-        } else {
-          auto host = c_device.to_vector<std::uint16_t>(got.size());
-          for (std::size_t j = 0; j < got.size(); ++j) got[j] = decode(out, host[j]);
-        }
-        double err = 0, ref = 0;
-        std::size_t bad = 0;
-        for (std::size_t j = 0; j < got.size(); ++j) {
-          bad += !std::isfinite(got[j]);
-          err += (got[j] - expected[j]) * (got[j] - expected[j]);
-          ref += expected[j] * expected[j];
-        }
-        const double relative = std::sqrt(err / ref);
-        EXPECT_EQ(bad, 0u) << (on_gpu ? "bf16 A" : "DeviceActivation") << ": non-finite outputs";
+        const OutputError error = compare_output(c_device, out, expected);
+        const double relative = error.relative;
+        EXPECT_EQ(error.non_finite, 0u)
+            << (on_gpu ? "bf16 A" : "DeviceActivation") << ": non-finite outputs";
         EXPECT_LE(relative, tolerance(type, out))
             << (on_gpu ? "bf16 A: " : "DeviceActivation: ")
             << engine.kernel_for(m, weight, formats::bf16, out);
