@@ -21,7 +21,7 @@
 //   operand  operand[m][ldo] in 16 bits and row_factors[m] such that
 //              A_dequantized[r, c] = operand[r, c] · row_factors[r]
 //            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
-//            nv: at most 5 significant bits) and mx (times a power of two); for group the
+//            nv: at most 6 significant bits) and mx (times a power of two); for group the
 //            product code · fp32 scale is rounded once to bf16.
 //
 // One block per row (grid-stride over rows). A row-wide cell (static, token) is walked by all

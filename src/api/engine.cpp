@@ -364,7 +364,7 @@ jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format
 
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
-  const detail::PreparedWeight& w = *weight.impl_;
+  const detail::PreparedWeight& w = Impl::prepared(weight);
   const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
   std::string text = w.activation.is_quantized()
                          ? jit::to_string(quantize_spec(w, activation, impl_->arch)) + " + "
@@ -377,7 +377,7 @@ std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const 
 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
-  const detail::PreparedWeight& w = *weight.impl_;
+  const detail::PreparedWeight& w = Impl::prepared(weight);
   const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
   jit::KernelCache::global().get(launch.spec);
   if (w.activation.is_quantized()) {
