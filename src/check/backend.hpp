@@ -3,10 +3,9 @@
 //
 //   cpu   the library's CPU backend: the reference path (dequantize exactly, multiply in
 //         double, round once to the output format)
-//   gpu   qgemm::Engine on device 0: the JIT-compiled kernels (bf16/fp16 activations today;
-//         quantized activations are not served on the GPU yet)
-//   auto  gpu when probe_gpu() finds a usable driver and device and the GPU serves the
-//         scheme, else cpu (saying why)
+//   gpu   qgemm::Engine on device 0: the JIT-compiled kernels (every scheme; quantized
+//         activations go in as their packed codes and scales, a DeviceActivation)
+//   auto  gpu when probe_gpu() finds a usable driver and device, else cpu (saying why)
 #pragma once
 
 #include <memory>
