@@ -195,10 +195,7 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
     try {
       status = run(*options);
     } catch (const Error& error) {
-      std::fprintf(stderr, "qgemm bench: %s\n", error.what());
-      status = error.code() == ErrorCode::NoDevice || error.code() == ErrorCode::CudaError
-                   ? kExitUnavailable
-                   : kExitInvalid;
+      status = report_error("bench", error);
     }
   });
 });

@@ -24,7 +24,6 @@
 namespace qgemm::cli {
 namespace {
 
-
 struct CheckOptions {
   std::string scheme;
   std::int64_t m = 0, n = 0, k = 0;
@@ -59,9 +58,7 @@ int run(const CheckOptions& options) {
   try {
     selection = check::select_backend(choice);
   } catch (const Error& error) {
-    if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
-    std::fprintf(stderr, "qgemm check: %s\n", error.what());
-    return kExitUnavailable;
+    return report_error("check", error);  // NoDevice: no usable GPU for --backend gpu
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
   const check::CheckResult result =

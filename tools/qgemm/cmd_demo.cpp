@@ -42,9 +42,7 @@ int run(const DemoOptions& options) {
   try {
     selection = check::select_backend(check::parse_backend_choice(options.backend));
   } catch (const Error& error) {
-    if (error.code() != ErrorCode::NoDevice && error.code() != ErrorCode::Unsupported) throw;
-    std::fprintf(stderr, "qgemm demo: %s\n", error.what());
-    return kExitUnavailable;
+    return report_error("demo", error);  // NoDevice: no usable GPU for --backend gpu
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
   const check::CheckResult r =
