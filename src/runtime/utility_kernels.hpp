@@ -23,7 +23,8 @@ void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::Dequant
 // the caller sets the outputs of its emit mode (codes, scales, tensor_scale or operand, ldo,
 // row_factors) and, where needs_tensor_absmax(quant, static_scale), tensor_absmax.
 // `static_scale`: StaticTensor's given scale (> 0; rounded to fp32 as the host quantizer does),
-// or <= 0 for the tensor's absmax.
+// or <= 0 for the tensor's absmax. Codes emission of 4-bit codes pairs neighbouring lanes into a
+// byte: it needs an even group (every preset's); the operand emission has no such rule.
 kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& quant,
                                                          std::int64_t m, std::int64_t k,
                                                          CUdeviceptr input, std::int64_t lda,
