@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device-machine session: build, GPU tests, a compute-sanitizer memcheck subset, the dense
 # bench. Logs go to $OUT (or ./gpu_out); a short table comes last.
-#   scripts/gpu_session.sh [--quick | --no-profile]   (--quick: no bench; --no-profile: no ceiling,
-#                                                      SASS or ncu)
+#   scripts/gpu_session.sh [--quick | --no-profile]   (--quick: no bench; --no-profile: the read
+#                                                      ceiling and the bench, no SASS or ncu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
 # At most 8 files come back: info.txt (with the check lines), build.log, gpu_tests.log,
-# memcheck.log, bench.log, decode_w4.sass, ncu.txt, ncu_repack.txt.
+# memcheck.log, bench.log, decode_w4.sass (or read_ceiling.log), ncu.txt, ncu_repack.txt.
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/info.txt"
 extra=()
 # xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
@@ -17,9 +17,12 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$ou
 cmake --build build-gpu -j16 >> "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
 export QGEMM_CACHE_DIR=/tmp/qgemm-cache
 build-gpu/qgemm info 2>&1 | tee -a "$out/info.txt"
-ctest --test-dir build-gpu -L gpu --output-on-failure -V > "$out/gpu_tests.log" 2>&1
+echo "built at ${SECONDS}s"
+# Four at a time: most of a GPU test's time is NVRTC compiling kernels on the CPU (the disk
+# cache is safe to share), and the tests check results, not timings.
+ctest --test-dir build-gpu -L gpu -j4 --output-on-failure -V > "$out/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "tests passed|Failed|FAILED|Failure" "$out/gpu_tests.log" | head -20
-echo "dense cases checked: $(grep -c 'rel=' "$out/gpu_tests.log")"
+echo "dense cases checked: $(grep -c 'rel=' "$out/gpu_tests.log") (tests done at ${SECONDS}s)"
 # Memory errors and races on a subset (the README's sanitizer command).
 QGEMM_GPU_TEST_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
   build-gpu/tests/qgemm_tests_gpu \
@@ -36,7 +39,10 @@ ncu --clock-control none --kernel-name regex:mma_repack --launch-skip 12 --launc
   --section SpeedOfLight build-gpu/tests/qgemm_tests_gpu --gtest_filter='MmaRepackGpu.*' \
   > "$out/ncu_repack.txt" 2>&1
 grep -E "Duration|DRAM Throughput|Memory Throughput" "$out/ncu_repack.txt" | sed 's/^/repack: /'
+echo "profiled at ${SECONDS}s"
 if [ "${1:-}" = "--no-profile" ]; then
+  nvcc -O3 -arch=sm_90a -std=c++17 -Ikernels -o build-gpu/read_ceiling bench/read_ceiling.cu \
+    && build-gpu/read_ceiling | tee "$out/read_ceiling.log"
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee "$out/bench.log"
 elif [ "${1:-}" != "--quick" ]; then
   nvcc -O3 -arch=sm_90a -o build-gpu/mma_ceiling bench/mma_ceiling.cu && build-gpu/mma_ceiling | tee "$out/bench.log"
