@@ -12,34 +12,14 @@
 // Built and run by scripts/gpu_session.sh:  nvcc -O3 -arch=sm_90a -Ikernels bench/read_ceiling.cu
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <vector>
 
+#include "gpu_timer.cuh"
 #include "ptx/async_copy.cuh"
 #include "ptx/bulk_copy.cuh"
 
 namespace {
 namespace ptx = qgemm::ptx;
-
-template <int kUnroll>
-__global__ void read_ldg(const uint4* data, long long vectors, unsigned* sink) {
-  unsigned x = 0;
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < vectors; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(data + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < vectors; i += stride) {
-    const uint4 v = __ldcs(data + i);
-    x ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (x == 0x9e3779b9u) sink[0] = x;  // keeps the loads alive
-}
 
 // Stage s of warp w's stream: stages [w · per_warp, + per_warp) of the buffer.
 template <int kStageBytes, int kStages, bool kBulk>
@@ -104,33 +84,6 @@ __global__ void read_stream(const char* data, long long stages_total, int per_wa
   if (x == 0x9e3779b9u) sink[0] = x;
 }
 
-__global__ void fill(unsigned* data, long long words, unsigned seed) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
-       i += static_cast<long long>(gridDim.x) * blockDim.x)
-    data[i] = static_cast<unsigned>(i) * 2654435761u ^ seed;
-}
-
-struct Timer {
-  cudaEvent_t start, stop;
-  Timer() { cudaEventCreate(&start), cudaEventCreate(&stop); }
-  template <typename Launch, typename Flush>
-  float median_us(Launch launch, Flush flush, int repeats = 15) {
-    std::vector<float> times;
-    for (int r = 0; r < repeats + 1; ++r) {
-      flush();
-      cudaEventRecord(start);
-      launch();
-      cudaEventRecord(stop);
-      cudaEventSynchronize(stop);
-      float ms = 0.0f;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (r > 0) times.push_back(ms * 1000.0f);  // the first launch warms clocks and caches
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-  }
-};
-
 }  // namespace
 
 int main() {
@@ -143,20 +96,20 @@ int main() {
   cudaMalloc(&data, sizes[0]);
   cudaMalloc(&flush_buffer, flush_bytes);
   cudaMalloc(&sink, 64);
-  fill<<<sms * 8, 256>>>(reinterpret_cast<unsigned*>(data), sizes[0] / 4, 17u);
-  fill<<<sms * 8, 256>>>(reinterpret_cast<unsigned*>(flush_buffer), flush_bytes / 4, 29u);
-  Timer timer;
+  fill_words<<<sms * 8, 256>>>(reinterpret_cast<unsigned*>(data), sizes[0] / 4, 17u);
+  fill_words<<<sms * 8, 256>>>(reinterpret_cast<unsigned*>(flush_buffer), flush_bytes / 4, 29u);
+  GpuTimer timer;
   auto flush = [&] {
-    read_ldg<4><<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush_buffer), flush_bytes / 16,
-                                  sink);
+    read_ldg<4>
+        <<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush_buffer), flush_bytes / 16, sink);
   };
   std::printf("read ceiling, %d SMs (µs, GB/s of the buffer read once)\n", sms);
   std::printf("%-34s %10s %10s %10s %10s\n", "pattern", "117MB us", "GB/s", "33.5MB us", "GB/s");
   auto report = [&](const char* name, auto launch) {
     float us[2];
     for (int i = 0; i < 2; ++i) us[i] = timer.median_us([&] { launch(sizes[i]); }, flush);
-    std::printf("%-34s %10.1f %10.0f %10.1f %10.0f\n", name, us[0], sizes[0] / (us[0] * 1e3),
-                us[1], sizes[1] / (us[1] * 1e3));
+    std::printf("%-34s %10.1f %10.0f %10.1f %10.0f\n", name, us[0], sizes[0] / (us[0] * 1e3), us[1],
+                sizes[1] / (us[1] * 1e3));
   };
   report("ldg x4, 8x256 blocks/SM", [&](long long bytes) {
     read_ldg<4><<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(data), bytes / 16, sink);

@@ -7,7 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
 # At most 8 files come back: info.txt (with the check lines), build.log, gpu_tests.log,
-# memcheck.log, bench.log, decode_w4.sass (or read_ceiling.log), ncu.txt, ncu_repack.txt.
+# memcheck.log, bench.log, read_ceiling.log, ncu.txt, ncu_repack.txt. (The decode kernel's SASS:
+# scripts/decode_probe.sh.)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/info.txt"
 extra=()
 # xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
@@ -47,10 +48,6 @@ if [ "${1:-}" = "--no-profile" ]; then
 elif [ "${1:-}" != "--quick" ]; then
   nvcc -O3 -arch=sm_90a -o build-gpu/mma_ceiling bench/mma_ceiling.cu && build-gpu/mma_ceiling | tee "$out/bench.log"
   build-gpu/bench/qgemm_dense_bench 2>&1 | tee -a "$out/bench.log"
-  # The decode kernel's SASS (w4a16 g128, M = 1) for instruction counts per k16 block.
-  printf '#include "gemm/sm80_decode.cuh"\ntemplate __global__ void qgemm::kernels::dense_decode_sm80<1,4,8,3,0x1001f00010000010ull,1,128,0,1,true,0,4,128,55552>(qgemm::kernels::DenseGemmParams);\n' > /tmp/decode_w4.cu
-  nvcc -arch=sm_90a -cubin -O3 -std=c++17 --expt-relaxed-constexpr -Ikernels -o /tmp/decode_w4.cubin /tmp/decode_w4.cu \
-    && cuobjdump -sass /tmp/decode_w4.cubin > "$out/decode_w4.sass"
   # Where the decode kernel spends its time (w4a16 M=1 28672x8192, the first bench launch).
   ncu --clock-control none --kernel-name regex:dense_ --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

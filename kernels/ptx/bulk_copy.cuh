@@ -29,8 +29,8 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // One arrival that also announces `bytes` more bytes to come on this phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned barrier, unsigned bytes) {
   asm volatile(
-      "{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
-          barrier),
+      "{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::
+          "r"(barrier),
       "r"(bytes)
       : "memory");
 }
