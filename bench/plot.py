@@ -15,6 +15,7 @@ Exit status: 0 written, 2 bad arguments, 3 matplotlib is not installed (with a m
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 BASELINE = "cublas-bf16"
@@ -56,7 +57,9 @@ def plot_speedup(plt, doc, path):
                 plotted = True
         if not plotted:
             reasons = {r["reason"] for r in runs if r["reason"]}
-            note = "no timed runs" + (f":\n{sorted(reasons)[0][:60]}" if reasons else "")
+            # The whole reason, wrapped to the panel's width.
+            note = "no timed runs" + (
+                ":\n" + "\n".join(textwrap.wrap(sorted(reasons)[0], 48)) if reasons else "")
             axis.text(0.5, 0.5, note, ha="center", va="center", transform=axis.transAxes, fontsize=8)
         axis.set_xscale("log", base=2)
         axis.set_title(label, fontsize=10)

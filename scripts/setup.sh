@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 build_dir=${QGEMM_BUILD_DIR:-build}
 
 packages=(cmake ninja-build g++ pkg-config libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
-          libcli11-dev libxxhash-dev libgtest-dev python3)
+          libcli11-dev libxxhash-dev libgtest-dev python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
