@@ -132,9 +132,10 @@ struct DecodeGemm {
       return kAChunksPerRow >= 32 ? i / (kAChunksPerRow / 32) : i * kARowsPerPass;
     }
 
-    // Blocks [kb0, kb0 + blocks) of `slice` into the stage at shared address `stage`.
+    // Blocks [kb0, kb0 + blocks) of `slice` into the stage at shared address `stage`; its scales
+    // only when `with_scales` (see scales_needed).
     __device__ void load(const DenseGemmParams& p, unsigned stage, int slice, int kb0, int blocks,
-                         int lane) const {
+                         bool with_scales, int lane) const {
       // W: the stage's blocks are one contiguous run of the slice.
       const char* w_stage =
           w + (static_cast<long long>(slice) * p.k_blocks + kb0) * (32 * kBits * 4);
@@ -171,6 +172,7 @@ struct DecodeGemm {
       }
       // Scales (then zeros) of the stage's groups; rows past the last group read as zero.
       const unsigned s_stage = a_stage + Shape::kABytes;
+      if (!with_scales) return;
       const int g0 = kGroup == 0 ? 0 : kb0 * 16 / kGroup;
 #pragma unroll
       for (int i = 0; i < kSPerLane; ++i) {
@@ -312,6 +314,15 @@ struct DecodeGemm {
     }
   }
 
+  // Whether compute_stage reads the stage's scale (and zero) rows: always where groups are
+  // shorter than a stage or zeros are stored (read at a group's start), else only in a stage
+  // that ends a group or the item, the one that flushes (a group of 128 over stages of 64
+  // copies its scales once instead of twice; per-channel scales once per item).
+  __device__ static bool scales_needed(int kb0, bool item_ends) {
+    if (Shape::kScaleRows > 1 || kStoredZeros) return true;
+    return item_ends || (kGroup != 0 && (kb0 + kStageBlocks) % kGroupBlocks == 0);
+  }
+
   // The sums of one item (the warp's blocks [kb_first, kb_end) of `slice`): C when they are the
   // slice's whole K, else the workspace; the accumulators restart at zero.
   __device__ static void emit_item(const DenseGemmParams& p, int slice, int kb_first, int kb_end,
@@ -374,10 +385,12 @@ struct DecodeGemm {
     // Stage s of the warp: (slice, stage within it) recomputed per stage, which costs a division
     // but no registers held across the loop (rows = 16 needs all 128 for its accumulators).
     auto load = [&](int s) {
-      const int slice = (first + s) / slice_stages;
-      const int kb0 = (first + s - slice * slice_stages) * kStageBlocks;
+      const int slice = (first + s) / slice_stages, stage = first + s - slice * slice_stages;
+      const int kb0 = stage * kStageBlocks;
       const int blocks = p.k_blocks - kb0 < kStageBlocks ? p.k_blocks - kb0 : kStageBlocks;
-      loader.load(p, ring_address + (s % kStages) * Shape::kStageBytes, slice, kb0, blocks, lane);
+      const bool item_ends = stage == slice_stages - 1 || s == stages - 1;
+      loader.load(p, ring_address + (s % kStages) * Shape::kStageBytes, slice, kb0, blocks,
+                  scales_needed(kb0, item_ends), lane);
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
