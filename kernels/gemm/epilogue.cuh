@@ -85,12 +85,13 @@ __device__ void finish_split_tile(const DenseGemmParams& p, unsigned tile_id, in
 }
 
 // Called by all lanes of a warp once they have added the partial sums of `blocks` k16 blocks of
-// the 64 columns of `slice` (rows < `rows`): the warp that completes the slice's K emits it.
+// the 64 columns of `slice` (rows < `rows`) and fenced them (__threadfence, then __syncwarp: every
+// lane's sums before lane 0's count): the warp that completes the slice's K emits it. The caller
+// fences once for all its slices, after its last loads: a fence waits for every memory operation
+// the warp has in flight, its prefetched stages included.
 template <int kOutput>
 __device__ void finish_split_slice(const DenseGemmParams& p, int slice, int blocks, int rows,
                                    int lane) {
-  __threadfence();  // this lane's sums before lane 0's count
-  __syncwarp();
   unsigned before = 0;
   if (lane == 0) before = atomicAdd(p.counters + slice, static_cast<unsigned>(blocks));
   before = __shfl_sync(0xffffffffu, before, 0);

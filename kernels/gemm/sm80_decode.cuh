@@ -324,7 +324,8 @@ struct DecodeGemm {
   }
 
   // The sums of one item (the warp's blocks [kb_first, kb_end) of `slice`): C when they are the
-  // slice's whole K, else the workspace; the accumulators restart at zero.
+  // slice's whole K, else added into the workspace (counted later, see run); the accumulators
+  // restart at zero.
   __device__ static void emit_item(const DenseGemmParams& p, int slice, int kb_first, int kb_end,
                                    int lane, Accumulators& acc) {
     const bool whole = kb_first == 0 && kb_end == p.k_blocks;
@@ -345,7 +346,6 @@ struct DecodeGemm {
           }
           acc[q][bt][e] = 0.0f;
         }
-    if (!whole) finish_split_slice<kOutput>(p, slice, kb_end - kb_first, kRows, lane);
   }
 
   __device__ static void run(const DenseGemmParams& p, char* shared) {
@@ -398,6 +398,10 @@ struct DecodeGemm {
       ptx::cp_async_commit();
     }
     int item_first = first % slice_stages * kStageBlocks;  // the current item's first k16 block
+    // Items added into the workspace, counted at the end: only a warp's first item can start
+    // inside a slice (head) and only its last one end inside one (tail; an item doing both is
+    // the head); the ones between are whole slices.
+    int head_slice = 0, head_blocks = 0, tail_slice = 0, tail_blocks = 0;
     for (int s = 0; s < stages; ++s) {
       ptx::cp_async_wait<kStages - 2>();
       __syncwarp();  // every lane's copies of stage s landed; every lane is done with s − 1
@@ -417,11 +421,22 @@ struct DecodeGemm {
         if (acc[0][0][0] == 1.2345f) static_cast<float*>(p.c)[threadIdx.x] = acc[0][0][0];
 #else
         emit_item(p, slice, item_first, kb_end, lane, acc);
+        if (item_first != 0) {
+          head_slice = slice, head_blocks = kb_end - item_first;
+        } else if (kb_end != p.k_blocks) {
+          tail_slice = slice, tail_blocks = kb_end;
+        }
 #endif
         item_first = 0;
       }
     }
     ptx::cp_async_wait<0>();
+    if (head_blocks != 0 || tail_blocks != 0) {  // one fence, with nothing in flight (epilogue.cuh)
+      __threadfence();
+      __syncwarp();
+      if (head_blocks != 0) finish_split_slice<kOutput>(p, head_slice, head_blocks, kRows, lane);
+      if (tail_blocks != 0) finish_split_slice<kOutput>(p, tail_slice, tail_blocks, kRows, lane);
+    }
   }
 };
 
