@@ -1,5 +1,5 @@
 // Where the streamed decode kernel (kernels/gemm/sm80_decode.cuh) loses time against the read
-// ceiling (bench/read_ceiling.cu): the w4a16 g128 M = 1 kernel, timed over configs and grids,
+// ceiling (bench/read_ceiling.cu): the w4a16 g128 M = 1 kernel, timed over configs and K splits,
 // built once as is and once per probe macro that leaves one part out:
 //   -DQGEMM_PROBE_NO_DEQUANT      codes go to the mma as they are (no dequantization)
 //   -DQGEMM_PROBE_NO_COMPUTE      no dequantization and no mma (one add per k16 block)
@@ -30,10 +30,10 @@ constexpr unsigned long long kInt4 = FormatCode{kIntegerFormat, true, 4, 0, 0, 0
 template <int kStageBlocks, int kStages, int kMinBlocks>
 struct Probe {
   using Gemm = DecodeGemm<1, 4, kStageBlocks, kStages, kInt4, kZeroConstant, 128, true, kOutBf16,
-                          kDequantInt16>;
+                          true, kDequantInt16>;
   static constexpr int kShared = Gemm::Shape::kSharedBytes;
   static constexpr auto kernel =
-      dense_decode_sm80<1, 4, kStageBlocks, kStages, kInt4, kZeroConstant, 128, 0, kOutBf16,
+      dense_decode_sm80<1, 4, kStageBlocks, kStages, kInt4, kZeroConstant, 128, 0, kOutBf16, true,
                         kDequantInt16, kMinBlocks, 128, kShared>;
 };
 
@@ -58,18 +58,23 @@ void time_config(const char* name, const Buffers& buffers, int n, int k, GpuTime
   p.lda = k, p.ldc = n, p.m = 1, p.n = n, p.k = k;
   p.n_padded = n, p.k_blocks = k / 16, p.groups = k / 128, p.global_scale = 1.0f;
   const double bytes = n * (k / 2.0) + static_cast<double>(n) * (k / 128) * 4;
-  // The production grid is every resident block (src/dispatch/dense_config.cpp); fewer for
-  // comparison.
-  for (int percent : {100, 75, 50}) {
-    const int blocks = per_sm * sms * percent / 100;
-    const float us = timer.median_us([&] { P::kernel<<<blocks, 128, P::kShared>>>(p); },
+  // The grid: slices × K splits, each warp a whole number of stages (as the host plans it,
+  // src/dispatch/dense_config.cpp, which picks the split that best fills whole waves).
+  const int slices = n / 64;
+  for (int splits : {1, 2, 4, 8}) {
+    constexpr int kStage = P::Gemm::Shape::kStageK / 16;
+    const int per_warp = (p.k_blocks / (splits * 4) + kStage - 1) / kStage * kStage;
+    if (per_warp < 2 * kStage) continue;
+    p.blocks_per_warp = per_warp;
+    const dim3 grid(slices, 1, splits);
+    const float us = timer.median_us([&] { P::kernel<<<grid, 128, P::kShared>>>(p); },
                                      [&] {
                                        read_ldg<4><<<sms * 8, 256>>>(
                                            reinterpret_cast<const uint4*>(flush_buffer),
                                            (256ll << 20) / 16, sink);
                                      });
-    std::printf("%-22s %6dx%-6d %3d%% of %d blocks  %7.1f us  %6.0f GB/s\n", name, n, k, percent,
-                per_sm * sms, us, bytes / (us * 1e3));
+    std::printf("%-22s %6dx%-6d splits %d  %4.2f waves  %7.1f us  %6.0f GB/s\n", name, n, k, splits,
+                slices * splits / double(per_sm * sms), us, bytes / (us * 1e3));
   }
 }
 

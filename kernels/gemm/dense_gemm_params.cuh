@@ -20,6 +20,7 @@ struct DenseGemmParams {
   int n_padded, k_blocks, groups;
   int k_tiles;  // ceil(k_blocks · 16 / BK)
   int tiles_per_split;
+  int blocks_per_warp;  // decode kernel: k16 blocks each warp streams (a multiple of its stage)
   float global_scale;
 };
 

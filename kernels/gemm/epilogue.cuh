@@ -5,9 +5,7 @@
 // Split-K: every K split of an output tile adds its partial sums into an fp32 workspace with
 // atomicAdd; the last block of the tile to arrive (a per-tile counter) reads the sums back,
 // applies the global scale and bias, writes C, and returns the workspace tile and the counter to
-// zero, so no memset is needed between calls and the launch stays graph-capturable. The decode
-// kernel splits per warp instead of per block (finish_split_slice): its counters count the k16
-// blocks summed so far, since its warps take unequal shares of a slice.
+// zero, so no memset is needed between calls and the launch stays graph-capturable.
 #pragma once
 
 #include "gemm/dense_gemm_params.cuh"
@@ -52,8 +50,8 @@ __device__ __forceinline__ void store_pair(const DenseGemmParams& p, int row, in
 }
 
 // One partial sum of a split: into the workspace (rows past M and columns past N skipped).
-__device__ __forceinline__ void add_split_pair(const DenseGemmParams& p, int row, int col, float v0,
-                                               float v1) {
+__device__ __forceinline__ void add_split_pair(const DenseGemmParams& p, int row, int col,
+                                               float v0, float v1) {
   if (row >= p.m) return;
   float* at = p.workspace + static_cast<long long>(row) * p.n + col;
   if (col < p.n) atomicAdd(at, v0);
@@ -82,31 +80,6 @@ __device__ void finish_split_tile(const DenseGemmParams& p, unsigned tile_id, in
     store_single<kOutput>(p, row, col, sum * p.global_scale);
   }
   if (threadIdx.x == 0) p.counters[tile_id] = 0;
-}
-
-// Called by all lanes of a warp once they have added the partial sums of `blocks` k16 blocks of
-// the 64 columns of `slice` (rows < `rows`) and fenced them (__threadfence, then __syncwarp: every
-// lane's sums before lane 0's count): the warp that completes the slice's K emits it. The caller
-// fences once for all its slices, after its last loads: a fence waits for every memory operation
-// the warp has in flight, its prefetched stages included.
-template <int kOutput>
-__device__ void finish_split_slice(const DenseGemmParams& p, int slice, int blocks, int rows,
-                                   int lane) {
-  unsigned before = 0;
-  if (lane == 0) before = atomicAdd(p.counters + slice, static_cast<unsigned>(blocks));
-  before = __shfl_sync(0xffffffffu, before, 0);
-  if (before + blocks != static_cast<unsigned>(p.k_blocks)) return;
-  __threadfence();
-  const int live_rows = rows < p.m ? rows : p.m;
-  for (int i = lane; i < live_rows * 64; i += 32) {
-    const int row = i / 64, col = slice * 64 + i % 64;
-    if (col >= p.n) continue;
-    float* at = p.workspace + static_cast<long long>(row) * p.n + col;
-    const float sum = __ldcg(at);
-    *at = 0.0f;
-    store_single<kOutput>(p, row, col, sum * p.global_scale);
-  }
-  if (lane == 0) p.counters[slice] = 0;
 }
 
 }  // namespace qgemm::kernels

@@ -1,18 +1,11 @@
 // Decode GEMM on mma.sync (SM80+), M ≤ 16: C[M, N] = A[M, K] · dequant(W)[N, K]ᵀ, built to stream
 // the prepared weight (gemm/mma_weight_layout.cuh) once, at memory bandwidth.
 //
-//   work   the weight as one sequence of stages, slice-major: stage t is k16 blocks
-//          [j · kStageBlocks, + kStageBlocks) of slice t / S (j = t % S, S stages per slice).
-//   grid   x: blocks of kWarps warps, at most as many as are resident (the host sizes it);
-//          global warp w of W takes stages [w · T / W, (w + 1) · T / W) of the T in all, so every
-//          warp streams the same amount and the grid ends in one wave ("stream-K" for decode).
-//   warp   streams its stages through a ring of kStages stages of its own (cp.async, wait,
-//          __syncwarp, compute), the ring running on across slice boundaries. No block barrier
-//          anywhere: a warp never waits for another one.
-//   slice  where a warp's range ends a slice's share (its "item"), the warp emits: C directly
-//          when it summed the whole K of the slice, else atomically into the fp32 workspace,
-//          where the warp completing the slice's K emits C (epilogue.cuh, finish_split_slice).
-//          The loads of the next item are already in flight while it does so.
+//   grid   x: 64-column slices, z: K splits;   block: kWarps warps on one slice
+//   warp   w of split z owns the k16 blocks [(z · kWarps + w) · P, + P) of the slice
+//          (P = blocks_per_warp, a multiple of kStageBlocks) and streams them through a ring of
+//          kStages stages of its own: cp.async, wait, __syncwarp, compute. No block barrier in
+//          the main loop, so a warp never waits for another one.
 //
 //   one warp's shared memory:
 //     [zero chunk 16 B]  where ldmatrix lanes of rows ≥ M point
@@ -37,6 +30,9 @@
 // acc += part · scale in fp32. A lane's columns are j · 8 + g (j = 2q + e / 2), whose scales are
 // the 8 consecutive floats at 8g of the permuted row. Float zero points are applied there too:
 // part − zero · Σ_k A, the row sums coming from one more mma with the weight operand = 1.
+//
+// The QGEMM_PROBE_* macros leave one part out, for bench/decode_probe.cu only (timing, wrong
+// results); the library never defines them.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
@@ -62,7 +58,11 @@ struct DecodeGemmShape {
   static constexpr int kSBytes = kScaleRows * 64 * 4 * (kStoredZeros ? 2 : 1);
   static constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
   static constexpr int kWarpBytes = 16 + kStages * kStageBytes;
-  static constexpr int kSharedBytes = kWarps * kWarpBytes;
+  static constexpr int kPipelineBytes = kWarps * kWarpBytes;
+  // The cross-warp sum reuses the pipeline's memory: [warp − 1][value][lane] floats, 16 values
+  // per lane and batch tile of 8 rows.
+  static constexpr int kReduceBytes = (kWarps - 1) * (kRows > 8 ? 32 : 16) * 32 * 4;
+  static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
 
   static_assert(kRows == 8 || kRows == 16 || (kRows >= 1 && kRows < 8),
                 "decode serves at most 16 rows");
@@ -73,7 +73,7 @@ struct DecodeGemmShape {
 };
 
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
-          int kZeroMode, int kGroup, bool kBf16, int kOutput, int kDequant>
+          int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant>
 struct DecodeGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
@@ -105,14 +105,15 @@ struct DecodeGemm {
     static constexpr int kSRows = (kStoredZeros ? 2 : 1) * Shape::kScaleRows;
     static constexpr int kSPerLane = (kSRows * 16 + 31) / 32;
 
-    const char* w;                   // the lane's first W chunk of (slice 0, k-block 0)
+    const char* w;                   // the lane's first W chunk of the warp's first stage
     const char* a;                   // the lane's A chunk in its first row, at k = 0
     int a_row, a_chunk_k, a_passes;  // first row, the chunk's k within a stage, rows < M passes
-    const char* s;                   // the lane's scale chunk in group row 0 of slice 0
+    const char* s;                   // the lane's scale chunk in group row 0 (slice, chunk)
     const char* z;                   // the same in the zeros, when stored
 
-    __device__ StageLoader(const DenseGemmParams& p, int lane) {
-      w = reinterpret_cast<const char*>(p.b) + lane * 16;
+    __device__ StageLoader(const DenseGemmParams& p, int slice, int kb_begin, int lane) {
+      w = reinterpret_cast<const char*>(p.b) +
+          (static_cast<long long>(slice) * p.k_blocks + kb_begin) * 32 * kBits * 4 + lane * 16;
       if constexpr (kAChunksPerRow >= 32) {
         a_row = 0;
         a_chunk_k = (lane % 32) * 8;
@@ -123,7 +124,7 @@ struct DecodeGemm {
       a = static_cast<const char*>(p.a) + (static_cast<long long>(a_row) * p.lda + a_chunk_k) * 2;
       a_passes = 0;  // passes whose row is < M (rows grow with the pass)
       for (int i = 0; i < kAPasses; ++i) a_passes += a_row + row_of_pass(i) < p.m;
-      const int s_offset = (lane % 16) * 4 * 4;
+      const int s_offset = (slice * 64 + (lane % 16) * 4) * 4;
       s = reinterpret_cast<const char*>(p.scales) + s_offset;
       z = kStoredZeros ? reinterpret_cast<const char*>(p.zeros) + s_offset : nullptr;
     }
@@ -132,13 +133,12 @@ struct DecodeGemm {
       return kAChunksPerRow >= 32 ? i / (kAChunksPerRow / 32) : i * kARowsPerPass;
     }
 
-    // Blocks [kb0, kb0 + blocks) of `slice` into the stage at shared address `stage`; its scales
-    // only when `with_scales` (see scales_needed).
-    __device__ void load(const DenseGemmParams& p, unsigned stage, int slice, int kb0, int blocks,
-                         bool with_scales, int lane) const {
+    // Stage `stage_index` of the warp (its blocks [kb0, kb0 + blocks)) into the stage at
+    // shared address `stage`.
+    __device__ void load(const DenseGemmParams& p, unsigned stage, int stage_index, int kb0,
+                         int blocks, int lane) const {
       // W: the stage's blocks are one contiguous run of the slice.
-      const char* w_stage =
-          w + (static_cast<long long>(slice) * p.k_blocks + kb0) * (32 * kBits * 4);
+      const char* w_stage = w + static_cast<long long>(stage_index) * Shape::kWBytes;
       const int w_chunks = blocks * 8 * kBits;
 #pragma unroll
       for (int i = 0; i < kWPerLane; ++i) {
@@ -172,7 +172,6 @@ struct DecodeGemm {
       }
       // Scales (then zeros) of the stage's groups; rows past the last group read as zero.
       const unsigned s_stage = a_stage + Shape::kABytes;
-      if (!with_scales) return;
       const int g0 = kGroup == 0 ? 0 : kb0 * 16 / kGroup;
 #pragma unroll
       for (int i = 0; i < kSPerLane; ++i) {
@@ -181,7 +180,7 @@ struct DecodeGemm {
         const int g = g0 + row % Shape::kScaleRows;
         const bool valid = g < p.groups;
         const char* base = kStoredZeros && row >= Shape::kScaleRows ? z : s;
-        const char* src = base + (static_cast<long long>(g) * p.n_padded + slice * 64) * 4;
+        const char* src = base + static_cast<long long>(g) * p.n_padded * 4;
 #ifndef QGEMM_PROBE_NO_SCALE_LOAD
         ptx::cp_async_16(s_stage + (row * 16 + lane % 16) * 16, valid ? src : s, valid ? 16 : 0);
 #endif
@@ -246,7 +245,7 @@ struct DecodeGemm {
   }
 
   __device__ static void compute_stage(const DenseGemmParams& p, const char* stage,
-                                       unsigned zero_chunk, int kb0, int kb_first, int kb_end,
+                                       unsigned zero_chunk, int kb0, int kb_begin, int kb_end,
                                        int lane, unsigned (&off)[8], Accumulators& acc,
                                        Accumulators& part, RowSums& rowsum) {
     const unsigned* w_stage = reinterpret_cast<const unsigned*>(stage);
@@ -257,10 +256,10 @@ struct DecodeGemm {
 #pragma unroll
     for (int i = 0; i < kStageBlocks; ++i) {
       const int kb = kb0 + i;
-      if (kb >= kb_end) break;  // uniform: the last stage of a slice may be partial
+      if (kb >= kb_end) break;  // uniform: the last stage of the warp's range may be partial
       const int scale_row = Shape::kScaleRows == 1 ? 0 : i / kGroupBlocks;
       if constexpr (kZeroMode == kZeroInteger) {
-        if (kb == kb_first || kb % kGroupBlocks == 0)
+        if (kb == kb_begin || kb % kGroupBlocks == 0)
           group_offsets(z_stage + scale_row * 64, lane, off);
       }
       unsigned words[kBits];
@@ -314,50 +313,14 @@ struct DecodeGemm {
     }
   }
 
-  // Whether compute_stage reads the stage's scale (and zero) rows: always where groups are
-  // shorter than a stage or zeros are stored (read at a group's start), else only in a stage
-  // that ends a group or the item, the one that flushes (a group of 128 over stages of 64
-  // copies its scales once instead of twice; per-channel scales once per item).
-  __device__ static bool scales_needed(int kb0, bool item_ends) {
-    if (Shape::kScaleRows > 1 || kStoredZeros) return true;
-    return item_ends || (kGroup != 0 && (kb0 + kStageBlocks) % kGroupBlocks == 0);
-  }
-
-  // The sums of one item (the warp's blocks [kb_first, kb_end) of `slice`): C when they are the
-  // slice's whole K, else added into the workspace (counted later, see run); the accumulators
-  // restart at zero.
-  __device__ static void emit_item(const DenseGemmParams& p, int slice, int kb_first, int kb_end,
-                                   int lane, Accumulators& acc) {
-    const bool whole = kb_first == 0 && kb_end == p.k_blocks;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int bt = 0; bt < kBatchTiles; ++bt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
-          if (row < p.m && col < p.n) {
-            if (whole) {
-              store_single<kOutput>(p, row, col, acc[q][bt][e] * p.global_scale);
-            } else {
-              atomicAdd(p.workspace + static_cast<long long>(row) * p.n + col, acc[q][bt][e]);
-            }
-          }
-          acc[q][bt][e] = 0.0f;
-        }
-  }
-
   __device__ static void run(const DenseGemmParams& p, char* shared) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int slice_stages = (p.k_blocks + kStageBlocks - 1) / kStageBlocks;
-    const long long total = static_cast<long long>(p.n_padded / 64) * slice_stages;
-    const long long warps = static_cast<long long>(gridDim.x) * kWarps;
-    const long long me = static_cast<long long>(blockIdx.x) * kWarps + warp;
-    // Stage counts fit an int: (N / 64) · (K / 64) stages at most.
-    const int first = static_cast<int>(me * total / warps);
-    const int stages = static_cast<int>((me + 1) * total / warps) - first;
-    if (stages == 0) return;  // only when the grid has more warps than stages
+    const int slice = blockIdx.x;
+    const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
+    const int kb_limit = kb_begin + p.blocks_per_warp;
+    const int kb_end = kb_limit < p.k_blocks ? kb_limit : p.k_blocks;
+    const int stages =
+        kb_end > kb_begin ? (kb_end - kb_begin + kStageBlocks - 1) / kStageBlocks : 0;
 
     char* mine = shared + warp * Shape::kWarpBytes;
     if (lane < 4) reinterpret_cast<unsigned*>(mine)[lane] = 0u;  // the zero chunk
@@ -380,63 +343,70 @@ struct DecodeGemm {
     // Constant and absent zeros now; stored ones at each group's first block (compute_stage).
     if constexpr (kZeroMode != kZeroInteger) group_offsets(nullptr, lane, off);
 
-    const StageLoader loader(p, lane);
+    const StageLoader loader(p, slice, kb_begin, lane);
     const unsigned ring_address = ptx::shared_address(ring);
-    // Stage s of the warp: (slice, stage within it) recomputed per stage, which costs a division
-    // but no registers held across the loop (rows = 16 needs all 128 for its accumulators).
     auto load = [&](int s) {
-      const int slice = (first + s) / slice_stages, stage = first + s - slice * slice_stages;
-      const int kb0 = stage * kStageBlocks;
-      const int blocks = p.k_blocks - kb0 < kStageBlocks ? p.k_blocks - kb0 : kStageBlocks;
-      const bool item_ends = stage == slice_stages - 1 || s == stages - 1;
-      loader.load(p, ring_address + (s % kStages) * Shape::kStageBytes, slice, kb0, blocks,
-                  scales_needed(kb0, item_ends), lane);
+      const int kb0 = kb_begin + s * kStageBlocks;
+      const int blocks = kb_end - kb0 < kStageBlocks ? kb_end - kb0 : kStageBlocks;
+      loader.load(p, ring_address + (s % kStages) * Shape::kStageBytes, s, kb0, blocks, lane);
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < stages) load(s);
       ptx::cp_async_commit();
     }
-    int item_first = first % slice_stages * kStageBlocks;  // the current item's first k16 block
-    // Items added into the workspace, counted at the end: only a warp's first item can start
-    // inside a slice (head) and only its last one end inside one (tail; an item doing both is
-    // the head); the ones between are whole slices.
-    int head_slice = 0, head_blocks = 0, tail_slice = 0, tail_blocks = 0;
     for (int s = 0; s < stages; ++s) {
       ptx::cp_async_wait<kStages - 2>();
       __syncwarp();  // every lane's copies of stage s landed; every lane is done with s − 1
       if (s + kStages - 1 < stages) load(s + kStages - 1);
       ptx::cp_async_commit();
-      // An item ends with its slice or with the warp's range; inside one, no stage ends a group
-      // early (kb_end past every block).
-      const int slice = (first + s) / slice_stages, stage = first + s - slice * slice_stages;
-      const int kb0 = stage * kStageBlocks;
-      const bool item_ends = stage == slice_stages - 1 || s == stages - 1;
-      const int kb_end =
-          item_ends ? (p.k_blocks < kb0 + kStageBlocks ? p.k_blocks : kb0 + kStageBlocks) : 1 << 30;
-      compute_stage(p, ring + (s % kStages) * Shape::kStageBytes, zero_chunk, kb0, item_first,
-                    kb_end, lane, off, acc, part, rowsum);
-      if (item_ends) {
-#ifdef QGEMM_PROBE_NO_EPILOGUE
-        if (acc[0][0][0] == 1.2345f) static_cast<float*>(p.c)[threadIdx.x] = acc[0][0][0];
-#else
-        emit_item(p, slice, item_first, kb_end, lane, acc);
-        if (item_first != 0) {
-          head_slice = slice, head_blocks = kb_end - item_first;
-        } else if (kb_end != p.k_blocks) {
-          tail_slice = slice, tail_blocks = kb_end;
-        }
-#endif
-        item_first = 0;
-      }
+      compute_stage(p, ring + (s % kStages) * Shape::kStageBytes, zero_chunk,
+                    kb_begin + s * kStageBlocks, kb_begin, kb_end, lane, off, acc, part, rowsum);
     }
     ptx::cp_async_wait<0>();
-    if (head_blocks != 0 || tail_blocks != 0) {  // one fence, with nothing in flight (epilogue.cuh)
-      __threadfence();
-      __syncwarp();
-      if (head_blocks != 0) finish_split_slice<kOutput>(p, head_slice, head_blocks, kRows, lane);
-      if (tail_blocks != 0) finish_split_slice<kOutput>(p, tail_slice, tail_blocks, kRows, lane);
+#ifdef QGEMM_PROBE_NO_EPILOGUE
+    if (acc[0][0][0] == 1.2345f) static_cast<float*>(p.c)[threadIdx.x] = acc[0][0][0];
+    return;
+#endif
+    __syncthreads();
+
+    // Sum the warps' K ranges into warp 0.
+    constexpr int kValues = 4 * kBatchTiles * 4;
+    float* flat = &acc[0][0][0];
+    if constexpr (kWarps > 1) {
+      float* reduce = reinterpret_cast<float*>(shared);
+      if (warp > 0) {
+#pragma unroll
+        for (int v = 0; v < kValues; ++v) reduce[((warp - 1) * kValues + v) * 32 + lane] = flat[v];
+      }
+      __syncthreads();
+      if (warp == 0) {
+        for (int other = 1; other < kWarps; ++other)
+#pragma unroll
+          for (int v = 0; v < kValues; ++v)
+            flat[v] += reduce[((other - 1) * kValues + v) * 32 + lane];
+      }
     }
+
+    if (!kSplitK && warp != 0) return;
+    if (warp == 0) {
+      const int g = lane / 4, t = lane % 4;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
+            if (row >= p.m || col >= p.n) continue;
+            if constexpr (kSplitK) {
+              atomicAdd(p.workspace + static_cast<long long>(row) * p.n + col, acc[q][bt][e]);
+            } else {
+              store_single<kOutput>(p, row, col, acc[q][bt][e] * p.global_scale);
+            }
+          }
+    }
+    if constexpr (kSplitK) finish_split_tile<kOutput>(p, blockIdx.x, 0, kRows, slice * 64, 64);
   }
 };
 
@@ -444,12 +414,12 @@ struct DecodeGemm {
 // kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kThreads and kDynamicSmemBytes come
 // from the spec (the host's mirror of DecodeGemmShape) and must agree.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
-          int kZeroMode, int kGroup, int kActivation, int kOutput, int kDequant, int kMinBlocks,
-          int kThreads, int kDynamicSmemBytes>
+          int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
+          int kMinBlocks, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_decode_sm80(const DenseGemmParams params) {
   using Gemm = DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup,
-                          kActivation == 0, kOutput, kDequant>;
+                          kActivation == 0, kOutput, kSplitK, kDequant>;
   static_assert(kThreads == Gemm::Shape::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

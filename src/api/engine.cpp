@@ -541,14 +541,16 @@ void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weig
   params.groups = w.groups;
   params.k_tiles = plan.k_tiles;
   params.tiles_per_split = plan.tiles_per_split;
+  params.blocks_per_warp = plan.blocks_per_warp;
   params.global_scale = static_cast<float>(w.global_scale);
-  if (plan.split_tiles > 0) {
+  if (plan.splits > 1) {
     auto& ws = workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
-                         static_cast<std::size_t>(plan.split_tiles) * sizeof(unsigned));
+                         static_cast<std::size_t>(plan.grid_x) * plan.grid_y * sizeof(unsigned));
     params.workspace = ws.sums.as<float>();
     params.counters = ws.counters.as<unsigned>();
   }
-  runtime::launch_kernel(launch.kernel, {plan.grid_x, plan.grid_y, plan.grid_z}, params,
+  runtime::launch_kernel(launch.kernel,
+                         {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)}, params,
                          static_cast<CUstream>(stream));
 }
 

@@ -48,7 +48,9 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
     const int w_bytes = stage_blocks * 32 * bits * 4;
     const int a_bytes = rows * (block_k * 2 + 16);
     const int s_bytes = scale_rows * 64 * 4 * (stored_zeros ? 2 : 1);
-    return warps_k * (16 + stages * (w_bytes + a_bytes + s_bytes));
+    const int pipeline = warps_k * (16 + stages * (w_bytes + a_bytes + s_bytes));
+    const int reduce = (warps_k - 1) * (rows > 8 ? 32 : 16) * 32 * 4;
+    return std::max(pipeline, reduce);
   }
   // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
   const int k_blocks = block_k / 16;
@@ -221,21 +223,29 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const
       static_cast<std::int64_t>(gpu.sm_count) * resident_blocks(c, weight, plan.rows, gpu);
 
   if (c.kernel == DenseKernel::Streamed) {
-    // One wave: the kernel shares all stages of all slices evenly among the grid's warps
-    // (kernels/gemm/sm80_decode.cuh), so the grid is every resident block, fewer only where a
-    // warp would get under kMinStages stages (its ring would never reach a steady state: the
-    // first stage waits a full memory latency).
-    constexpr std::int64_t kMinStages = 4;
-    const std::int64_t slice_stages = (weight.k_blocks + c.block_k / 16 - 1) / (c.block_k / 16);
-    const std::int64_t stages = slices * slice_stages;
-    const std::int64_t warps =
-        std::clamp<std::int64_t>(stages / kMinStages, 1, resident * c.warps_k);
-    plan.grid_x = static_cast<unsigned>((warps + c.warps_k - 1) / c.warps_k);
+    // Each warp takes a whole number of stages; a split is a block of warps_k warps per slice.
+    const int stage_blocks = c.block_k / 16;
+    const auto k_blocks = weight.k_blocks;
+    auto per_warp = [&](int s) {
+      const std::int64_t warps = static_cast<std::int64_t>(s) * c.warps_k;
+      const std::int64_t blocks = (k_blocks + warps - 1) / warps;
+      return (blocks + stage_blocks - 1) / stage_blocks * stage_blocks;
+    };
+    auto real_splits = [&](int s) {
+      return (k_blocks + per_warp(s) * c.warps_k - 1) / (per_warp(s) * c.warps_k);
+    };
+    const int splits = wave_filling_splits(resident, 32, [&](int s) -> std::int64_t {
+      // Keep four stages per warp so that its ring reaches a steady state (a warp's first
+      // stage waits a full memory latency; one split always serves).
+      if (s > 1 && per_warp(s) < 4 * stage_blocks) return 0;
+      return slices * real_splits(s);
+    });
+    plan.blocks_per_warp = static_cast<int>(per_warp(splits));
+    plan.splits = static_cast<int>(real_splits(splits));
+    plan.grid_x = static_cast<unsigned>(slices);
     plan.grid_y = 1;
-    // Warps per slice, rounded up: how many ways a slice's K is split (1: no slice is shared).
-    const std::int64_t grid_warps = static_cast<std::int64_t>(plan.grid_x) * c.warps_k;
-    plan.splits = static_cast<int>((grid_warps + slices - 1) / slices);
-    plan.split_tiles = slices;
+    plan.k_tiles = static_cast<int>(k_blocks);
+    plan.tiles_per_split = plan.blocks_per_warp * c.warps_k;
     return plan;
   }
 
@@ -250,8 +260,6 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const
   });
   plan.tiles_per_split = (plan.k_tiles + splits - 1) / splits;
   plan.splits = (plan.k_tiles + plan.tiles_per_split - 1) / plan.tiles_per_split;
-  plan.grid_z = static_cast<unsigned>(plan.splits);
-  if (plan.splits > 1) plan.split_tiles = tiles;
   return plan;
 }
 
@@ -284,6 +292,7 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
         jit::SpecParam::integer("group", weight.group_size),
         jit::SpecParam::chosen("act", activation.name()),
         jit::SpecParam::chosen("out", output.name()),
+        jit::SpecParam::boolean("split_k", plan.splits > 1),
         jit::SpecParam::chosen("dequant", *dequant),
         jit::SpecParam::integer("min_blocks", target_blocks(c, plan.rows)),
     };

@@ -54,14 +54,13 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs();
 // What one launch needs besides the config.
 struct DensePlan {
   DenseGemmConfig config;
-  int splits = 1;           // K splits of a tile (streamed: warps per 64-column slice, rounded up)
+  int splits = 1;
   int tiles_per_split = 0;  // tiled: K tiles of one split
   int k_tiles = 0;          // tiled: K tiles in all
   int rows = 16;  // streamed: A rows of the instantiation (M rounded up to 1, 2, 4, 8, 16)
-  // Output tiles whose K splits meet in the fp32 workspace (one counter each); 0: no workspace.
-  std::int64_t split_tiles = 0;
+  int blocks_per_warp = 0;   // streamed: k16 blocks of one warp
   std::int64_t chunk_n = 0;  // dequant + cuBLAS: weight rows dequantized per cuBLAS call
-  unsigned grid_x = 1, grid_y = 1, grid_z = 1;  // tiled: z = K splits
+  unsigned grid_x = 1, grid_y = 1;
 };
 
 // Picks the config and split-K factor for (M, prepared weight) on `gpu`. Every rule that removes a

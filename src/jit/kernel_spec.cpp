@@ -198,6 +198,7 @@ const std::vector<KernelFamily>& kernel_families() {
         {"group", ParamKind::Int, {}},
         {"act", ParamKind::Choice, {"bf16", "fp16"}},
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
+        {"split_k", ParamKind::Bool, {}},
         // Order = kernels::UnscaledDequant.
         {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
         {"min_blocks", ParamKind::Int, {}}},
