@@ -15,6 +15,14 @@ namespace {
 
 constexpr int kUtilityThreads = 256;
 
+// The validated spec of a utility kernel: no shared memory, one block shape per family.
+KernelSpec utility_spec(std::string family, Arch arch, std::vector<SpecParam> params,
+                        int threads = kUtilityThreads) {
+  KernelSpec spec{std::move(family), std::move(params), arch, {threads, 0}};
+  validate(spec);
+  return spec;
+}
+
 std::string half_type_choice(const Format& format, const char* what) {
   if (format == formats::bf16) return "bf16";
   if (format == formats::fp16) return "fp16";
@@ -51,36 +59,28 @@ std::string scaling_choice(const ActivationQuant& quant) {
 }  // namespace
 
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch) {
-  KernelSpec spec;
-  spec.family = "dequantize_weight";
-  spec.arch = arch;
-  spec.launch = {kUtilityThreads, 0};
-  spec.params = {SpecParam::number_format("weight", weight.format),
-                 SpecParam::number_format("scale", weight.scale_format),
-                 SpecParam::chosen("zero", zero_point_choice(weight.zero_point)),
-                 SpecParam::chosen("out", half_type_choice(output, "dequantize output"))};
-  validate(spec);
-  return spec;
+  return utility_spec("dequantize_weight", arch,
+                      {SpecParam::number_format("weight", weight.format),
+                       SpecParam::number_format("scale", weight.scale_format),
+                       SpecParam::chosen("zero", zero_point_choice(weight.zero_point)),
+                       SpecParam::chosen("out", half_type_choice(output, "dequantize output"))});
 }
 
 KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
                                     ActivationEmit emit, const Format& operand, Arch arch) {
-  KernelSpec spec;
-  spec.family = "quantize_activation";
-  spec.arch = arch;
-  // One block per row: a decode call's few rows are spread over as many threads as a block
-  // holds, so each thread's loads are few and in flight together.
-  spec.launch = {512, 0};
-  spec.params = {SpecParam::number_format("code", quant.format),
-                 SpecParam::chosen("scaling", scaling_choice(quant)),
-                 SpecParam::number_format("scale", quant.scale_format),
-                 SpecParam::chosen("in", half_type_choice(input, "activation input")),
-                 SpecParam::chosen("emit", emit == ActivationEmit::Codes ? "codes" : "operand"),
-                 SpecParam::chosen("operand", emit == ActivationEmit::Codes
-                                                  ? "bf16"
-                                                  : half_type_choice(operand, "operand"))};
-  validate(spec);
-  return spec;
+  // One block per row of 512 threads: a decode call's few rows are spread over as many threads
+  // as a block holds, so each thread's loads are few and in flight together.
+  return utility_spec(
+      "quantize_activation", arch,
+      {SpecParam::number_format("code", quant.format),
+       SpecParam::chosen("scaling", scaling_choice(quant)),
+       SpecParam::number_format("scale", quant.scale_format),
+       SpecParam::chosen("in", half_type_choice(input, "activation input")),
+       SpecParam::chosen("emit", emit == ActivationEmit::Codes ? "codes" : "operand"),
+       SpecParam::chosen("operand", emit == ActivationEmit::Codes
+                                        ? "bf16"
+                                        : half_type_choice(operand, "operand"))},
+      512);
 }
 
 namespace {
@@ -124,36 +124,20 @@ Format activation_operand_format(const ActivationQuant& quant) {
 }
 
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch) {
-  KernelSpec spec;
-  spec.family = "expand_activation";
-  spec.arch = arch;
-  spec.launch = {kUtilityThreads, 0};
-  spec.params = {SpecParam::number_format("code", quant.format),
-                 SpecParam::chosen("scaling", scaling_choice(quant)),
-                 SpecParam::number_format("scale", quant.scale_format),
-                 SpecParam::chosen("operand", half_type_choice(operand, "operand"))};
-  validate(spec);
-  return spec;
+  return utility_spec("expand_activation", arch,
+                      {SpecParam::number_format("code", quant.format),
+                       SpecParam::chosen("scaling", scaling_choice(quant)),
+                       SpecParam::number_format("scale", quant.scale_format),
+                       SpecParam::chosen("operand", half_type_choice(operand, "operand"))});
 }
 
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
-  KernelSpec spec;
-  spec.family = "tensor_absmax";
-  spec.arch = arch;
-  spec.launch = {kUtilityThreads, 0};
-  spec.params = {SpecParam::chosen("in", half_type_choice(input, "absmax input"))};
-  validate(spec);
-  return spec;
+  return utility_spec("tensor_absmax", arch,
+                      {SpecParam::chosen("in", half_type_choice(input, "absmax input"))});
 }
 
 KernelSpec repack_weight_spec(int bits, Arch arch) {
-  KernelSpec spec;
-  spec.family = "repack_weight";
-  spec.arch = arch;
-  spec.launch = {kUtilityThreads, 0};
-  spec.params = {SpecParam::integer("bits", bits)};
-  validate(spec);
-  return spec;
+  return utility_spec("repack_weight", arch, {SpecParam::integer("bits", bits)});
 }
 
 std::vector<KernelSpec> catalog_specs(Arch arch) {
