@@ -14,6 +14,20 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
   return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
 }
 
+// A value the compiler cannot trace back to its inputs, so it keeps it in a register instead
+// of recomputing it (from the thread index, say) at every use inside a loop.
+__device__ __forceinline__ unsigned opaque(unsigned value) {
+  unsigned held;
+  asm volatile("mov.b32 %0, %1;" : "=r"(held) : "r"(value));
+  return held;
+}
+template <typename T>
+__device__ __forceinline__ const T* opaque(const T* pointer) {
+  unsigned long long held;
+  asm volatile("mov.b64 %0, %1;" : "=l"(held) : "l"(reinterpret_cast<unsigned long long>(pointer)));
+  return reinterpret_cast<const T*>(held);
+}
+
 // .cg: cache in L2 only. Streamed weights are read once per call, so L1 would only evict the
 // activation tiles that are reused.
 // `shared_dst` as a shared-window address (shared_address): callers that copy into the same
