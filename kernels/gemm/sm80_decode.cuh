@@ -8,7 +8,7 @@
 //          the main loop, so a warp never waits for another one.
 //
 //   one warp's shared memory:
-//     [zero chunk 16 B]  where ldmatrix lanes of rows ≥ M point
+//     [zero row, kStageBlocks · 32 B]  where ldmatrix lanes of rows ≥ M point
 //     stage × kStages:
 //       W  kStageBlocks × 32 lanes × bits words   the codes, verbatim (one contiguous run)
 //       A  kRows rows × (kStageBlocks · 32 B + 16 B pad)   only rows < M are copied; the pad
@@ -25,11 +25,14 @@
 //   acc[q][bt][e]:  column n = (2q + e / 2) · 8 + g,  batch row m = bt · 8 + 2t + e % 2
 // (g = lane / 4, t = lane % 4; bt = 0, 1 batch tiles of 8 rows).
 //
-// Scales go on the accumulators: inside a group the mma sums exact unscaled codes (u − zero, or
-// the float value; dequant/mma_dequant.cuh) into `part`, and at the group's end
-// acc += part · scale in fp32. A lane's columns are j · 8 + g (j = 2q + e / 2), whose scales are
-// the 8 consecutive floats at 8g of the permuted row. Float zero points are applied there too:
-// part − zero · Σ_k A, the row sums coming from one more mma with the weight operand = 1.
+// Scales go on the accumulators: inside a group the mma sums exact unscaled codes into `part`,
+// and at the group's end acc += part · scale in fp32. A lane's columns are j · 8 + g
+// (j = 2q + e / 2), whose scales are the 8 consecutive floats at 8g of the permuted row.
+// Integer codes of ≤ 7 bits go to the mma lifted, as base + u (128 for bf16, 1024 for fp16;
+// dequant/mma_dequant.cuh, lift_lane_int16), and the flush takes off (base + zero) · Σ_k A, the
+// row sums coming from one more mma with the weight operand = 1; every zero mode (none, constant,
+// stored integer or float) is then the same subtraction, and the dequantization is a shift and a
+// LOP3 per pair. 8-bit integers (int_f32) subtract base + zero per pair; floats need neither.
 //
 // The QGEMM_PROBE_* macros leave one part out, for bench/decode_probe.cu only (timing, wrong
 // results); the library never defines them.
@@ -57,7 +60,8 @@ struct DecodeGemmShape {
   static constexpr int kScaleRows = (kGroup == 0 || kGroup >= kStageK) ? 1 : kStageK / kGroup;
   static constexpr int kSBytes = kScaleRows * 64 * 4 * (kStoredZeros ? 2 : 1);
   static constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
-  static constexpr int kWarpBytes = 16 + kStages * kStageBytes;
+  static constexpr int kZeroRowBytes = kStageK * 2;
+  static constexpr int kWarpBytes = kZeroRowBytes + kStages * kStageBytes;
   static constexpr int kPipelineBytes = kWarps * kWarpBytes;
   // The cross-warp sum reuses the pipeline's memory: [warp − 1][value][lane] floats, 16 values
   // per lane and batch tile of 8 rows.
@@ -78,7 +82,11 @@ struct DecodeGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
-  static constexpr bool kRowSums = kZeroMode == kZeroFloat;
+  // Offsets taken off in the flush, from row sums (above): integer codes lifted into 16 bits.
+  static constexpr bool kLifted = kDequant == kDequantInt16;
+  static constexpr bool kRowSums = kLifted || kZeroMode == kZeroFloat;
+  // Where zeros are read at a group's start (the per-pair offsets), not at its flush.
+  static constexpr bool kZerosAtStart = kZeroMode == kZeroInteger && !kLifted;
   static constexpr int kBatchTiles = kRows > 8 ? 2 : 1;  // 8 batch rows per mma
   using Accumulators = float[4][kBatchTiles][4];
   using RowSums = float[kBatchTiles][4];
@@ -259,7 +267,8 @@ struct DecodeGemm {
     }
   }
 
-  // acc += (part − zero · rowsum) · scale for the group whose scale row is `scale_row`.
+  // acc += (part − offset · rowsum) · scale for the group whose scale row is `scale_row`; the
+  // offset is the zero, plus the base when the codes were lifted.
   __device__ static void flush_group(const float* scale_row, const float* zero_row, int lane,
                                      Accumulators& acc, Accumulators& part, RowSums& rowsum) {
     float s[8], z[8];
@@ -268,10 +277,20 @@ struct DecodeGemm {
     s[0] = s0.x, s[1] = s0.y, s[2] = s0.z, s[3] = s0.w, s[4] = s1.x, s[5] = s1.y, s[6] = s1.z,
     s[7] = s1.w;
     if constexpr (kRowSums) {
-      const float4* z4 = reinterpret_cast<const float4*>(zero_row + (lane / 4) * 8);
-      const float4 z0 = z4[0], z1 = z4[1];
-      z[0] = z0.x, z[1] = z0.y, z[2] = z0.z, z[3] = z0.w, z[4] = z1.x, z[5] = z1.y, z[6] = z1.z,
-      z[7] = z1.w;
+      constexpr float kBase = kLifted ? (kBf16 ? 128.0f : 1024.0f) : 0.0f;
+      if constexpr (kStoredZeros) {
+        const float4* z4 = reinterpret_cast<const float4*>(zero_row + (lane / 4) * 8);
+        const float4 z0 = z4[0], z1 = z4[1];
+        z[0] = z0.x, z[1] = z0.y, z[2] = z0.z, z[3] = z0.w, z[4] = z1.x, z[5] = z1.y, z[6] = z1.z,
+        z[7] = z1.w;
+      } else {
+        constexpr float kZero =
+            kZeroMode == kZeroConstant ? static_cast<float>(1 << (kBits - 1)) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = kZero;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] += kBase;
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -291,12 +310,30 @@ struct DecodeGemm {
       for (int e = 0; e < 4; ++e) rowsum[bt][e] = 0.0f;
   }
 
+  // The lane's addresses in a stage, held (see StageLoader): its code words, and where its
+  // ldmatrix row of block 0 starts (in the stage's A rows, or in the zero row for rows ≥ M).
+  struct LaneOffsets {
+    unsigned words;   // (lane · kBits) words into a block's codes
+    unsigned x;       // from the stage (x_in_stage) or absolute, in the zero row
+    bool x_in_stage;  // the lane's ldmatrix row is < M
+
+    __device__ LaneOffsets(const DenseGemmParams& p, unsigned zero_row, int lane) {
+      // x2 (8 rows): lanes 0-7 chunk 2i, lanes 8-15 chunk 2i + 1; x4 adds rows 8-15.
+      const int row = kBatchTiles == 1 ? lane % 8 : lane % 8 + 8 * ((lane / 8) % 2);
+      const int chunk = kBatchTiles == 1 ? (lane / 8) % 2 : lane / 16;
+      x_in_stage = row < p.m;
+      words = ptx::opaque(static_cast<unsigned>(lane) * kBits * 4);
+      x = ptx::opaque(x_in_stage ? Shape::kWBytes + row * Shape::kARowBytes + chunk * 16
+                                 : zero_row + chunk * 16);
+    }
+  };
+
   __device__ static void compute_stage(const DenseGemmParams& p, const char* stage,
-                                       unsigned zero_chunk, int kb0, int kb_begin, int kb_end,
+                                       const LaneOffsets& lanes, int kb0, int kb_begin, int kb_end,
                                        int lane, unsigned (&off)[8], Accumulators& acc,
                                        Accumulators& part, RowSums& rowsum) {
-    const unsigned* w_stage = reinterpret_cast<const unsigned*>(stage);
-    const unsigned a_stage = ptx::shared_address(stage + Shape::kWBytes);
+    const char* w_lane = stage + lanes.words;
+    const unsigned x_lane = (lanes.x_in_stage ? ptx::shared_address(stage) : 0u) + lanes.x;
     const float* s_stage = reinterpret_cast<const float*>(stage + Shape::kWBytes + Shape::kABytes);
     const float* z_stage = s_stage + Shape::kScaleRows * 64;
     constexpr unsigned kOnes = kBf16 ? 0x3f803f80u : 0x3c003c00u;
@@ -305,12 +342,12 @@ struct DecodeGemm {
       const int kb = kb0 + i;
       if (kb >= kb_end) break;  // uniform: the last stage of the warp's range may be partial
       const int scale_row = Shape::kScaleRows == 1 ? 0 : i / kGroupBlocks;
-      if constexpr (kZeroMode == kZeroInteger) {
+      if constexpr (kZerosAtStart) {
         if (kb == kb_begin || kb % kGroupBlocks == 0)
           group_offsets(z_stage + scale_row * 64, lane, off);
       }
       unsigned words[kBits];
-      const unsigned* lane_words = w_stage + (i * 32 + lane) * kBits;
+      const unsigned* lane_words = reinterpret_cast<const unsigned*>(w_lane + i * 32 * kBits * 4);
 #pragma unroll
       for (int w = 0; w < kBits; ++w) words[w] = lane_words[w];
 #if defined(QGEMM_PROBE_NO_COMPUTE)
@@ -322,21 +359,21 @@ struct DecodeGemm {
       for (int j = 0; j < 8; ++j)
         b[j][0] = words[(2 * j) % kBits], b[j][1] = words[(2 * j + 1) % kBits];
 #else
-      dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
+      if constexpr (kLifted) {
+        lift_lane_int16<kFormat, kBf16>(words, b);
+      } else {
+        dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
+      }
 #endif
 
       // Activations as the B operand: ldmatrix rows r < M from the stage, rows ≥ M from the
-      // zero chunk. x2 (8 rows): lanes 0-7 chunk 2i, lanes 8-15 chunk 2i + 1; x4 adds rows 8-15.
+      // zero row (LaneOffsets); block i is 32 bytes further along either.
       unsigned x[kBatchTiles][2];
       if constexpr (kBatchTiles == 1) {
-        const int row = lane % 8, chunk = i * 2 + (lane / 8) % 2;
-        ptx::ldmatrix_x2(x[0],
-                         row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
+        ptx::ldmatrix_x2(x[0], x_lane + i * 32);
       } else {
-        const int row = lane % 8 + 8 * ((lane / 8) % 2), chunk = i * 2 + lane / 16;
         unsigned r[4];
-        ptx::ldmatrix_x4(r,
-                         row < p.m ? a_stage + row * Shape::kARowBytes + chunk * 16 : zero_chunk);
+        ptx::ldmatrix_x4(r, x_lane + i * 32);
         x[0][0] = r[0], x[0][1] = r[2], x[1][0] = r[1], x[1][1] = r[3];
       }
 #pragma unroll
@@ -368,11 +405,11 @@ struct DecodeGemm {
   }
 
   // Whether compute_stage reads the stage's scale (and zero) rows: always where groups are
-  // shorter than a stage or zeros are stored (read at a group's start), else only in a stage
+  // shorter than a stage or zeros are read at a group's start, else only in a stage
   // that ends a group or the range, the one that flushes (a group of 128 over stages of 64
   // copies its scales once instead of twice; per-channel scales once per range).
   __device__ static bool scales_needed(int kb0, int kb_end) {
-    if (Shape::kScaleRows > 1 || kStoredZeros) return true;
+    if (Shape::kScaleRows > 1 || kZerosAtStart) return true;
     return kb0 + kStageBlocks >= kb_end || (kb0 + kStageBlocks) % kGroupBlocks == 0;
   }
 
@@ -386,9 +423,10 @@ struct DecodeGemm {
         kb_end > kb_begin ? (kb_end - kb_begin + kStageBlocks - 1) / kStageBlocks : 0;
 
     char* mine = shared + warp * Shape::kWarpBytes;
-    if (lane < 4) reinterpret_cast<unsigned*>(mine)[lane] = 0u;  // the zero chunk
-    const unsigned zero_chunk = ptx::shared_address(mine);
-    char* ring = mine + 16;
+    for (int i = lane; i < Shape::kZeroRowBytes / 4; i += 32)
+      reinterpret_cast<unsigned*>(mine)[i] = 0u;  // the zero row
+    const LaneOffsets lanes(p, ptx::shared_address(mine), lane);
+    char* ring = mine + Shape::kZeroRowBytes;
 
     Accumulators acc, part;
     RowSums rowsum;
@@ -403,8 +441,9 @@ struct DecodeGemm {
 #pragma unroll
       for (int e = 0; e < 4; ++e) rowsum[bt][e] = 0.0f;
     unsigned off[8] = {};
-    // Constant and absent zeros now; stored ones at each group's first block (compute_stage).
-    if constexpr (kZeroMode != kZeroInteger) group_offsets(nullptr, lane, off);
+    // Offsets of constant and absent zeros now; stored ones at each group's first block
+    // (compute_stage); none where the codes are lifted.
+    if constexpr (!kLifted && !kZerosAtStart) group_offsets(nullptr, lane, off);
 
     const StageLoader loader(p, slice, lane);
     const unsigned ring_address = ptx::opaque(ptx::shared_address(ring));
@@ -428,7 +467,7 @@ struct DecodeGemm {
       __syncwarp();  // every lane's copies of stage s landed; every lane is done with s − 1
       if (s + kStages - 1 < stages) load(s + kStages - 1);
       ptx::cp_async_commit();
-      compute_stage(p, ring + (s % kStages) * Shape::kStageBytes, zero_chunk,
+      compute_stage(p, ring + (s % kStages) * Shape::kStageBytes, lanes,
                     kb_begin + s * kStageBlocks, kb_begin, kb_end, lane, off, acc, part, rowsum);
     }
     ptx::cp_async_wait<0>();

@@ -48,7 +48,8 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
     const int w_bytes = stage_blocks * 32 * bits * 4;
     const int a_bytes = rows * (block_k * 2 + 16);
     const int s_bytes = scale_rows * 64 * 4 * (stored_zeros ? 2 : 1);
-    const int pipeline = warps_k * (16 + stages * (w_bytes + a_bytes + s_bytes));
+    const int zero_row = block_k * 2;
+    const int pipeline = warps_k * (zero_row + stages * (w_bytes + a_bytes + s_bytes));
     const int reduce = (warps_k - 1) * (rows > 8 ? 32 : 16) * 32 * 4;
     return std::max(pipeline, reduce);
   }
