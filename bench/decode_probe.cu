@@ -107,10 +107,13 @@ int main() {
   const char* variant = QGEMM_PROBE_NAME;
   std::printf("decode probe (%s): w4a16 g128 M=1, bf16 out, L2 flushed, median us\n", variant);
   for (auto [n, k] : {std::pair{28672, 8192}, std::pair{8192, 28672}, std::pair{8192, 8192}}) {
-    time_config<Probe<4, 4, 5>>("k64 s4 (production)", buffers, n, k, timer, flush_buffer, sink,
+    // The configs of src/dispatch/dense_config.cpp: "decode" (the default), "decode-k64",
+    // "decode-s4".
+    time_config<Probe<8, 3, 4>>("k128 s3 (decode)", buffers, n, k, timer, flush_buffer, sink, sms);
+    time_config<Probe<4, 4, 5>>("k64 s4 (decode-k64)", buffers, n, k, timer, flush_buffer, sink,
                                 sms);
-    time_config<Probe<4, 6, 3>>("k64 s6", buffers, n, k, timer, flush_buffer, sink, sms);
-    time_config<Probe<8, 4, 3>>("k128 s4", buffers, n, k, timer, flush_buffer, sink, sms);
+    time_config<Probe<8, 4, 3>>("k128 s4 (decode-s4)", buffers, n, k, timer, flush_buffer, sink,
+                                sms);
   }
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) std::printf("CUDA error: %s\n", cudaGetErrorString(error));
