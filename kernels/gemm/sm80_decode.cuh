@@ -122,6 +122,16 @@ struct DecodeGemm {
     unsigned w_dst;  // the lane's W chunk in a stage: lane · 16
     unsigned a_dst;  // the lane's A chunk of pass 0 in a stage
 
+    // Activations through L1: the warps of an SM that share a K range (same split and warp
+    // index, other slices) copy the same chunks at about the same time.
+    __device__ static void a_copy(unsigned dst, const void* src, int bytes) {
+#ifdef QGEMM_PROBE_A_CG
+      ptx::cp_async_16(dst, src, bytes);
+#else
+      ptx::cp_async_16_l1(dst, src, bytes);
+#endif
+    }
+
     __device__ static int a_row_of(int lane) {
       return kAChunksPerRow >= 32 ? 0 : lane / kAChunksPerRow;
     }
@@ -176,8 +186,8 @@ struct DecodeGemm {
         const int chunk_k = kAChunksPerRow >= 32 ? (i % (kAChunksPerRow / 32)) * 256 : 0;
         const int rows = row_of_pass(i);
 #ifndef QGEMM_PROBE_NO_A_LOAD
-        ptx::cp_async_16(a_to + rows * Shape::kARowBytes + chunk_k * 2,
-                         a_stage + static_cast<long long>(rows) * p.lda * 2 + chunk_k * 2, 16);
+        a_copy(a_to + rows * Shape::kARowBytes + chunk_k * 2,
+               a_stage + static_cast<long long>(rows) * p.lda * 2 + chunk_k * 2, 16);
 #endif
       }
       if (with_scales) load_scales(p, stage, kb0, lane);
@@ -217,7 +227,7 @@ struct DecodeGemm {
           if (bytes == 0) src = static_cast<const char*>(p.a);
         }
 #ifndef QGEMM_PROBE_NO_A_LOAD
-        ptx::cp_async_16(stage + a_offset(lane, i), src, bytes);
+        a_copy(stage + a_offset(lane, i), src, bytes);
 #endif
       }
       if (with_scales) load_scales(p, stage, kb0, lane);
@@ -416,7 +426,15 @@ struct DecodeGemm {
   __device__ static void run(const DenseGemmParams& p, char* shared) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slice = blockIdx.x;
-    const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
+    // Warp w of a block takes K range (w + slice) % kWarps of its split: at any moment the
+    // blocks of different slices then stream kWarps different ranges of A rather than one (the
+    // copies of one range from every block at once queue on the L2 slices that hold it).
+#ifdef QGEMM_PROBE_NO_ROTATE
+    const int range = warp;
+#else
+    const int range = (warp + slice) % kWarps;
+#endif
+    const int kb_begin = (blockIdx.z * kWarps + range) * p.blocks_per_warp;
     const int kb_limit = kb_begin + p.blocks_per_warp;
     const int kb_end = kb_limit < p.k_blocks ? kb_limit : p.k_blocks;
     const int stages =

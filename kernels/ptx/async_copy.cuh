@@ -53,6 +53,18 @@ __device__ __forceinline__ void cp_async_16(unsigned shared_dst, const void* glo
 #endif
 }
 
+// .ca: cached in L1 as well, for small data that many warps of an SM read (the decode kernel's
+// activations), so that only the first of them goes to L2.
+__device__ __forceinline__ void cp_async_16_l1(unsigned shared_dst, const void* global_src,
+                                               int bytes) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(global_src),
+               "r"(bytes));
+#else
+  cp_async_16(shared_dst, global_src, bytes);
+#endif
+}
+
 __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src, int bytes) {
   cp_async_16(shared_address(shared_dst), global_src, bytes);
 }

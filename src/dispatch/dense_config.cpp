@@ -235,12 +235,17 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const
     auto real_splits = [&](int s) {
       return (k_blocks + per_warp(s) * c.warps_k - 1) / (per_warp(s) * c.warps_k);
     };
-    const int splits = wave_filling_splits(resident, 32, [&](int s) -> std::int64_t {
-      // Keep four stages per warp so that its ring reaches a steady state (a warp's first
-      // stage waits a full memory latency; one split always serves).
-      if (s > 1 && per_warp(s) < 4 * stage_blocks) return 0;
-      return slices * real_splits(s);
-    });
+    // The finest split whose warps still stream ≥ 512 of K each, within 4 waves. Measured on
+    // the H200 (bench/NOTES.md, third session; w4a16 M = 1, splits 1-8 of both configs): wave
+    // fill matters little, since a block is short; what costs is a warp's pipeline ramp and
+    // drain when its range is short (≤ 256 of K: +2-4 µs), and too few warps in flight (a
+    // split of 1 on 28672×8192, 0.85 waves: 51 µs against 44).
+    int splits = 1;
+    for (int s = 2; s <= 32; ++s) {
+      if (per_warp(s) * 16 < 512) break;
+      if (slices * real_splits(s) > 4 * resident) break;
+      splits = s;
+    }
     plan.blocks_per_warp = static_cast<int>(per_warp(splits));
     plan.splits = static_cast<int>(real_splits(splits));
     plan.grid_x = static_cast<unsigned>(slices);
