@@ -7,7 +7,6 @@
 //   -DQGEMM_PROBE_NO_A_LOAD, -DQGEMM_PROBE_NO_SCALE_LOAD  neither are the activations / scales
 //   -DQGEMM_PROBE_NO_EPILOGUE     no cross-warp sum, no split-K atomics (nothing is written)
 //   -DQGEMM_PROBE_A_CG            activations copied through L2 only (before v3.6: .cg)
-//   -DQGEMM_PROBE_NO_ROTATE       warp w takes K range w in every block (before v3.6)
 // Timing only: the outputs are not checked (the GPU tests check the kernel).
 // Built and run by scripts/gpu_session.sh:
 //   nvcc -O3 -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -Ikernels [-D...]

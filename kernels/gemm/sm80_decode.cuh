@@ -426,15 +426,7 @@ struct DecodeGemm {
   __device__ static void run(const DenseGemmParams& p, char* shared) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slice = blockIdx.x;
-    // Warp w of a block takes K range (w + slice) % kWarps of its split: at any moment the
-    // blocks of different slices then stream kWarps different ranges of A rather than one (the
-    // copies of one range from every block at once queue on the L2 slices that hold it).
-#ifdef QGEMM_PROBE_NO_ROTATE
-    const int range = warp;
-#else
-    const int range = (warp + slice) % kWarps;
-#endif
-    const int kb_begin = (blockIdx.z * kWarps + range) * p.blocks_per_warp;
+    const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
     const int kb_limit = kb_begin + p.blocks_per_warp;
     const int kb_end = kb_limit < p.k_blocks ? kb_limit : p.k_blocks;
     const int stages =
