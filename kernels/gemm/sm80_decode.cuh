@@ -128,7 +128,7 @@ struct DecodeGemm {
 #ifdef QGEMM_PROBE_A_CG
       ptx::cp_async_16(dst, src, bytes);
 #else
-      ptx::cp_async_16_l1(dst, src, bytes);
+      ptx::cp_async_16<ptx::CacheIn::kL1>(dst, src, bytes);
 #endif
     }
 

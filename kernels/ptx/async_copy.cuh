@@ -28,15 +28,25 @@ __device__ __forceinline__ const T* opaque(const T* pointer) {
   return reinterpret_cast<const T*>(held);
 }
 
-// .cg: cache in L2 only. Streamed weights are read once per call, so L1 would only evict the
-// activation tiles that are reused.
+// Where the copied line is cached. kL2: .cg, L2 only; streamed weights are read once per call,
+// so L1 would only evict the activation tiles that are reused. kL1: .ca, L1 as well, for small
+// data that many warps of an SM read at about the same time (the decode kernel's activations):
+// only the first of them then goes to L2.
+enum class CacheIn { kL2, kL1 };
+
 // `shared_dst` as a shared-window address (shared_address): callers that copy into the same
 // stage every iteration keep it in a register instead of converting a pointer per copy.
+template <CacheIn kCache = CacheIn::kL2>
 __device__ __forceinline__ void cp_async_16(unsigned shared_dst, const void* global_src,
                                             int bytes) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(global_src),
-               "r"(bytes));
+  if constexpr (kCache == CacheIn::kL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+                 "l"(global_src), "r"(bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+                 "l"(global_src), "r"(bytes));
+  }
 #else
   union {
     uint4 vector;
@@ -50,18 +60,6 @@ __device__ __forceinline__ void cp_async_16(unsigned shared_dst, const void* glo
   }
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(shared_dst), "r"(chunk.vector.x),
                "r"(chunk.vector.y), "r"(chunk.vector.z), "r"(chunk.vector.w));
-#endif
-}
-
-// .ca: cached in L1 as well, for small data that many warps of an SM read (the decode kernel's
-// activations), so that only the first of them goes to L2.
-__device__ __forceinline__ void cp_async_16_l1(unsigned shared_dst, const void* global_src,
-                                               int bytes) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(global_src),
-               "r"(bytes));
-#else
-  cp_async_16(shared_dst, global_src, bytes);
 #endif
 }
 

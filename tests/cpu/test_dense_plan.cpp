@@ -85,6 +85,25 @@ TEST(DensePlan, SplitsCoverKExactlyOnce) {
       }
 }
 
+// The streamed split (measured on the H200, bench/NOTES.md third session): every warp of a split
+// plan streams at least 512 of K (shorter ranges pay their ramp and drain), and large-N decode
+// is split (one split of 28672×8192 left too few warps in flight: 51 µs against 44).
+TEST(DensePlan, StreamedSplitsKeepWarpRangesLongAndFillTheGpu) {
+  for (const char* scheme : {"w4a16", "w8a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {8192, 8192},
+                        {640, 10944},
+                        {5472, 2880}}) {
+      SCOPED_TRACE(std::string(scheme) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+      const layout::MmaWeight w = metadata(scheme, n, k);
+      const dispatch::DensePlan plan = dispatch::plan_dense_gemm(1, w, formats::bf16, kH200);
+      ASSERT_EQ(plan.config.kernel, dispatch::DenseKernel::Streamed);
+      if (plan.splits > 1) EXPECT_GE(plan.blocks_per_warp * 16, 512);
+      if (n >= 8192 && k >= 8192) EXPECT_GT(plan.splits, 1);
+    }
+}
+
 // Dequant + cuBLAS chunks are whole 64-row slices, within the scratch bound where one slice
 // fits it, and never more than the weight.
 TEST(DensePlan, DequantCublasChunksAreBoundedWholeSlices) {
