@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -33,9 +34,45 @@ struct Case {
   long long m, n, k;
 };
 
-// Median of `repeats` timed runs of `run`, each after overwriting a buffer larger than L2.
+// Evicts the weight from L2 before a timed run by reading a buffer of 8 L2s (a cuBLAS sum, its
+// result left on the device), as `qgemm bench` does (tools/qgemm/gpu_bench/gpu_timing.hpp says
+// why a read: a memset leaves L2 full of dirty lines that the timed call then writes back; this
+// bench did so until the third session of 2026-12-03 and read ~7 µs slower on decode shapes).
+class ReadFlush {
+ public:
+  ReadFlush() {
+    CHECK_CUDA(cudaMalloc(&buffer_, kBytes));
+    CHECK_CUDA(cudaMemset(buffer_, 0x3C, kBytes));  // finite floats: the sum stays a number
+    CHECK_CUDA(cudaMalloc(&sum_, sizeof(float)));
+    if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_DEVICE) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cuBLAS handle for the L2 flush failed\n");
+      std::exit(1);
+    }
+  }
+  ~ReadFlush() {
+    cublasDestroy(handle_);
+    cudaFree(buffer_);
+    cudaFree(sum_);
+  }
+  void operator()() const {
+    if (cublasSasum(handle_, static_cast<int>(kBytes / sizeof(float)),
+                    static_cast<const float*>(buffer_), 1, sum_) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasSasum (L2 flush) failed\n");
+      std::exit(1);
+    }
+  }
+
+ private:
+  static constexpr std::size_t kBytes = 512ull << 20;  // > 8× the 60 MB L2
+  void* buffer_ = nullptr;
+  float* sum_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
+};
+
+// Median of `repeats` timed runs of `run`, each after an L2 flush.
 template <typename Run>
-double median_us(Run&& run, void* flush, std::size_t flush_bytes, int repeats) {
+double median_us(Run&& run, const ReadFlush& flush, int repeats) {
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -43,7 +80,7 @@ double median_us(Run&& run, void* flush, std::size_t flush_bytes, int repeats) {
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
-    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+    flush();
     CHECK_CUDA(cudaEventRecord(start));
     run();
     CHECK_CUDA(cudaEventRecord(stop));
@@ -71,13 +108,24 @@ std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   std::vector<Case> cases = {
-      {"w4a16", 1, 28672, 8192},  {"w4a16", 1, 8192, 28672},   {"w4a16", 1, 8192, 8192},
-      {"w4a16", 16, 28672, 8192}, {"w3a16", 1, 28672, 8192},   {"w3a16", 16, 28672, 8192},
-      {"w8a16", 1, 28672, 8192},  {"w8a16", 16, 28672, 8192},  {"mxfp4-a16", 1, 28672, 8192},
-      {"w4a16", 64, 8192, 8192},  {"w4a16", 256, 8192, 8192},  {"w4a16", 512, 8192, 8192},
-      {"w4a16", 4096, 8192, 8192}, {"w4a16", 4096, 28672, 8192},
+      {"w4a16", 1, 28672, 8192},
+      {"w4a16", 1, 8192, 28672},
+      {"w4a16", 1, 8192, 8192},
+      {"w4a16", 16, 28672, 8192},
+      {"w3a16", 1, 28672, 8192},
+      {"w3a16", 16, 28672, 8192},
+      {"w8a16", 1, 28672, 8192},
+      {"w8a16", 16, 28672, 8192},
+      {"mxfp4-a16", 1, 28672, 8192},
+      {"w4a16", 64, 8192, 8192},
+      {"w4a16", 256, 8192, 8192},
+      {"w4a16", 512, 8192, 8192},
+      {"w4a16", 4096, 8192, 8192},
+      {"w4a16", 4096, 28672, 8192},
       // Quantized activations (bf16 A quantized on the GPU in the same call).
-      {"w4a8-fp8", 1, 28672, 8192}, {"w4a8-fp8", 16, 28672, 8192}, {"nvfp4", 1, 28672, 8192},
+      {"w4a8-fp8", 1, 28672, 8192},
+      {"w4a8-fp8", 16, 28672, 8192},
+      {"nvfp4", 1, 28672, 8192},
       {"w8a8-fp8", 4096, 8192, 8192},
   };
   if (quick) cases.resize(3);
@@ -85,9 +133,7 @@ int main(int argc, char** argv) {
   qgemm::Engine engine(0);
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
-  const std::size_t flush_bytes = 512ull << 20;  // > 8x the 60 MB L2
-  void* flush = nullptr;
-  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  const ReadFlush flush;
 
   std::printf("%-10s %6s %6s %6s | %9s %8s %8s | %9s %8s | %6s | %s\n", "scheme", "M", "N", "K",
               "qgemm_us", "TB/s", "TFLOPS", "cublas_us", "TFLOPS", "ratio", "kernel");
@@ -120,7 +166,7 @@ int main(int argc, char** argv) {
                        static_cast<int>(c.k), a, CUDA_R_16BF, static_cast<int>(c.k), &beta, c_out,
                        CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
-        flush, flush_bytes, repeats);
+        flush, repeats);
     // The heuristic's choice, then the candidates of src/dispatch: (decode) occupancy,
     // (prefill) tile shapes, and dequant + cuBLAS everywhere (the path never to be slower than).
     std::vector<std::string> configs = {""};
@@ -144,7 +190,7 @@ int main(int argc, char** argv) {
             engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,
                         {c_out, c.m, c.n, c.n, qgemm::formats::bf16}, nullptr, options);
           },
-          flush, flush_bytes, repeats);
+          flush, repeats);
       const double flops = 2.0 * c.m * c.n * c.k;
       std::printf(
           "%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",
@@ -158,7 +204,6 @@ int main(int argc, char** argv) {
     cudaFree(c_out);
     cudaFree(w_dense);
   }
-  cudaFree(flush);
   cublasDestroy(cublas);
   return 0;
 }
