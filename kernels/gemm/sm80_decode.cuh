@@ -96,8 +96,8 @@ struct DecodeGemm {
 
   // What one lane copies into every stage. The lane's sources are set once per warp and a stage
   // adds one product of its first k16 block to each; destinations are the lane's fixed offsets in
-  // the stage. (Deriving them from the lane per stage cost more instructions than the stage's
-  // dequantization and mma: the loop is bound by instruction issue at ~2 KB per 300 instructions.)
+  // the stage. (Derived from the lane per stage, under every copy's predicate, they cost ~85
+  // instructions a stage, as much as two k16 blocks of dequantization and mma.)
   //   W      chunks lane + 32 i of the stage's contiguous run of codes
   //   A      chunk c = lane % C of rows r = lane / C + i · 32 / C (C = 16-byte chunks per row,
   //          a divisor of 32), rows < M only
