@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench/l2_flusher.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 
@@ -34,45 +35,9 @@ struct Case {
   long long m, n, k;
 };
 
-// Evicts the weight from L2 before a timed run by reading a buffer of 8 L2s (a cuBLAS sum, its
-// result left on the device), as `qgemm bench` does (tools/qgemm/gpu_bench/gpu_timing.hpp says
-// why a read: a memset leaves L2 full of dirty lines that the timed call then writes back; this
-// bench did so until the third session of 2026-12-03 and read ~7 µs slower on decode shapes).
-class ReadFlush {
- public:
-  ReadFlush() {
-    CHECK_CUDA(cudaMalloc(&buffer_, kBytes));
-    CHECK_CUDA(cudaMemset(buffer_, 0x3C, kBytes));  // finite floats: the sum stays a number
-    CHECK_CUDA(cudaMalloc(&sum_, sizeof(float)));
-    if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_DEVICE) != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cuBLAS handle for the L2 flush failed\n");
-      std::exit(1);
-    }
-  }
-  ~ReadFlush() {
-    cublasDestroy(handle_);
-    cudaFree(buffer_);
-    cudaFree(sum_);
-  }
-  void operator()() const {
-    if (cublasSasum(handle_, static_cast<int>(kBytes / sizeof(float)),
-                    static_cast<const float*>(buffer_), 1, sum_) != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cublasSasum (L2 flush) failed\n");
-      std::exit(1);
-    }
-  }
-
- private:
-  static constexpr std::size_t kBytes = 512ull << 20;  // > 8× the 60 MB L2
-  void* buffer_ = nullptr;
-  float* sum_ = nullptr;
-  cublasHandle_t handle_ = nullptr;
-};
-
 // Median of `repeats` timed runs of `run`, each after an L2 flush.
 template <typename Run>
-double median_us(Run&& run, const ReadFlush& flush, int repeats) {
+double median_us(Run&& run, qgemm::bench::L2Flusher& flusher, int repeats) {
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -80,7 +45,7 @@ double median_us(Run&& run, const ReadFlush& flush, int repeats) {
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
-    flush();
+    flusher.flush(nullptr);
     CHECK_CUDA(cudaEventRecord(start));
     run();
     CHECK_CUDA(cudaEventRecord(stop));
@@ -133,7 +98,12 @@ int main(int argc, char** argv) {
   qgemm::Engine engine(0);
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
-  const ReadFlush flush;
+  // The L2 flush of `qgemm bench`: a read of twice the L2, not a memset (whose dirty lines the
+  // timed call wrote back: this bench did so until the third session of 2026-12-03 and read
+  // ~7 µs slower on decode shapes; bench/NOTES.md).
+  int l2_bytes = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  qgemm::bench::L2Flusher flusher(l2_bytes);
 
   std::printf("%-10s %6s %6s %6s | %9s %8s %8s | %9s %8s | %6s | %s\n", "scheme", "M", "N", "K",
               "qgemm_us", "TB/s", "TFLOPS", "cublas_us", "TFLOPS", "ratio", "kernel");
@@ -166,7 +136,7 @@ int main(int argc, char** argv) {
                        static_cast<int>(c.k), a, CUDA_R_16BF, static_cast<int>(c.k), &beta, c_out,
                        CUDA_R_16BF, static_cast<int>(c.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         },
-        flush, repeats);
+        flusher, repeats);
     // The heuristic's choice, then the candidates of src/dispatch: (decode) occupancy,
     // (prefill) tile shapes, and dequant + cuBLAS everywhere (the path never to be slower than).
     std::vector<std::string> configs = {""};
@@ -190,7 +160,7 @@ int main(int argc, char** argv) {
             engine.gemm({a, c.m, c.k, c.k, qgemm::formats::bf16}, weight,
                         {c_out, c.m, c.n, c.n, qgemm::formats::bf16}, nullptr, options);
           },
-          flush, repeats);
+          flusher, repeats);
       const double flops = 2.0 * c.m * c.n * c.k;
       std::printf(
           "%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",

@@ -1,6 +1,6 @@
 // CUDA runtime helpers of `qgemm bench` and `qgemm tune`: status checks that throw
-// qgemm::Error, a stream, the L2 flush, the timing loops of the recipe's timing modes, and the
-// run-check-time procedure every backend goes through (measure).
+// qgemm::Error, a stream, the L2 flush (l2_flusher.hpp), the timing loops of the recipe's
+// timing modes, and the run-check-time procedure every backend goes through (measure).
 //
 // Timing is GPU time between CUDA events around the call on one stream:
 //
@@ -25,6 +25,7 @@
 #include "bench/inputs.hpp"
 #include "bench/recipe.hpp"
 #include "bench/results.hpp"
+#include "gpu_bench/l2_flusher.hpp"
 #include "runtime/device_memory.hpp"
 
 namespace qgemm::bench {
@@ -46,28 +47,6 @@ class Stream {
 
  private:
   cudaStream_t stream_ = nullptr;
-};
-
-// Replaces the whole L2 between timed calls by streaming twice its size through it.
-//
-// The stream is a read (cublasSasum over the buffer, result kept on the device), not a memset:
-// a memset leaves the L2 full of dirty lines, and the timed call would then pay for writing
-// them back to HBM as its own reads evict them (up to a whole L2 of extra traffic, most of it
-// for the short memory-bound calls a decode bake-off is about). A read leaves clean lines, and
-// the dirty lines the previous call left (its output) are written back during the flush,
-// outside the timed window.
-class L2Flusher {
- public:
-  explicit L2Flusher(std::int64_t l2_bytes);
-  ~L2Flusher();
-  L2Flusher(const L2Flusher&) = delete;
-  L2Flusher& operator=(const L2Flusher&) = delete;
-  void flush(cudaStream_t stream);
-  std::int64_t bytes() const { return static_cast<std::int64_t>(buffer_.bytes()); }
-
- private:
-  runtime::DeviceBuffer buffer_, sum_;
-  void* cublas_ = nullptr;  // cublasHandle_t
 };
 
 using GpuCall = std::function<void(cudaStream_t)>;
