@@ -5,15 +5,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
-extra=()
-[ -f /usr/include/xxhash.h ] || extra+=(-DXXHASH_INCLUDE_DIR=$PWD/.deps/include)
 export PROBE_VARIANTS=${PROBE_VARIANTS:-full NO_EPILOGUE}
 scripts/decode_probe.sh --build-only > /dev/null 2>&1 &  # compiles beside the build
 probe=$!
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/build.log" 2>&1 \
-  || { tail -30 "$out/build.log"; exit 1; }
-cmake --build build-gpu -j16 --target qgemm_tests_gpu qgemm_dense_bench >> "$out/build.log" 2>&1 \
-  || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+OUT="$out" scripts/gpu_build.sh qgemm_tests_gpu qgemm_dense_bench || exit 1
 echo "built at ${SECONDS}s"
 wait $probe
 scripts/decode_probe.sh  # times alone: a busy host delays launches between the timing events

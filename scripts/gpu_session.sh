@@ -10,12 +10,7 @@ out=${OUT:-gpu_out}; mkdir -p "$out"
 # memcheck.log, bench.log, read_ceiling.log, ncu.txt, ncu_repack.txt. (The decode kernel's SASS:
 # scripts/decode_probe.sh.)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/info.txt"
-extra=()
-# xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
-[ -f /usr/include/xxhash.h ] || extra+=(-DXXHASH_INCLUDE_DIR=$PWD/.deps/include)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/build.log" 2>&1 \
-  || { tail -30 "$out/build.log"; exit 1; }
-cmake --build build-gpu -j16 >> "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+OUT="$out" scripts/gpu_build.sh || exit 1
 export QGEMM_CACHE_DIR=/tmp/qgemm-cache
 build-gpu/qgemm info 2>&1 | tee -a "$out/info.txt"
 echo "built at ${SECONDS}s"
