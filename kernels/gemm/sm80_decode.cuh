@@ -193,19 +193,24 @@ struct DecodeGemm {
       if (with_scales) load_scales(p, stage, kb0, lane);
     }
 
-    // The blocks [kb0, kb0 + blocks) of the slice into the stage at shared address `stage`; the
-    // scales only when `with_scales` (see scales_needed). A full stage inside K (every stage
-    // but a range's last, as a rule) takes the branch-free path.
-    __device__ void load(const DenseGemmParams& p, unsigned stage, int kb0, int blocks,
-                         bool with_scales, int lane) const {
-      const bool full = blocks == kStageBlocks && (kb0 + kStageBlocks) * 16 <= p.k;
+    // Whether the stage of blocks [kb0, kb0 + blocks) is full and inside K (every stage but a
+    // range's last, as a rule): load_full serves it, load_edge the others.
+    __device__ static bool full_stage(const DenseGemmParams& p, int kb0, int blocks) {
+      return blocks == kStageBlocks && (kb0 + kStageBlocks) * 16 <= p.k;
+    }
+
+    // A stage that is not full_stage: the blocks [kb0, kb0 + blocks) of the slice into the stage
+    // at shared address `stage`, predicated copies; the scales only when `with_scales` (see
+    // scales_needed).
+    __device__ void load_edge(const DenseGemmParams& p, unsigned stage, int kb0, int blocks,
+                              bool with_scales, int lane) const {
       // W: the stage's blocks are one contiguous run of the slice.
       const char* w_stage = w + static_cast<long long>(kb0) * (32 * kBits * 4);
 #pragma unroll
       for (int i = 0; i < kWPerLane; ++i) {
         const int chunk = lane + 32 * i;
 #ifndef QGEMM_PROBE_NO_WEIGHT_LOAD
-        if ((kWChunks % 32 == 0 || chunk < kWChunks) && (full || chunk < blocks * 8 * kBits))
+        if ((kWChunks % 32 == 0 || chunk < kWChunks) && chunk < blocks * 8 * kBits)
           ptx::cp_async_16(stage + chunk * 16, w_stage + i * 512, 16);
 #endif
       }
@@ -220,12 +225,9 @@ struct DecodeGemm {
                                 : 0;
         const char* src =
             a_stage + static_cast<long long>(row_of_pass(i)) * p.lda * 2 + chunk_k * 2;
-        int bytes = 16;
-        if (!full) {
-          bytes = (p.k - kb0 * 16 - chunk_k - a_chunk_k_of(lane)) * 2;
-          bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
-          if (bytes == 0) src = static_cast<const char*>(p.a);
-        }
+        int bytes = (p.k - kb0 * 16 - chunk_k - a_chunk_k_of(lane)) * 2;
+        bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
+        if (bytes == 0) src = static_cast<const char*>(p.a);
 #ifndef QGEMM_PROBE_NO_A_LOAD
         a_copy(stage + a_offset(lane, i), src, bytes);
 #endif
@@ -461,10 +463,10 @@ struct DecodeGemm {
       const int kb0 = kb_begin + s * kStageBlocks;
       const int blocks = kb_end - kb0 < kStageBlocks ? kb_end - kb0 : kStageBlocks;
       const unsigned stage = ring_address + (s % kStages) * Shape::kStageBytes;
-      if (blocks == kStageBlocks && (kb0 + kStageBlocks) * 16 <= p.k) {
+      if (StageLoader::full_stage(p, kb0, blocks)) {
         loader.load_full(p, stage, kb0, scales_needed(kb0, kb_end), lane);
       } else {
-        loader.load(p, stage, kb0, blocks, scales_needed(kb0, kb_end), lane);
+        loader.load_edge(p, stage, kb0, blocks, scales_needed(kb0, kb_end), lane);
       }
     };
 #pragma unroll
