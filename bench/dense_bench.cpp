@@ -3,7 +3,7 @@
 // prints one table row per case.
 // (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
 //
-//   build/bench/qgemm_dense_bench [--quick]
+//   build/bench/qgemm_dense_bench [--quick | --a8]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -72,6 +72,8 @@ std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --a8: int8 activations, the 8-bit mma configs against the 16-bit operand's.
+  const bool a8 = argc > 1 && std::strcmp(argv[1], "--a8") == 0;
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},
@@ -94,6 +96,13 @@ int main(int argc, char** argv) {
       {"w8a8-fp8", 4096, 8192, 8192},
   };
   if (quick) cases.resize(3);
+  if (a8)
+    cases = {{"w8a8-int8", 64, 8192, 8192},
+             {"w8a8-int8", 256, 8192, 8192},
+             {"w8a8-int8", 1024, 8192, 8192},
+             {"w8a8-int8", 4096, 8192, 8192},
+             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 256, 8192, 8192},
+             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 4096, 8192, 8192}};
   std::mt19937 rng(std::random_device{}());
   qgemm::Engine engine(0);
   cublasHandle_t cublas;
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
       configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
     if (c.m > 128 && !quick)
       configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
+    if (a8) configs = {"", "medium-a8", "prefill-a8", "medium", "prefill"};
     if (!quick) configs.push_back("dequant-cublas");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;

@@ -257,4 +257,46 @@ __device__ __forceinline__ void dequantize_lane_unscaled(
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Byte operands (8-bit activations, mma.m16n8k32; gemm/sm80_dense.cuh): one k16 block of a
+// lane's codes -> 8 registers, out[j] = codes 4j, 4j+2, 4j+1, 4j+3 of n8 tile j, the order of
+// MmaWeightLayout::operand8_position.
+//
+//   raw           the codes themselves: integers as u8 (the kernel takes zero · Σ_k A off the
+//                 s32 sums), e4m3 codes as they are; 8-bit codes are word j as stored.
+//   int16, float16 (e4m3 activations) the unscaled fp16 dequantization above, then one cvt per
+//                 pair to e4m3: exact for the weights whose every value e4m3 holds (host-checked:
+//                 integers with |u − zero| ≤ 16, the small float formats).
+// ---------------------------------------------------------------------------------------------
+
+enum ByteDequant { kBytesRaw = 0, kBytesInt16 = 1, kBytesFloat16 = 2 };
+
+// offsets: as dequantize_lane_unscaled's for fp16 (int16 only).
+template <unsigned long long kFormat, int kBytes>
+__device__ __forceinline__ void lane_bytes(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
+    unsigned (&out)[8]) {
+  constexpr int kBits = FormatCode::unpack(kFormat).bits;
+  if constexpr (kBytes == kBytesRaw) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (kBits == 8) {
+        out[j] = words[j];  // bytes: first(2j), first(2j + 1), second(2j), second(2j + 1)
+      } else {
+        const unsigned x = extract_pair<kBits>(words, j * 2, 0u);      // codes 4j, 4j + 1
+        const unsigned y = extract_pair<kBits>(words, j * 2 + 1, 0u);  // codes 4j + 2, 4j + 3
+        out[j] = x | (y << 8);
+      }
+    }
+  } else {
+    unsigned pairs[8][2];
+    dequantize_lane_unscaled<kFormat, kBytes == kBytesInt16 ? kDequantInt16 : kDequantFloat16,
+                             false>(words, offsets, pairs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)  // bytes x0, y0, x1, y1 of the two converted pairs
+      out[j] = __byte_perm(ptx::e4m3x2_from_f16x2(pairs[j][0]), ptx::e4m3x2_from_f16x2(pairs[j][1]),
+                           0x5140);
+  }
+}
+
 }  // namespace qgemm::kernels

@@ -78,6 +78,21 @@ struct MmaWeightLayout {
   QGEMM_HOST_DEVICE static constexpr long long scale_column(long long n) {
     return (n / 64) * 64 + (n % 8) * 8 + (n % 64) / 8;
   }
+
+  // 8-bit operands (mma.m16n8k32, gemm/sm80_dense.cuh): a B register holds 4 consecutive k of
+  // the mma's K order, lane t = lane % 4 owning 4t..4t+3 of each 16. The codes a lane holds for
+  // one (k-block, n8 tile j) are the k {2t, 2t+1, 8+2t, 9+2t} of the layout above; the kernel
+  // puts them in one register as codes 4j, 4j+2, 4j+1, 4j+3 (for 8-bit codes that is word j as
+  // stored, no instruction), i.e. k 2t, 8+2t, 2t+1, 9+2t. The activations are stored in the same
+  // order, K permuted inside each run of 16:
+  //
+  //   k % 16:     0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+  //   position:   0  2  4  6  8 10 12 14  1  3  5  7  9 11 13 15
+  //
+  // and rows of round_up(K, 16) bytes whose positions of k >= K hold zero.
+  QGEMM_HOST_DEVICE static constexpr int operand8_position(int k) {
+    return (k / 16) * 16 + 4 * ((k % 8) / 2) + 2 * (k % 2) + (k % 16) / 8;
+  }
 };
 
 }  // namespace qgemm::kernels

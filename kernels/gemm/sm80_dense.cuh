@@ -1,7 +1,8 @@
 // Dense quantized GEMM on mma.sync (SM80+): C[M, N] = A[M, K] · dequant(W)[N, K]ᵀ.
 //
 // One template serves every weight format of ≤ 8 bits (gemm/mma_weight_layout.cuh) against
-// bf16/fp16 activations; decode and prefill differ only in the tile constants.
+// bf16/fp16 activations, and against 8-bit ones (int8, e4m3) where the weight's values fit the
+// 8-bit mma; decode and prefill differ only in the tile constants.
 //
 //   block tile  BM × BN × BK,  BM = 16 · kMTiles · kWarpsM,  BN = 64 · kWarpsN
 //   warps       (wk, wm, wn): wn picks a 64-column slice, wm a band of 16·kMTiles rows,
@@ -17,6 +18,15 @@
 //
 // Pipeline: kStages stages in flight; at step t the block waits for stage t, then issues the
 // copies of stage t + kStages − 1 into the slot freed by step t − 1, then computes stage t.
+//
+// 16-bit activations: each k16 block's B fragments are dequantized with their scales (fp32 or
+// packed16 math) and fed to mma.m16n8k16.
+// 8-bit activations (int8, e4m3; one K warp): A rows are bytes in the permuted K order of
+// MmaWeightLayout::operand8_position (the quantizer writes them so), two k16 blocks of codes make
+// the B registers of one mma.m16n8k32 (dequant/mma_dequant.cuh, lane_bytes), unscaled; the
+// sums of each group land in `part` (s32 for int8, f32 for e4m3) and at the group's end
+// acc += (part − zero · Σ_k A) · scale in fp32, the integer zero taken off in s32 with Σ_k A from
+// one more mma against ones (int8 codes with a zero point only: e4m3 codes already hold u − zero).
 //
 // Split-K (kSplitK): blockIdx.z takes a contiguous range of K stages; the partial sums meet in
 // the workspace (gemm/epilogue.cuh).
@@ -35,7 +45,7 @@ namespace qgemm::kernels {
 // Launch shape of one instantiation; the host mirrors it (src/dispatch/dense_config.cpp) from the
 // same constants, so threads and shared memory never come from a compiled binary.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages, int kBits,
-          int kGroup, bool kStoredZeros>
+          int kGroup, bool kStoredZeros, int kElemBytes>
 struct DenseGemmShape {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kBlockM = 16 * kMTiles * kWarpsM;
@@ -43,7 +53,7 @@ struct DenseGemmShape {
   static constexpr int kKBlocks = kBlockK / 16;
   // Scale rows one stage needs: groups of ≥ BK need one row, smaller groups BK / group.
   static constexpr int kScaleRows = (kGroup == 0 || kGroup >= kBlockK) ? 1 : kBlockK / kGroup;
-  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kABytes = kBlockM * kBlockK * kElemBytes;  // 2: bf16/fp16, 1: int8/e4m3
   static constexpr int kBBytes = kWarpsN * kKBlocks * 32 * kBits * 4;
   static constexpr int kSBytes = kScaleRows * kBlockN * 4 * (kStoredZeros ? 2 : 1);
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes;
@@ -52,7 +62,7 @@ struct DenseGemmShape {
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * 32 * kMTiles * 8 * 4 * 4;
   static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
 
-  static_assert(kBlockK % 64 == 0, "BK must be a multiple of 64 (A swizzle spans 8 chunks)");
+  static_assert(kBlockK * kElemBytes % 128 == 0, "A rows of BK span 8 chunks (the swizzle)");
   static_assert(kKBlocks % kWarpsK == 0, "every K warp gets the same number of k16 blocks");
   static_assert(kGroup == 0 ||
                     (kGroup % 16 == 0 && (kGroup % kBlockK == 0 || kBlockK % kGroup == 0)),
@@ -60,22 +70,46 @@ struct DenseGemmShape {
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte stages");
 };
 
+template <bool kInt>
+struct PartialSum {
+  using Type = float;
+};
+template <>
+struct PartialSum<true> {
+  using Type = int;
+};
+
+// kActivation: 0 bf16, 1 fp16, 2 int8, 3 e4m3 (the JIT family's "act"); kDequant: 0 fp32,
+// 1 packed16 (16-bit activations), 2 + ByteDequant (8-bit ones; its "dequant").
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
-          unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, bool kPacked16>
+          unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
+          bool kSplitK, int kDequant>
 struct DenseGemm {
   static constexpr int kBits = FormatCode::unpack(kFormat).bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
+  static constexpr bool kBf16 = kActivation == 0;
+  static constexpr bool kPacked16 = kDequant == 1;
+  static constexpr bool kBytes = kActivation >= 2;  // 8-bit activations, mma.m16n8k32
+  static constexpr bool kInt8 = kActivation == 2;
+  static constexpr int kByteDequant = kDequant - 2;
+  static constexpr bool kRowSums = kInt8 && kZeroMode != kZeroNone;
+  using Sum = typename PartialSum<kInt8>::Type;
+  static_assert(kBytes == (kDequant >= 2), "8-bit activations take the byte dequantizations");
+  static_assert(!kBytes || kWarpsK == 1, "8-bit activations: one K warp (groups flush in order)");
+  static_assert(!kInt8 || (kByteDequant == kBytesRaw && !FormatCode::unpack(kFormat).is_float() &&
+                           kZeroMode != kZeroFloat),
+                "int8 activations take integer codes as they are, with integer zero points");
   using Shape = DenseGemmShape<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kBits, kGroup,
-                               kStoredZeros>;
+                               kStoredZeros, kBytes ? 1 : 2>;
   static constexpr int kThreads = Shape::kThreads;
   static constexpr int kBlockM = Shape::kBlockM, kBlockN = Shape::kBlockN;
   static constexpr int kKBlocks = Shape::kKBlocks;
-  static constexpr int kChunksPerRow = kBlockK / 8;  // 16-byte chunks of an A row
+  static constexpr int kRowBytes = kBlockK * (kBytes ? 1 : 2);  // of an A row in a stage
+  static constexpr int kChunksPerRow = kRowBytes / 16;          // 16-byte chunks of an A row
 
   // Byte offset of A's 16-byte chunk `chunk` of row `row` inside a stage.
   __device__ static int a_offset(int row, int chunk) {
-    return row * kBlockK * 2 + ((chunk ^ (row & 7)) << 4);
+    return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
   }
 
   __device__ static void load_stage(const DenseGemmParams& p, char* stage, int tile, int m0,
@@ -83,14 +117,16 @@ struct DenseGemm {
     const int tid = threadIdx.x;
     const int k0 = tile * kBlockK;
     // A: kBlockM rows × kChunksPerRow chunks; bytes past K (or rows past M) are zero-filled.
+    // 8-bit rows are whole chunks of 16 (K permuted inside them, the tail written as zero).
     const char* a = static_cast<const char*>(p.a);
+    constexpr int kElemBytes = kBytes ? 1 : 2;
     for (int i = tid; i < kBlockM * kChunksPerRow; i += kThreads) {
       const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-      const int k = k0 + chunk * 8;
-      int bytes = (p.k - k) * 2;
+      const int k = k0 + chunk * (16 / kElemBytes);
+      int bytes = kBytes ? (k < p.k ? 16 : 0) : (p.k - k) * 2;
       bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
       if (m0 + row >= p.m) bytes = 0;
-      const char* src = bytes ? a + ((m0 + row) * p.lda + k) * 2 : a;
+      const char* src = bytes ? a + (static_cast<long long>(m0 + row) * p.lda + k) * kElemBytes : a;
       ptx::cp_async_16(stage + a_offset(row, chunk), src, bytes);
     }
     // W: per slice one contiguous run of kKBlocks · 32 · bits words.
@@ -201,6 +237,124 @@ struct DenseGemm {
     }
   }
 
+  using Parts = Sum[kMTiles][8][4];
+  using RowSums = int[kMTiles][4];
+
+  // acc += (part − offset · rowsum) · scale for the group of scale row `r` (8-bit activations).
+  // A lane's accumulator columns are j · 8 + 2t + h (t = lane % 4, h = e % 2), stored at
+  // 16t + 8h + j of the slice's permuted row: 16 consecutive floats, read 4 at a time (held all
+  // at once with the zeros, they cost the registers of a spill).
+  __device__ __forceinline__ static void flush_group(const float* s_stage, int r, int wn, int lane,
+                                                     float (&acc)[kMTiles][8][4], Parts& part,
+                                                     RowSums& rowsum) {
+    const float* scale_line = s_stage + r * kBlockN + wn * 64 + (lane % 4) * 16;
+    const float* zero_line = scale_line + Shape::kScaleRows * kBlockN;
+#pragma unroll
+    for (int quad = 0; quad < 4; ++quad) {  // columns c = 4 · quad .. + 3: h = quad / 2
+      const int h = quad / 2;
+      const float4 s4 = *reinterpret_cast<const float4*>(scale_line + 4 * quad);
+      float4 z4 = {};
+      if constexpr (kRowSums && kStoredZeros)
+        z4 = *reinterpret_cast<const float4*>(zero_line + 4 * quad);
+      const float scales[4] = {s4.x, s4.y, s4.z, s4.w}, zeros[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = (quad % 2) * 4 + i;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int e = h; e < 4; e += 2) {
+            Sum sum = part[mt][j][e];
+            if constexpr (kRowSums) {  // integer offsets: exact in s32
+              const int zero =
+                  kZeroMode == kZeroConstant ? 1 << (kBits - 1) : static_cast<int>(zeros[i]);
+              sum -= zero * rowsum[mt][e & 2];
+            }
+            acc[mt][j][e] += static_cast<float>(sum) * scales[i];
+            part[mt][j][e] = 0;
+          }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rowsum[mt][e] = 0;
+  }
+
+  // One stage against 8-bit activations: K steps of 32 (two k16 blocks), groups flushed as they
+  // end, and at `range_end` (the split's last tile) whatever is pending.
+  __device__ __forceinline__ static void compute_stage8(const char* stage, int tile, bool range_end,
+                                                        int wm, int wn, int lane,
+                                                        float (&acc)[kMTiles][8][4], Parts& part,
+                                                        RowSums& rowsum) {
+    const char* b_stage = stage + Shape::kABytes;
+    const float* s_stage = reinterpret_cast<const float*>(b_stage + Shape::kBBytes);
+    const unsigned a_base = ptx::shared_address(stage);
+    // int16 via fp16: −(1024 + zero) of the lane's B columns j · 8 + lane / 4 (stored at
+    // (lane / 4) · 8 + j), in both halves.
+    unsigned offsets[8] = {};
+    auto prepare_offsets = [&](int r) {
+      if constexpr (kByteDequant == kBytesInt16) {
+        float zeros[8];
+        if constexpr (kZeroMode == kZeroInteger) {
+          load_shared<8>(
+              reinterpret_cast<unsigned(&)[8]>(zeros),
+              reinterpret_cast<const unsigned*>(s_stage + (Shape::kScaleRows + r) * kBlockN +
+                                                wn * 64 + (lane / 4) * 8));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float zero = 0.0f;
+          if constexpr (kZeroMode == kZeroConstant) zero = static_cast<float>(1 << (kBits - 1));
+          if constexpr (kZeroMode == kZeroInteger) zero = zeros[j];
+          offsets[j] = ptx::pack_pair<false>(-(1024.0f + zero), -(1024.0f + zero));
+        }
+      }
+    };
+    if constexpr (Shape::kScaleRows == 1) prepare_offsets(0);
+    constexpr unsigned kOnes = 0x01010101u;
+    // Not unrolled: unrolled, ptxas for SM80 hoists the next steps' loads above the flushes of
+    // short groups (g32) and spills.
+#pragma unroll 1
+    for (int step = 0; step < kKBlocks / 2; ++step) {
+      const int r = Shape::kScaleRows == 1 ? 0 : step * 32 / kGroup;
+      if constexpr (Shape::kScaleRows > 1)
+        if (step * 32 % kGroup == 0) prepare_offsets(r);
+      unsigned b[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned words[kBits];
+        load_shared<kBits>(words, reinterpret_cast<const unsigned*>(b_stage) +
+                                      ((wn * kKBlocks + step * 2 + h) * 32 + lane) * kBits);
+        lane_bytes<kFormat, kByteDequant>(words, offsets, b[h]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        // ldmatrix.x4: lanes 0-15 address rows 0-15 at chunk 2 · step, lanes 16-31 at the next
+        // (32 bytes = 32 of K).
+        const int row = (wm * kMTiles + mt) * 16 + (lane % 16);
+        unsigned a[4];
+        ptx::ldmatrix_x4(a, a_base + a_offset(row, step * 2 + lane / 16));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (kInt8) {
+            ptx::mma_m16n8k32_s8u8(part[mt][j], a, b[0][j], b[1][j]);
+          } else {
+            ptx::mma_m16n8k32_e4m3(part[mt][j], a, b[0][j], b[1][j]);
+          }
+        }
+        if constexpr (kRowSums) ptx::mma_m16n8k32_s8u8(rowsum[mt], a, kOnes, kOnes);
+      }
+      if constexpr (kGroup != 0 && kGroup < kBlockK) {  // groups end inside the stage
+        if ((step + 1) * 32 % kGroup == 0) flush_group(s_stage, r, wn, lane, acc, part, rowsum);
+      }
+    }
+    if constexpr (kGroup == 0 || kGroup >= kBlockK) {
+      const bool group_ends = kGroup != 0 && (tile + 1) * kBlockK % kGroup == 0;
+      if (group_ends || range_end) flush_group(s_stage, 0, wn, lane, acc, part, rowsum);
+    }
+  }
+
   __device__ static void run(const DenseGemmParams& p, char* shared) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wn = warp % kWarpsN, wm = (warp / kWarpsN) % kWarpsM, wk = warp / (kWarpsN * kWarpsM);
@@ -212,12 +366,17 @@ struct DenseGemm {
     const int tiles = tile_end > tile_begin ? tile_end - tile_begin : 0;
 
     float acc[kMTiles][8][4];
+    Parts part;  // 8-bit activations only (else unused, and dropped by the compiler)
+    RowSums rowsum;
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f, part[mt][j][e] = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rowsum[mt][e] = 0;
+    }
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -232,7 +391,12 @@ struct DenseGemm {
         load_stage(p, shared + (next % kStages) * Shape::kStageBytes, tile_begin + next, m0,
                    slice0);
       ptx::cp_async_commit();
-      compute_stage(shared + (t % kStages) * Shape::kStageBytes, wk, wm, wn, lane, acc);
+      const char* stage = shared + (t % kStages) * Shape::kStageBytes;
+      if constexpr (kBytes) {
+        compute_stage8(stage, tile_begin + t, t == tiles - 1, wm, wn, lane, acc, part, rowsum);
+      } else {
+        compute_stage(stage, wk, wm, wn, lane, acc);
+      }
     }
     ptx::cp_async_wait<0>();
     __syncthreads();
@@ -291,17 +455,18 @@ struct DenseGemm {
   }
 };
 
-// kActivation: 0 bf16, 1 fp16 (the order of the JIT family's "act" choice); kDequant: 0 fp32,
-// 1 packed16 (its "dequant" choice, dequant/mma_dequant.cuh); kMinBlocks: the blocks per SM the
-// register allocation must allow (the config's residency target). kThreads and
-// kDynamicSmemBytes come from the spec (the host's mirror of DenseGemmShape) and must agree.
+// kActivation: 0 bf16, 1 fp16, 2 int8, 3 e4m3 (the order of the JIT family's "act" choice);
+// kDequant: 0 fp32, 1 packed16, 2-4 the ByteDequant of 8-bit activations (its "dequant" choice,
+// dequant/mma_dequant.cuh); kMinBlocks: the blocks per SM the register allocation must allow
+// (the config's residency target). kThreads and kDynamicSmemBytes come from the spec (the host's
+// mirror of DenseGemmShape) and must agree.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
           bool kSplitK, int kDequant, int kMinBlocks, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_gemm_sm80(const DenseGemmParams params) {
   using Gemm = DenseGemm<kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages, kFormat, kZeroMode,
-                         kGroup, kActivation == 0, kOutput, kSplitK, kDequant == 1>;
+                         kGroup, kActivation, kOutput, kSplitK, kDequant>;
   static_assert(kThreads == Gemm::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

@@ -7,6 +7,14 @@
 //   B (16x8, col)   b0 = (k 2t..2t+1, col g)     b1 = (k 2t+8..2t+9, col g)
 //   C (16x8, f32)   c0,c1 = (row g, col 2t..2t+1)   c2,c3 = (row g+8, col 2t..2t+1)
 // Each 32-bit register holds two 16-bit values, the lower k (or col) in the low half.
+//
+// mma.m16n8k32, 8-bit operands (s8 x u8 -> s32 from SM80, e4m3 x e4m3 -> f32 from SM89): the
+// same registers, each holding 4 consecutive k (the lowest in the low byte):
+//   A (16x32, row)  a0 = (row g, k 4t..4t+3)   a1 = (row g+8, k 4t..)
+//                   a2 = (row g, k 16+4t..)    a3 = (row g+8, k 16+4t..)
+//   B (32x8, col)   b0 = (k 4t..4t+3, col g)   b1 = (k 16+4t..16+4t+3, col g)
+//   C               as above (s32 or f32)
+// so ldmatrix.x4 over 16 rows x 32 bytes gives the A fragment exactly as it does for k16.
 #pragma once
 
 namespace qgemm::ptx {
@@ -54,6 +62,43 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[
         : "r"(a[2]), "r"(a[3]), "r"(b1));
 #endif
   }
+}
+
+// s8 activations (A) times u8 codes (B), exact s32 sums.
+__device__ __forceinline__ void mma_m16n8k32_s8u8(int (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                                  unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// e4m3 activations times e4m3 codes, f32 sums (SM89+; the host never asks for it below).
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&c)[4], const unsigned (&a)[4],
+                                                  unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// Two fp16 values (a register) -> two e4m3 codes in the low 16 bits, the low half's in the low
+// byte (SM89+). The callers only convert values e4m3 holds exactly.
+__device__ __forceinline__ unsigned e4m3x2_from_f16x2(unsigned pair) {
+#if __CUDA_ARCH__ >= 890
+  unsigned short codes;
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(codes) : "r"(pair));
+  return codes;
+#else
+  __trap();
+  return 0u;
+#endif
 }
 
 // Two fp32 values -> one register of two 16-bit values (lo = first), rounding to nearest even.

@@ -23,6 +23,9 @@
 //            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
 //            nv: at most 6 significant bits) and mx (times a power of two); for group the
 //            product code · fp32 scale is rounded once to bf16.
+//   operand8 the 8-bit codes themselves (int8, e4m3; static and token scaling) in the 8-bit
+//            mma's K order: operand8[r][operand8_position(c)], rows of ldo = round_up(k, 16)
+//            bytes whose positions of c >= k hold 0; row_factors as for operand.
 //
 // One block per row (grid-stride over rows). A row-wide cell (static, token) is walked by all
 // threads with a block reduction for its absmax; short cells (group, mx, nv) are walked by L
@@ -32,6 +35,7 @@
 // rows they touch come out NaN rather than finite and wrong.
 #pragma once
 
+#include "gemm/mma_weight_layout.cuh"
 #include "ptx/convert.cuh"
 #include "util/format_code.cuh"
 #include "util/number_codec.cuh"
@@ -130,6 +134,9 @@ template <unsigned long long kCode, int kScaling, unsigned long long kScaleForma
 struct ActivationQuantizer {
   static constexpr FormatCode code_format = FormatCode::unpack(kCode);
   static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
+  static_assert(kEmit != kEmitOperand8 || (code_format.bits == 8 &&
+                                           (kScaling == kScaleStatic || kScaling == kScaleToken)),
+                "the 8-bit operand holds 8-bit codes of one scale per row");
 
   // Emits element `col` of `row` (code and value), all lanes of the warp together: 4-bit codes
   // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
@@ -146,6 +153,11 @@ struct ActivationQuantizer {
           args.codes[row * row_bytes + col / 2] =
               static_cast<unsigned char>(code | (col + 1 < args.k ? next << 4 : 0u));
       }
+    } else if constexpr (kEmit == kEmitOperand8) {
+      // Every column of the padded row is written (zero past k).
+      if (col < (args.k + 15) / 16 * 16)
+        args.operand8[row * args.ldo + MmaWeightLayout::operand8_position(static_cast<int>(col))] =
+            static_cast<unsigned char>(code);
     } else if (valid) {
       args.operand[row * args.ldo + col] =
           isfinite(x) ? operand_bits<kCode, kScaling, kOperand>(code, scale)
@@ -182,9 +194,11 @@ struct ActivationQuantizer {
         args.row_factors[row] = static_cast<float>(scale);
       }
     }
-    // Whole warps walk the row together (emit pairs 4-bit codes across lanes).
+    // Whole warps walk the row together (emit pairs 4-bit codes across lanes); operand8 walks
+    // its padding too.
     const double inverse = 1.0 / scale;
-    for (long long base = 0; base < args.k; base += kThreads) {
+    const long long columns = kEmit == kEmitOperand8 ? (args.k + 15) / 16 * 16 : args.k;
+    for (long long base = 0; base < columns; base += kThreads) {
       const long long col = base + threadIdx.x;
       const bool valid = col < args.k;
       const float x = valid ? load_half<kInput>(input, col) : 0.0f;

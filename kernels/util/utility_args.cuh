@@ -33,7 +33,7 @@ enum ActivationScalingCode {
   kScaleNv = 4
 };
 // What quantize_activation writes (see util/quantize_activation.cuh).
-enum ActivationEmitCode { kEmitCodes = 0, kEmitOperand = 1 };
+enum ActivationEmitCode { kEmitCodes = 0, kEmitOperand = 1, kEmitOperand8 = 2 };
 
 struct QuantizeActivationArgs {
   const unsigned short* input;  // [m][lda] bf16 or fp16 bits
@@ -42,6 +42,7 @@ struct QuantizeActivationArgs {
   unsigned char* scales;    // codes: the scale grid's codes, row-major
   float* tensor_scale;      // codes, NV: the fp32 tensor scale
   unsigned short* operand;  // operand: [m][ldo] 16-bit values
+  unsigned char* operand8;  // operand8: [m][ldo] codes, K permuted (ldo = round_up(k, 16))
   long long ldo;
   float* row_factors;          // operand: [m]
   const float* tensor_absmax;  // NV, and static without a given scale: absmax of the tensor

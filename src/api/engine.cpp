@@ -98,7 +98,8 @@ struct Engine::Impl {
     // Unforced: the tuning table's config where one applies (dispatch/tuned_config.hpp), keyed
     // by the weight's scheme (its activation part when gemm() quantizes A for it).
     std::string config = options.tile_config;
-    if (config.empty()) {
+    // (The tuning tables hold 16-bit operand configs only.)
+    if (config.empty() && activation.storage_bytes() == 2) {
       Scheme scheme = dispatch::call_scheme(weight.quant, activation, output);
       if (weight.activation.is_quantized()) scheme.activation = weight.activation;
       config = dispatch::tuned_dense_config(info, scheme, m, weight.host, activation);
@@ -149,12 +150,23 @@ struct Engine::Impl {
       throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
     return *weight.impl_;
   }
-  // The operand matrix (and row factors) of M quantized rows of K in `stream`'s workspace.
+  // The type the GEMM's mma takes for A of type `input` against `weight`: A itself, or for
+  // quantized activations their 8-bit codes or 16-bit operand (dispatch::dense_operand).
+  Format operand_type(std::int64_t m, const detail::PreparedWeight& weight, const Format& input,
+                      const GemmOptions& options) const {
+    if (!weight.activation.is_quantized()) return input;
+    if (weight.canonical) return weight.operand;  // dequant + cuBLAS only
+    return dispatch::dense_operand(m, weight.host, weight.activation, weight.operand, gpu,
+                                   options.tile_config);
+  }
+  // The operand matrix (and row factors) of M quantized rows of K in `stream`'s workspace:
+  // 16-byte aligned rows, whole runs of 16 for 8-bit codes (their K order permutes inside them).
   DeviceMatrix operand_for(void* stream, std::int64_t m, std::int64_t k, const Format& type,
                            float** row_factors) {
     Workspace& ws = workspaces[stream];
-    const std::int64_t ldo = (k + 7) / 8 * 8;  // 16-byte aligned rows for the kernels
-    grow(ws.operand, static_cast<std::size_t>(m * ldo) * 2);
+    const std::int64_t bytes = type.storage_bytes();
+    const std::int64_t ldo = (k + 16 / bytes - 1) / (16 / bytes) * (16 / bytes);
+    grow(ws.operand, static_cast<std::size_t>(m * ldo * bytes));
     grow(ws.row_factors, static_cast<std::size_t>(m) * sizeof(float));
     *row_factors = ws.row_factors.as<float>();
     return {ws.operand.as<void>(), m, k, ldo, type};
@@ -349,15 +361,13 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
 
 namespace {
 
-// The 16-bit type the GEMM kernels see for A of type `activation` against `weight`.
-const Format& gemm_operand(const detail::PreparedWeight& weight, const Format& activation) {
-  return weight.activation.is_quantized() ? weight.operand : activation;
-}
-
+// The quantization of `input` into the GEMM's operand `type` (16-bit, or the 8-bit codes).
 jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format& input,
-                              jit::Arch arch) {
-  return jit::quantize_activation_spec(weight.activation, input, jit::ActivationEmit::Operand,
-                                       weight.operand, arch);
+                              const Format& type, jit::Arch arch) {
+  return jit::quantize_activation_spec(
+      weight.activation, input,
+      type.storage_bytes() == 1 ? jit::ActivationEmit::Operand8 : jit::ActivationEmit::Operand,
+      type, arch);
 }
 
 }  // namespace
@@ -365,9 +375,10 @@ jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format
 std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
                                const Format& output, const GemmOptions& options) const {
   const detail::PreparedWeight& w = Impl::prepared(weight);
-  const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
+  const Format type = impl_->operand_type(m, w, activation, options);
+  const Impl::Launch launch = impl_->choose(m, w, type, output, options);
   std::string text = w.activation.is_quantized()
-                         ? jit::to_string(quantize_spec(w, activation, impl_->arch)) + " + "
+                         ? jit::to_string(quantize_spec(w, activation, type, impl_->arch)) + " + "
                          : std::string();
   text += jit::to_string(launch.spec);
   if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas)
@@ -378,10 +389,11 @@ std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const 
 void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
                      const Format& output, const GemmOptions& options) const {
   const detail::PreparedWeight& w = Impl::prepared(weight);
-  const Impl::Launch launch = impl_->choose(m, w, gemm_operand(w, activation), output, options);
+  const Format type = impl_->operand_type(m, w, activation, options);
+  const Impl::Launch launch = impl_->choose(m, w, type, output, options);
   jit::KernelCache::global().get(launch.spec);
   if (w.activation.is_quantized()) {
-    jit::KernelCache::global().get(quantize_spec(w, activation, impl_->arch));
+    jit::KernelCache::global().get(quantize_spec(w, activation, type, impl_->arch));
     if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale))
       jit::KernelCache::global().get(jit::tensor_absmax_spec(activation, impl_->arch));
   }
@@ -438,16 +450,22 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
     impl_->run(a, w, c, stream, options, impl_->ready(m, w, a.dtype, c.dtype, options), nullptr);
     return;
   }
-  // Quantize A as the weight's activation scheme says, into the 16-bit operand.
+  // Quantize A as the weight's activation scheme says, into the operand the GEMM takes.
   float* row_factors = nullptr;
-  const DeviceMatrix operand = impl_->operand_for(stream, m, w.host.k, w.operand, &row_factors);
-  const Impl::Launch launch = impl_->ready(m, w, operand.dtype, c.dtype, options);
-  const runtime::LoadedKernel quantize = impl_->kernel(quantize_spec(w, a.dtype, impl_->arch));
+  const Format type = impl_->operand_type(m, w, a.dtype, options);
+  const DeviceMatrix operand = impl_->operand_for(stream, m, w.host.k, type, &row_factors);
+  const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
+  const runtime::LoadedKernel quantize =
+      impl_->kernel(quantize_spec(w, a.dtype, type, impl_->arch));
   const auto cu_stream = static_cast<CUstream>(stream);
   kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
       w.activation, m, w.host.k, reinterpret_cast<CUdeviceptr>(a.data), a.stride,
       w.static_activation_scale);
-  args.operand = static_cast<unsigned short*>(operand.data);
+  if (type.storage_bytes() == 1) {
+    args.operand8 = static_cast<unsigned char*>(operand.data);
+  } else {
+    args.operand = static_cast<unsigned short*>(operand.data);
+  }
   args.ldo = operand.stride;
   args.row_factors = row_factors;
   if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale)) {

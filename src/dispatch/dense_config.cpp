@@ -56,7 +56,7 @@ int DenseGemmConfig::shared_bytes(const layout::MmaWeight& weight, int rows) con
   // = DenseGemmShape::kSharedBytes in kernels/gemm/sm80_dense.cuh.
   const int k_blocks = block_k / 16;
   const int scale_rows = (group_size == 0 || group_size >= block_k) ? 1 : block_k / group_size;
-  const int a_bytes = block_m() * block_k * 2;
+  const int a_bytes = block_m() * block_k * operand_bytes;
   const int b_bytes = warps_n * k_blocks * 32 * bits * 4;
   const int s_bytes = scale_rows * block_n() * 4 * (stored_zeros ? 2 : 1);
   const int pipeline = (a_bytes + b_bytes + s_bytes) * stages;
@@ -71,8 +71,26 @@ std::optional<std::string> DenseGemmConfig::unsupported_reason(std::int64_t m,
   // bf16 tensor-core operands (mma.sync .bf16, cuBLAS bf16 GEMMs) start with SM80.
   if (activation == formats::bf16 && gpu.arch == jit::Arch::sm_75)
     return std::string("bf16 activations need SM80 or later (sm_75 serves fp16)");
+  const bool byte_activation = activation.storage_bytes() == 1;
+  if (byte_activation != (operand_bytes == 1))
+    return fmt::format("{} activations need a config of {}-bit operands", activation.name(),
+                       activation.storage_bytes() * 8);
   if (kernel == DenseKernel::DequantCublas) return std::nullopt;  // every M, every weight
   const int group_size = weight.group_size;
+  if (operand_bytes == 1) {
+    // Compiled for SM90 and SM100, mma.sync on e4m3 becomes a conversion to f16 in registers
+    // and two f16 mma (SASS: HMMA.16816, no QMMA): no faster than the 16-bit operand, which
+    // holds e4m3 exactly. Their fp8 tensor cores are wgmma's / tcgen05's (the Hopper path).
+    if (activation == formats::e4m3 && gpu.arch != jit::Arch::sm_89 &&
+        gpu.arch != jit::Arch::sm_120a)
+      return fmt::format("e4m3 mma.sync is native on SM89 and SM120 only, not {}",
+                         jit::arch_name(gpu.arch));
+    if (gpu.arch < jit::Arch::sm_80) return std::string("8-bit mma.sync needs SM80 or later");
+    if (group_size % 32 != 0)
+      return fmt::format("weight groups of {} are not whole 32-wide mma steps", group_size);
+    std::string why;
+    if (!layout::byte_dequant(weight, activation, &why)) return why;
+  }
   if (group_size != 0 && group_size % block_k != 0 && block_k % group_size != 0)
     return fmt::format("group {} neither divides nor is a multiple of BK {}", group_size, block_k);
   const int rows =
@@ -110,6 +128,10 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       // bound): 128x256 and 256x128 tiles.
       {"prefill-n256", K::Tiled, 4, 2, 4, 1, 64, 4, 1},
       {"prefill-m256", K::Tiled, 4, 4, 2, 1, 64, 3, 1},
+      // 8-bit activations (int8, e4m3 codes; mma.m16n8k32), M > 16: 64x128 and 128x128 tiles of
+      // 32x64 per warp (the unscaled group sums double the accumulators), one K warp.
+      {"medium-a8", K::Tiled, 1, 2, 2, 1, 128, 4, 2, 1},
+      {"prefill-a8", K::Tiled, 1, 4, 2, 1, 128, 3, 1, 1},
       // Dequantize + cuBLAS: M > 256 (see plan_dense_gemm), and the last resort.
       {"dequant-cublas", K::DequantCublas, 1, 1, 1, 1, 0, 0, 1},
   };
@@ -181,7 +203,9 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const
     // dequant + cuBLAS runs at ~89 % of cuBLAS there. Measured crossover (8192²): M = 64 tiled
     // 80 µs vs 140 µs, M = 256 tiled 192 µs vs 157 µs; below it the weight read dominates and
     // the fused kernels, which read it once at its packed width, win.
-    const std::string wanted = m <= 128 ? "medium" : "dequant-cublas";
+    const bool bytes = activation.storage_bytes() == 1;
+    const std::string wanted =
+        bytes ? (m <= 128 ? "medium-a8" : "prefill-a8") : (m <= 128 ? "medium" : "dequant-cublas");
     for (const auto& config : configs)
       if (config.name == wanted && !config.unsupported_reason(m, weight, activation, gpu))
         chosen = &config;
@@ -303,6 +327,15 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
         jit::SpecParam::integer("min_blocks", target_blocks(c, plan.rows)),
     };
   } else {
+    std::string dequant;
+    if (c.operand_bytes == 1) {
+      const auto bytes = layout::byte_dequant(weight, activation);
+      if (!bytes)
+        throw Error(ErrorCode::Internal, "dense gemm: 8-bit config without a byte dequant");
+      dequant = *bytes;
+    } else {
+      dequant = layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32";
+    }
     spec.family = "dense_gemm_sm80";
     spec.params = {
         jit::SpecParam::integer("m_tiles", c.m_tiles),
@@ -317,14 +350,38 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
         jit::SpecParam::chosen("act", activation.name()),
         jit::SpecParam::chosen("out", output.name()),
         jit::SpecParam::boolean("split_k", plan.splits > 1),
-        jit::SpecParam::chosen(
-            "dequant", layout::packed16_dequant_applies(weight, activation) ? "packed16" : "fp32"),
+        jit::SpecParam::chosen("dequant", dequant),
         jit::SpecParam::integer("min_blocks", c.blocks_per_sm),
     };
   }
   spec.launch.threads_per_block = c.threads();
   spec.launch.dynamic_smem_bytes = c.shared_bytes(weight, plan.rows);
   return spec;
+}
+
+Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const ActivationQuant& quant,
+                     const Format& operand16, const GpuLimits& gpu, std::string_view forced) {
+  const bool row_scaled = quant.scaling == ActivationScaling::StaticTensor ||
+                          quant.scaling == ActivationScaling::DynamicToken;
+  const bool byte_codes = quant.format == formats::int8 || quant.format == formats::e4m3;
+  if (!forced.empty()) {
+    for (const auto& config : dense_gemm_configs())
+      if (config.name == forced && config.operand_bytes == 1 && byte_codes) return quant.format;
+    return operand16;  // plan_dense_gemm refuses a forced 8-bit config here, by name
+  }
+  if (!quant.is_quantized() || !byte_codes || !row_scaled) return operand16;
+  // M <= 16 streams the weight (the decode kernel), where the operand's width does not matter.
+  if (m <= 16) return operand16;
+  const std::string wanted = m <= 128 ? "medium-a8" : "prefill-a8";
+  for (const auto& config : dense_gemm_configs()) {
+    if (config.name != wanted) continue;
+    if (auto reason = config.unsupported_reason(m, weight, quant.format, gpu)) {
+      log(LogLevel::Info, "dense gemm: {} activations take the {} operand ({} cannot serve: {})",
+          quant.format.name(), operand16.name(), config.name, *reason);
+      return operand16;
+    }
+  }
+  return quant.format;
 }
 
 jit::KernelSpec finish_gemm_spec(const Format& output, jit::Arch arch) {

@@ -37,6 +37,9 @@ struct DenseGemmConfig {
   // Residency target: the kernel's __launch_bounds__ minimum (it caps registers) and the
   // split-K heuristic's expectation (further capped by shared memory).
   int blocks_per_sm = 2;
+  // Bytes of an A element the tiled kernel's mma takes: 2 (bf16/fp16) or 1 (int8/e4m3 codes,
+  // mma.m16n8k32: the "-a8" configs).
+  int operand_bytes = 2;
 
   int threads() const { return 32 * warps_m * warps_n * warps_k; }
   int block_m() const { return 16 * m_tiles * warps_m; }
@@ -68,6 +71,14 @@ struct DensePlan {
 // (benches, the tuner); Error when it cannot serve.
 DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const Format& activation,
                           const GpuLimits& gpu, std::string_view forced = {});
+
+// The type the GEMM's mma takes for activations quantized as `quant` (whose 16-bit operand is
+// `operand16`): their 8-bit codes (int8, e4m3; per token or per tensor, so that one row factor
+// scales a row) where an "-a8" config serves M on `gpu`, else `operand16`. A non-empty `forced`
+// config decides by its operand width. Why the 8-bit codes are not taken is logged at
+// QGEMM_LOG_LEVEL >= 2.
+Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const ActivationQuant& quant,
+                     const Format& operand16, const GpuLimits& gpu, std::string_view forced = {});
 
 // The KernelSpec of a plan for an activation type (bf16/fp16) and output format (for
 // dequant + cuBLAS: its dequantization kernel).

@@ -70,17 +70,18 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
                                     ActivationEmit emit, const Format& operand, Arch arch) {
   // One block per row of 512 threads: a decode call's few rows are spread over as many threads
   // as a block holds, so each thread's loads are few and in flight together.
-  return utility_spec(
-      "quantize_activation", arch,
-      {SpecParam::number_format("code", quant.format),
-       SpecParam::chosen("scaling", scaling_choice(quant)),
-       SpecParam::number_format("scale", quant.scale_format),
-       SpecParam::chosen("in", half_type_choice(input, "activation input")),
-       SpecParam::chosen("emit", emit == ActivationEmit::Codes ? "codes" : "operand"),
-       SpecParam::chosen("operand", emit == ActivationEmit::Codes
-                                        ? "bf16"
-                                        : half_type_choice(operand, "operand"))},
-      512);
+  return utility_spec("quantize_activation", arch,
+                      {SpecParam::number_format("code", quant.format),
+                       SpecParam::chosen("scaling", scaling_choice(quant)),
+                       SpecParam::number_format("scale", quant.scale_format),
+                       SpecParam::chosen("in", half_type_choice(input, "activation input")),
+                       SpecParam::chosen("emit", emit == ActivationEmit::Codes     ? "codes"
+                                                 : emit == ActivationEmit::Operand ? "operand"
+                                                                                   : "operand8"),
+                       SpecParam::chosen("operand", emit == ActivationEmit::Operand
+                                                        ? half_type_choice(operand, "operand")
+                                                        : "bf16")},
+                      512);
 }
 
 namespace {

@@ -15,7 +15,9 @@ namespace qgemm::jit {
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch);
 // What quantize_activation writes: the canonical codes and scales, or the 16-bit operand and
 // row factors of the GEMM path (kernels/util/quantize_activation.cuh).
-enum class ActivationEmit { Codes, Operand };
+// Operand8: the codes themselves in the 8-bit mma's K order (kernels/gemm/mma_weight_layout.cuh,
+// operand8_position) and row factors; int8 / e4m3 per token or per tensor only.
+enum class ActivationEmit { Codes, Operand, Operand8 };
 // bf16/fp16 `input` [m, k] -> the quantization `quant` describes (quantized only); `operand`
 // (bf16/fp16) is the operand type for ActivationEmit::Operand and ignored for Codes.
 KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,

@@ -142,7 +142,7 @@ const std::vector<KernelFamily>& kernel_families() {
         {"scale", ParamKind::Format, {}},
         {"in", ParamKind::Choice, {"bf16", "fp16"}},
         // Order = kernels::ActivationEmitCode.
-        {"emit", ParamKind::Choice, {"codes", "operand"}},
+        {"emit", ParamKind::Choice, {"codes", "operand", "operand8"}},
         {"operand", ParamKind::Choice, {"bf16", "fp16"}}},
        false},
       {"expand_activation",
@@ -175,12 +175,17 @@ const std::vector<KernelFamily>& kernel_families() {
         // Order = kernels::MmaZeroMode.
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
         {"group", ParamKind::Int, {}},
-        {"act", ParamKind::Choice, {"bf16", "fp16"}},
+        // The mma's activation operand: 16-bit, or 8-bit (mma.m16n8k32).
+        {"act", ParamKind::Choice, {"bf16", "fp16", "int8", "e4m3"}},
         // Order = kernels::OutputType.
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
         {"split_k", ParamKind::Bool, {}},
-        // Order = the kernel's kDequant: generic fp32 math, or packed 16-bit pairs.
-        {"dequant", ParamKind::Choice, {"fp32", "packed16"}},
+        // Order = the kernel's kDequant: 16-bit activations take generic fp32 math or packed
+        // 16-bit pairs; 8-bit ones the codes as bytes, or e4m3 through an unscaled fp16
+        // dequantization (2 + kernels::ByteDequant).
+        {"dequant",
+         ParamKind::Choice,
+         {"fp32", "packed16", "bytes", "bytes_int16", "bytes_float16"}},
         // __launch_bounds__ minimum blocks per SM (caps registers per thread).
         {"min_blocks", ParamKind::Int, {}}},
        false},

@@ -257,6 +257,43 @@ std::optional<std::string> unscaled_dequant(const MmaWeight& w, const Format& ac
   return found->second.dequant;
 }
 
+std::optional<std::string> byte_dequant(const MmaWeight& w, const Format& activation,
+                                        std::string* why) {
+  auto refuse = [&](std::string reason) -> std::optional<std::string> {
+    if (why) *why = std::move(reason);
+    return std::nullopt;
+  };
+  const Format& f = w.format;
+  if (activation == formats::int8) {
+    // s8 x u8: the codes as they are, the zero point taken off the sums (exact in s32).
+    if (!f.is_integer())
+      return refuse(
+          fmt::format("int8 activations need integer weights ({} is a float format)", f.name()));
+    if (w.zero_mode == MmaZeroMode::Float)
+      return refuse("float zero points with int8 activations (u − zero is not an integer)");
+    return std::string("bytes");
+  }
+  if (activation != formats::e4m3)
+    return refuse(fmt::format("activation {} is not int8 or e4m3", activation.name()));
+  if (f == formats::e4m3) return std::string("bytes");
+  if (f.is_integer()) {
+    // u − zero goes into the operand: exact in e4m3 for |u − zero| ≤ 16 (4 significant bits).
+    if (f.bits > 4) return refuse(fmt::format("{}-bit integers are not exact in e4m3", f.bits));
+    if (w.zero_mode == MmaZeroMode::Float)
+      return refuse("float zero points make u − zero inexact in e4m3");
+    return std::string("bytes_int16");
+  }
+  std::string unscaled_why;
+  if (unscaled_dequant(w, formats::fp16, &unscaled_why) != std::optional<std::string>("float16"))
+    return refuse(fmt::format("{} has no exact fp16 placement: {}", f.name(), unscaled_why));
+  for (std::uint32_t code = 0; code < (1u << f.bits); ++code) {
+    const double v = decode(f, code);
+    if (std::isfinite(v) && round_to(formats::e4m3, v) != v)
+      return refuse(fmt::format("{} value {} is not exact in e4m3", f.name(), v));
+  }
+  return std::string("bytes_float16");
+}
+
 double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   const int bits = w.format.bits;
   const std::int64_t slice = n / 64, kb = k / 16;

@@ -47,6 +47,13 @@ bool packed16_dequant_applies(const MmaWeight& weight, const Format& activation)
 std::optional<std::string> unscaled_dequant(const MmaWeight& weight, const Format& activation,
                                             std::string* why = nullptr);
 
+// Which byte dequantization of the 8-bit mma (kernels/dequant/mma_dequant.cuh, lane_bytes)
+// serves this weight against 8-bit `activation` (int8 / e4m3): "bytes" (integer codes against
+// int8, e4m3 codes against e4m3), "bytes_int16" / "bytes_float16" (e4m3 activations, weights
+// whose every value e4m3 holds); nullopt, with the reason in *why, when none does.
+std::optional<std::string> byte_dequant(const MmaWeight& weight, const Format& activation,
+                                        std::string* why = nullptr);
+
 // Why the mma family cannot hold this weight (nullopt when it can).
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
 

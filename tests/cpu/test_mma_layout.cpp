@@ -170,6 +170,74 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
   }
 }
 
+// The 8-bit activation configs (mma.m16n8k32) compile without spills for each byte
+// dequantization (raw integer codes with and without zero points, raw e4m3 codes, integers and
+// small floats through fp16) and group shape, on every architecture that takes them (e4m3 on
+// SM89 only of these: SM90 has no native e4m3 mma.sync).
+TEST(DenseGemmSpecs, ByteOperandConfigsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  const char* schemes[] = {"w8a8-int8",
+                           "w=uint4:g128:s=fp16:zp=int;a=int8:t;o=fp16",
+                           "w=uint3:g32:s=bf16:zp=int;a=int8:t;o=fp32",
+                           "w4a8-fp8",
+                           "w8a8-fp8",
+                           "mxfp4-a8"};
+  std::vector<float> w(256 * 256);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : w) x = normal(rng);
+  int compiled = 0;
+  for (jit::Arch arch : {jit::Arch::sm_80, jit::Arch::sm_89, jit::Arch::sm_90a}) {
+    for (const char* text : schemes) {
+      const Scheme scheme = parse_scheme(text);
+      const layout::MmaWeight prepared =
+          layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
+      for (const auto& config : dispatch::dense_gemm_configs()) {
+        if (config.operand_bytes != 1) continue;
+        const auto reason = config.unsupported_reason(64, prepared, scheme.activation.format,
+                                                      dispatch::GpuLimits::of_arch(arch, 132));
+        if (arch != jit::Arch::sm_89 && scheme.activation.format == formats::e4m3) {
+          EXPECT_TRUE(reason.has_value()) << text << ": e4m3 mma.sync is not native here";
+          continue;
+        }
+        ASSERT_FALSE(reason.has_value()) << text << " " << config.name << ": " << *reason;
+        dispatch::DensePlan plan;
+        plan.config = config;
+        plan.splits = 2;
+        const jit::KernelSpec spec = dispatch::dense_gemm_spec(
+            plan, prepared, scheme.activation.format, scheme.output, arch);
+        SCOPED_TRACE(jit::to_string(spec));
+        const auto lookup = cache.get(spec);
+        EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+        EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+        EXPECT_GT(lookup.kernel->resources.registers, 0);
+        ++compiled;
+      }
+    }
+  }
+  EXPECT_EQ(compiled, 2 * (3 + 6 + 3));
+}
+
+// The 8-bit operand's K order matches the weight's: in the register a lane builds for n8 tile
+// j of a k-block (codes 4j, 4j+2, 4j+1, 4j+3; dequant/mma_dequant.cuh, lane_bytes), byte i sits
+// at mma K position 4 · (lane % 4) + i, and there the activations hold the code's own k.
+TEST(MmaLayout, Operand8OrderMatchesTheCodesOfEachLane) {
+  using L = kernels::MmaWeightLayout;
+  std::vector<int> seen(16, 0);
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 8; ++j) {
+      const int codes[4] = {4 * j, 4 * j + 2, 4 * j + 1, 4 * j + 3};
+      for (int i = 0; i < 4; ++i) {
+        const int k = L::k_of(lane, codes[i]);
+        EXPECT_EQ(L::n_of(lane, codes[i]), j * 8 + lane / 4);
+        EXPECT_EQ(L::operand8_position(k), 4 * (lane % 4) + i) << "lane " << lane << " k " << k;
+        if (j == 0 && lane < 4) ++seen[L::operand8_position(k)];
+      }
+    }
+  for (int position = 0; position < 16; ++position) EXPECT_EQ(seen[position], 1);  // a bijection
+  EXPECT_EQ(L::operand8_position(16 + 9), 16 + 3);  // runs of 16 keep their place
+}
+
 // SM75 (Turing) with fp16 activations: the plan fits its 64 KB of shared memory at every M, and
 // what it launches (decode, tiled, dequant + cuBLAS with its finishing pass) compiles for sm_75
 // without spills, where cp.async and mma.m16n8k16 fall back (ptx/); bf16 is refused by name.

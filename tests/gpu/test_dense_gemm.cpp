@@ -349,7 +349,8 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
 
 // Quantized activations (the A8 and A4 presets, a static per-tensor scale given and taken from
 // the tensor, MX activations against int weights) through both entry points: bf16 A quantized
-// on the GPU (the weight prepared with the scheme's activation part), and the host quantizer's
+// on the GPU (the weight prepared with the scheme's activation part; int8 per token from M = 17
+// on the 8-bit mma, "medium-a8" to M = 128 and "prefill-a8" above), and the host quantizer's
 // codes and scales passed as a DeviceActivation. The reference multiplies the host's exact
 // dequantization of both, so the GPU's quantizer must agree with the host's code for code.
 TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
@@ -375,9 +376,10 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       {"w=uint8:ch:s=fp32:zp=mid;a=e4m3:mx:s=e8m0;o=fp32", 0},
   };
   std::vector<std::int64_t> ms = {1, 3, 16, 17, 64, 255, 1024};
-  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes (token, MX, NV), fewer M.
+  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): four schemes (token, int8 on the 8-bit mma
+  // from M = 17, MX, NV), fewer M.
   if (const char* subset = std::getenv("QGEMM_GPU_TEST_SUBSET"); subset && *subset == '1') {
-    cases = {cases[0], cases[5], cases[6]};
+    cases = {cases[0], cases[3], cases[5], cases[6]};
     ms = {1, 17, 64};
   }
   const std::int64_t ns[] = {4000, 5472, 640};
