@@ -366,15 +366,18 @@ Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const Acti
   const bool byte_codes = quant.format == formats::int8 || quant.format == formats::e4m3;
   if (!forced.empty()) {
     for (const auto& config : dense_gemm_configs())
-      if (config.name == forced && config.operand_bytes == 1 && byte_codes) return quant.format;
+      if (config.name == forced && config.operand_bytes == 1 && byte_codes && row_scaled)
+        return quant.format;
     return operand16;  // plan_dense_gemm refuses a forced 8-bit config here, by name
   }
   if (!quant.is_quantized() || !byte_codes || !row_scaled) return operand16;
   // M <= 16 streams the weight (the decode kernel), where the operand's width does not matter.
-  if (m <= 16) return operand16;
-  const std::string wanted = m <= 128 ? "medium-a8" : "prefill-a8";
+  // Above M = 128 dequant + cuBLAS on the 16-bit operand wins (H200, w8a8-int8 8192²: M = 256
+  // 185 µs against prefill-a8's 196, M = 1024 327 against 702), below it medium-a8 (M = 64:
+  // 78 µs against 112 for the 16-bit medium and 159 for dequant + cuBLAS; bench/NOTES.md).
+  if (m <= 16 || m > 128) return operand16;
   for (const auto& config : dense_gemm_configs()) {
-    if (config.name != wanted) continue;
+    if (config.name != "medium-a8") continue;
     if (auto reason = config.unsupported_reason(m, weight, quant.format, gpu)) {
       log(LogLevel::Info, "dense gemm: {} activations take the {} operand ({} cannot serve: {})",
           quant.format.name(), operand16.name(), config.name, *reason);

@@ -415,9 +415,24 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(quantized.scales);
       runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
       const DeviceMatrix c{c_device.as<void>(), m, n, n, out};
-      for (const bool on_gpu : {true, false}) {
+      // The 8-bit mma's prefill config is no default (dequant + cuBLAS wins above M = 128):
+      // forced here where it serves (int8 per token on this GPU).
+      GemmOptions prefill_a8;
+      prefill_a8.tile_config = "prefill-a8";
+      bool a8_serves = m > 16;
+      try {
+        if (a8_serves) engine.warm_up(m, weight, formats::bf16, out, prefill_a8);
+      } catch (const Error&) {
+        a8_serves = false;
+      }
+      for (const int entry : {0, 1, 2}) {
+        const bool on_gpu = entry != 1;
+        if (entry == 2 && !a8_serves) continue;
         c_device.fill_bytes(0xFF);
-        if (on_gpu)
+        if (entry == 2)
+          engine.gemm({a_device.as<void>(), m, k, k, formats::bf16}, weight, c, nullptr,
+                      prefill_a8);
+        else if (on_gpu)
           engine.gemm({a_device.as<void>(), m, k, k, formats::bf16}, weight, c, nullptr);
         else
           engine.gemm(DeviceActivation{scheme.activation, codes.as<void>(), scales.as<void>(), m, k,
@@ -431,7 +446,10 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
             << (on_gpu ? "bf16 A: " : "DeviceActivation: ")
             << engine.kernel_for(m, weight, formats::bf16, out);
         std::printf("%-52s %s rel=%.3e tol=%.3e\n", label.c_str(),
-                    on_gpu ? "gpu-quant " : "host-quant", relative, tolerance(type, out));
+                    entry == 2 ? "prefill-a8"
+                    : on_gpu   ? "gpu-quant "
+                               : "host-quant",
+                    relative, tolerance(type, out));
       }
     }
   }
