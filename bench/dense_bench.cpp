@@ -97,12 +97,13 @@ int main(int argc, char** argv) {
   };
   if (quick) cases.resize(3);
   if (a8)
-    cases = {{"w8a8-int8", 64, 8192, 8192},
+    cases = {{"w8a8-int8", 32, 8192, 8192},
+             {"w8a8-int8", 64, 8192, 8192},
+             {"w8a8-int8", 128, 8192, 8192},
              {"w8a8-int8", 256, 8192, 8192},
              {"w8a8-int8", 1024, 8192, 8192},
-             {"w8a8-int8", 4096, 8192, 8192},
-             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 256, 8192, 8192},
-             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 4096, 8192, 8192}};
+             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 64, 8192, 8192},
+             {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 128, 8192, 8192}};
   std::mt19937 rng(std::random_device{}());
   qgemm::Engine engine(0);
   cublasHandle_t cublas;
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
       configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
     if (c.m > 128 && !quick)
       configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
-    if (a8) configs = {"", "medium-a8", "prefill-a8", "medium", "prefill"};
+    if (a8) configs = {"", "medium-a8", "medium-a8-m32", "prefill-a8", "medium"};
     if (!quick) configs.push_back("dequant-cublas");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;

@@ -128,10 +128,12 @@ const std::vector<DenseGemmConfig>& dense_gemm_configs() {
       // bound): 128x256 and 256x128 tiles.
       {"prefill-n256", K::Tiled, 4, 2, 4, 1, 64, 4, 1},
       {"prefill-m256", K::Tiled, 4, 4, 2, 1, 64, 3, 1},
-      // 8-bit activations (int8, e4m3 codes; mma.m16n8k32), M > 16: 64x128 and 128x128 tiles of
-      // 32x64 per warp (the unscaled group sums double the accumulators), one K warp.
-      {"medium-a8", K::Tiled, 1, 2, 2, 1, 128, 4, 2, 1},
-      {"prefill-a8", K::Tiled, 1, 4, 2, 1, 128, 3, 1, 1},
+      // 8-bit activations (int8, e4m3 codes; mma.m16n8k32), M > 16: 64x128 and 128x128 tiles
+      // of 32x64 per warp, one K warp (the unscaled group sums double the accumulators: ~220
+      // registers), and 32x128 tiles of 16x64 per warp for the bench and tuner (~150).
+      {"medium-a8", K::Tiled, 2, 2, 2, 1, 128, 4, 2, 1},
+      {"medium-a8-m32", K::Tiled, 1, 2, 2, 1, 128, 4, 2, 1},
+      {"prefill-a8", K::Tiled, 2, 4, 2, 1, 128, 3, 1, 1},
       // Dequantize + cuBLAS: M > 256 (see plan_dense_gemm), and the last resort.
       {"dequant-cublas", K::DequantCublas, 1, 1, 1, 1, 0, 0, 1},
   };
@@ -372,12 +374,13 @@ Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const Acti
   }
   if (!quant.is_quantized() || !byte_codes || !row_scaled) return operand16;
   // M <= 16 streams the weight (the decode kernel), where the operand's width does not matter.
-  // Above M = 128 dequant + cuBLAS on the 16-bit operand wins (H200, w8a8-int8 8192²: M = 256
-  // 185 µs against prefill-a8's 196, M = 1024 327 against 702), below it medium-a8 (M = 64:
-  // 78 µs against 112 for the 16-bit medium and 159 for dequant + cuBLAS; bench/NOTES.md).
-  if (m <= 16 || m > 128) return operand16;
+  // Measured on the H200 (w8a8-int8 8192², µs; bench/NOTES.md): M = 64 medium-a8 75 against 110
+  // for the 16-bit medium and 160 for dequant + cuBLAS; M = 256 prefill-a8 121 against 183 for
+  // dequant + cuBLAS; M = 1024 dequant + cuBLAS 328 against 458.
+  if (m <= 16 || m > 256) return operand16;
+  const std::string wanted = m <= 128 ? "medium-a8" : "prefill-a8";
   for (const auto& config : dense_gemm_configs()) {
-    if (config.name != "medium-a8") continue;
+    if (config.name != wanted) continue;
     if (auto reason = config.unsupported_reason(m, weight, quant.format, gpu)) {
       log(LogLevel::Info, "dense gemm: {} activations take the {} operand ({} cannot serve: {})",
           quant.format.name(), operand16.name(), config.name, *reason);

@@ -74,7 +74,8 @@ DensePlan plan_dense_gemm(std::int64_t m, const layout::MmaWeight& weight, const
 
 // The type the GEMM's mma takes for activations quantized as `quant` (whose 16-bit operand is
 // `operand16`): their 8-bit codes (int8, e4m3; per token or per tensor, so that one row factor
-// scales a row) where an "-a8" config serves M on `gpu`, else `operand16`. A non-empty `forced`
+// scales a row) for 16 < M <= 256, where the "-a8" configs win, when they serve on `gpu`; else
+// `operand16` (the decode kernel below, dequant + cuBLAS above). A non-empty `forced`
 // config decides by its operand width. Why the 8-bit codes are not taken is logged at
 // QGEMM_LOG_LEVEL >= 2.
 Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const ActivationQuant& quant,

@@ -37,6 +37,49 @@ layout::MmaWeight metadata(const char* scheme_text, std::int64_t n, std::int64_t
   return meta;
 }
 
+// Quantized activations take their 8-bit codes as the mma operand (int8 everywhere from SM80,
+// e4m3 where mma.sync is native on it) for 16 < M <= 256 when they are one scale per row, else
+// the 16-bit operand; a forced config decides by its operand width.
+TEST(DensePlan, EightBitOperandWhereItServesAndWins) {
+  auto quant_of = [](const char* text) { return parse_scheme(text).activation; };
+  const layout::MmaWeight int8_weight = metadata("w8a8-int8", 8192, 8192);
+  const ActivationQuant int8_token = quant_of("w8a8-int8");
+  for (std::int64_t m : {1, 16, 17, 64, 128, 129, 256, 257, 4096}) {
+    const Format type = dispatch::dense_operand(m, int8_weight, int8_token, formats::bf16, kH200);
+    EXPECT_EQ(type, m > 16 && m <= 256 ? formats::int8 : formats::bf16) << "M = " << m;
+    const dispatch::DensePlan plan = dispatch::plan_dense_gemm(m, int8_weight, type, kH200);
+    if (type == formats::int8)
+      EXPECT_EQ(plan.config.name, m <= 128 ? "medium-a8" : "prefill-a8") << "M = " << m;
+  }
+  const layout::MmaWeight int4_weight = metadata("w4a8-fp8", 8192, 8192);
+  const ActivationQuant e4m3_token = quant_of("w4a8-fp8");
+  const auto ada = dispatch::GpuLimits::of_arch(jit::Arch::sm_89, 128);
+  EXPECT_EQ(dispatch::dense_operand(64, int4_weight, e4m3_token, formats::bf16, kH200),
+            formats::bf16);  // SM90: no native e4m3 mma.sync
+  EXPECT_EQ(dispatch::dense_operand(64, int4_weight, e4m3_token, formats::bf16, ada),
+            formats::e4m3);
+  // Activation scales along K (fp8-block's 1x128 groups) cannot be a row factor.
+  const layout::MmaWeight block_weight = metadata("fp8-block", 8192, 8192);
+  EXPECT_EQ(dispatch::dense_operand(64, block_weight, quant_of("fp8-block"), formats::bf16, ada),
+            formats::bf16);
+  EXPECT_EQ(dispatch::dense_operand(64, block_weight, quant_of("fp8-block"), formats::bf16, ada,
+                                    "prefill-a8"),
+            formats::bf16);
+  // Forced: by the config's width (a plan then refuses what cannot serve, by name).
+  EXPECT_EQ(
+      dispatch::dense_operand(4096, int8_weight, int8_token, formats::bf16, kH200, "prefill-a8"),
+      formats::int8);
+  EXPECT_EQ(dispatch::dense_operand(64, int8_weight, int8_token, formats::bf16, kH200, "medium"),
+            formats::bf16);
+  EXPECT_THROW(dispatch::plan_dense_gemm(64, int4_weight, formats::bf16, kH200, "medium-a8"),
+               Error);
+  // Float zero points are not integers to take off in s32: the 16-bit operand serves them.
+  const layout::MmaWeight float_zeros =
+      metadata("w=uint4:g128:s=fp16:zp=float;a=int8:t", 4096, 4096);
+  EXPECT_EQ(dispatch::dense_operand(64, float_zeros, int8_token, formats::bf16, kH200),
+            formats::bf16);
+}
+
 TEST(DensePlan, PicksTheKernelByM) {
   const layout::MmaWeight w = metadata("w4a16", 28672, 8192);
   for (std::int64_t m : {1, 2, 5, 16})

@@ -215,7 +215,7 @@ TEST(DenseGemmSpecs, ByteOperandConfigsCompileWithoutSpills) {
       }
     }
   }
-  EXPECT_EQ(compiled, 2 * (3 + 6 + 3));
+  EXPECT_EQ(compiled, 3 * (3 + 6 + 3));
 }
 
 // The 8-bit operand's K order matches the weight's: in the register a lane builds for n8 tile

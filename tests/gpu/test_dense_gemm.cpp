@@ -350,7 +350,7 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
 // Quantized activations (the A8 and A4 presets, a static per-tensor scale given and taken from
 // the tensor, MX activations against int weights) through both entry points: bf16 A quantized
 // on the GPU (the weight prepared with the scheme's activation part; int8 per token from M = 17
-// on the 8-bit mma, "medium-a8" to M = 128 and "prefill-a8" above), and the host quantizer's
+// on the 8-bit mma, "medium-a8" to M = 128 and "prefill-a8" to 256), and the host quantizer's
 // codes and scales passed as a DeviceActivation. The reference multiplies the host's exact
 // dequantization of both, so the GPU's quantizer must agree with the host's code for code.
 TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
@@ -415,8 +415,8 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(quantized.scales);
       runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
       const DeviceMatrix c{c_device.as<void>(), m, n, n, out};
-      // The 8-bit mma's prefill config is no default (dequant + cuBLAS wins above M = 128):
-      // forced here where it serves (int8 per token on this GPU).
+      // The 8-bit mma's prefill config, the default only for 128 < M <= 256, is also forced at
+      // the other M where it serves (int8 per token on this GPU).
       GemmOptions prefill_a8;
       prefill_a8.tile_config = "prefill-a8";
       bool a8_serves = m > 16;
