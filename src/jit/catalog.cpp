@@ -169,13 +169,19 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
     }
   }
   // The activation quantizations of the presets, into the GEMM operand (and e4m3 per token
-  // also into codes).
+  // also into codes); int8 / e4m3 with one scale per row also into the 8-bit mma's operand.
   for (const auto& preset : presets()) {
     const ActivationQuant& quant = preset.scheme.activation;
     if (!quant.is_quantized()) continue;
-    const KernelSpec spec = quantize_activation_spec(quant, formats::bf16, ActivationEmit::Operand,
-                                                     activation_operand_format(quant), arch);
-    if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
+    std::vector<KernelSpec> wanted = {quantize_activation_spec(
+        quant, formats::bf16, ActivationEmit::Operand, activation_operand_format(quant), arch)};
+    const bool row_scaled = quant.scaling == ActivationScaling::DynamicToken ||
+                            quant.scaling == ActivationScaling::StaticTensor;
+    if (row_scaled && (quant.format == formats::int8 || quant.format == formats::e4m3))
+      wanted.push_back(quantize_activation_spec(quant, formats::bf16, ActivationEmit::Operand8,
+                                                quant.format, arch));
+    for (const KernelSpec& spec : wanted)
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
   }
   ActivationQuant per_token;
   per_token.format = formats::e4m3;
