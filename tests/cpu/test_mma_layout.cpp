@@ -133,6 +133,15 @@ TEST(MmaLayout, MalformedPackedWeightsAreRejectedByName) {
   expect_refused(bad, "128");
 }
 
+// `spec` compiles to a kernel with registers and no local memory (spills or stack).
+void expect_no_spills(jit::KernelCache& cache, const jit::KernelSpec& spec) {
+  SCOPED_TRACE(jit::to_string(spec));
+  const auto lookup = cache.get(spec);
+  EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+  EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  EXPECT_GT(lookup.kernel->resources.registers, 0);
+}
+
 // Every config of the family compiles without spills for sm_80, sm_89 and sm_90a, for four weight
 // families that span its code paths (int16 / int_f32 / float16 dequantization, stored zeros,
 // fp32 output) with the largest streamed A (16 rows).
@@ -158,13 +167,8 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
         plan.splits = config.warps_k > 1 ? 2 : 1;
         // The streamed kernel's largest A (16 rows) is its most register-hungry instantiation.
         plan.rows = config.kernel == dispatch::DenseKernel::Streamed ? 16 : config.block_m();
-        const jit::KernelSpec spec = dispatch::dense_gemm_spec(
-            plan, prepared, scheme.activation.format, scheme.output, arch);
-        SCOPED_TRACE(jit::to_string(spec));
-        const auto lookup = cache.get(spec);
-        EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-        EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
-        EXPECT_GT(lookup.kernel->resources.registers, 0);
+        expect_no_spills(cache, dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format,
+                                                          scheme.output, arch));
       }
     }
   }
@@ -204,13 +208,8 @@ TEST(DenseGemmSpecs, ByteOperandConfigsCompileWithoutSpills) {
         dispatch::DensePlan plan;
         plan.config = config;
         plan.splits = 2;
-        const jit::KernelSpec spec = dispatch::dense_gemm_spec(
-            plan, prepared, scheme.activation.format, scheme.output, arch);
-        SCOPED_TRACE(jit::to_string(spec));
-        const auto lookup = cache.get(spec);
-        EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-        EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
-        EXPECT_GT(lookup.kernel->resources.registers, 0);
+        expect_no_spills(cache, dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format,
+                                                          scheme.output, arch));
         ++compiled;
       }
     }
