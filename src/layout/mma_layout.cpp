@@ -286,11 +286,21 @@ std::optional<std::string> byte_dequant(const MmaWeight& w, const Format& activa
   std::string unscaled_why;
   if (unscaled_dequant(w, formats::fp16, &unscaled_why) != std::optional<std::string>("float16"))
     return refuse(fmt::format("{} has no exact fp16 placement: {}", f.name(), unscaled_why));
-  for (std::uint32_t code = 0; code < (1u << f.bits); ++code) {
-    const double v = decode(f, code);
-    if (std::isfinite(v) && round_to(formats::e4m3, v) != v)
-      return refuse(fmt::format("{} value {} is not exact in e4m3", f.name(), v));
+  // Every code is judged once per format and process (the engine asks on every call).
+  static std::mutex mutex;
+  static std::map<std::string, std::string> inexact;  // format -> the first value e4m3 misses
+  std::lock_guard lock(mutex);
+  auto found = inexact.find(f.name());
+  if (found == inexact.end()) {
+    std::string miss;
+    for (std::uint32_t code = 0; code < (1u << f.bits) && miss.empty(); ++code) {
+      const double v = decode(f, code);
+      if (std::isfinite(v) && round_to(formats::e4m3, v) != v) miss = fmt::format("{}", v);
+    }
+    found = inexact.emplace(f.name(), miss).first;
   }
+  if (!found->second.empty())
+    return refuse(fmt::format("{} value {} is not exact in e4m3", f.name(), found->second));
   return std::string("bytes_float16");
 }
 

@@ -58,6 +58,12 @@ TEST(DensePlan, EightBitOperandWhereItServesAndWins) {
             formats::bf16);  // SM90: no native e4m3 mma.sync
   EXPECT_EQ(dispatch::dense_operand(64, int4_weight, e4m3_token, formats::bf16, ada),
             formats::e4m3);
+  // Float weights go through fp16 to e4m3 only where e4m3 holds their every value.
+  const layout::MmaWeight mxfp4 = metadata("mxfp4-a8", 8192, 8192);
+  EXPECT_EQ(dispatch::dense_operand(64, mxfp4, quant_of("mxfp4-a8"), formats::bf16, ada),
+            formats::e4m3);
+  const layout::MmaWeight e5m2 = metadata("w=e5m2:g64:s=bf16;a=e4m3:t", 8192, 8192);
+  EXPECT_EQ(dispatch::dense_operand(64, e5m2, e4m3_token, formats::bf16, ada), formats::bf16);
   // Activation scales along K (fp8-block's 1x128 groups) cannot be a row factor.
   const layout::MmaWeight block_weight = metadata("fp8-block", 8192, 8192);
   EXPECT_EQ(dispatch::dense_operand(64, block_weight, quant_of("fp8-block"), formats::bf16, ada),
