@@ -272,21 +272,38 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Quantized activations given in the canonical packed form -> the 16-bit operand and row
-// factors (operand mode above), one thread per element, grid-stride.
+// factors (operand mode above), or (kOperand = kOperandBytes) the 8-bit codes in the 8-bit mma's
+// K order (operand8 mode above), one thread per element, grid-stride.
+constexpr int kOperandBytes = 2;  // after HalfTypeCode's bf16, fp16
+
 template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kOperand,
           int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActivationArgs args) {
   constexpr FormatCode code_format = FormatCode::unpack(kCode);
+  constexpr bool kBytes = kOperand == kOperandBytes;
   static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
+  static_assert(
+      !kBytes || (code_format.bits == 8 && (kScaling == kScaleStatic || kScaling == kScaleToken)),
+      "the 8-bit operand holds 8-bit codes of one scale per row");
   static_assert(kDynamicSmemBytes == 0, "expand_activation uses no shared memory");
-  const long long total = args.m * args.k;
+  // operand8 rows run to a whole 16, positions past k written as 0.
+  const long long columns = kBytes ? (args.k + 15) / 16 * 16 : args.k;
+  const long long total = args.m * columns;
   const long long row_bytes = (args.k * code_format.bits + 7) / 8;
   const long long cells =
       kScaling == kScaleStatic || kScaling == kScaleToken ? 1 : args.k / args.group;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {
-    const long long row = index / args.k, col = index - row * args.k;
+    const long long row = index / columns, col = index - row * columns;
+    if constexpr (kBytes) {
+      args.operand8[row * args.ldo + MmaWeightLayout::operand8_position(static_cast<int>(col))] =
+          col < args.k ? args.codes[row * row_bytes + col] : 0u;
+      if (col == 0)
+        args.row_factors[row] = row_factor<kScaling>(
+            load_scale<kScaleFormat>(args.scales, kScaling == kScaleToken ? row : 0), 1.0f);
+      continue;
+    }
     unsigned code = args.codes[row * row_bytes + col * code_format.bits / 8];
     if constexpr (code_format.bits == 4) code = (code >> (col % 2 * 4)) & 15u;
     long long cell = 0;

@@ -59,6 +59,7 @@ struct ExpandActivationArgs {
   const unsigned char* scales;
   float tensor_scale;  // NV's
   unsigned short* operand;
+  unsigned char* operand8;  // operand "bytes": [m][ldo] codes in the 8-bit mma's K order
   long long ldo;
   float* row_factors;
   long long m, k;

@@ -508,7 +508,12 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   check_output(c, m, w.host.n);
   std::lock_guard lock(impl_->mutex);
   impl_->make_current();
-  const Format type = jit::activation_operand_format(a.quant);
+  // The codes as the 8-bit mma's operand where it serves (dispatch::dense_operand), else the
+  // 16-bit operand.
+  const Format operand16 = jit::activation_operand_format(a.quant);
+  const Format type = w.canonical ? operand16
+                                  : dispatch::dense_operand(m, w.host, a.quant, operand16,
+                                                            impl_->gpu, options.tile_config);
   float* row_factors = nullptr;
   const DeviceMatrix operand = impl_->operand_for(stream, m, a.cols, type, &row_factors);
   const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
@@ -518,7 +523,11 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   args.codes = static_cast<const unsigned char*>(a.codes);
   args.scales = static_cast<const unsigned char*>(a.scales);
   args.tensor_scale = static_cast<float>(a.tensor_scale);
-  args.operand = static_cast<unsigned short*>(operand.data);
+  if (type.storage_bytes() == 1) {
+    args.operand8 = static_cast<unsigned char*>(operand.data);
+  } else {
+    args.operand = static_cast<unsigned short*>(operand.data);
+  }
   args.ldo = operand.stride;
   args.row_factors = row_factors;
   args.m = m;

@@ -129,7 +129,9 @@ KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& op
                       {SpecParam::number_format("code", quant.format),
                        SpecParam::chosen("scaling", scaling_choice(quant)),
                        SpecParam::number_format("scale", quant.scale_format),
-                       SpecParam::chosen("operand", half_type_choice(operand, "operand"))});
+                       SpecParam::chosen("operand", operand.storage_bytes() == 1
+                                                        ? "bytes"
+                                                        : half_type_choice(operand, "operand"))});
 }
 
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
@@ -177,9 +179,11 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
         quant, formats::bf16, ActivationEmit::Operand, activation_operand_format(quant), arch)};
     const bool row_scaled = quant.scaling == ActivationScaling::DynamicToken ||
                             quant.scaling == ActivationScaling::StaticTensor;
-    if (row_scaled && (quant.format == formats::int8 || quant.format == formats::e4m3))
+    if (row_scaled && (quant.format == formats::int8 || quant.format == formats::e4m3)) {
       wanted.push_back(quantize_activation_spec(quant, formats::bf16, ActivationEmit::Operand8,
                                                 quant.format, arch));
+      wanted.push_back(expand_activation_spec(quant, quant.format, arch));
+    }
     for (const KernelSpec& spec : wanted)
       if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
   }

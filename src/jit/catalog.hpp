@@ -26,7 +26,8 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
 // (codes times an NV cell scale; static and token scalings leave the code's value alone), else
 // bf16 (group scalings, whose products are rounded, and MX's powers of two beyond fp16's range).
 Format activation_operand_format(const ActivationQuant& quant);
-// Canonical packed activations of `quant` -> the operand (`operand` type) and row factors.
+// Canonical packed activations of `quant` -> the operand (`operand` type: bf16 / fp16, or the
+// 8-bit code format itself for the 8-bit mma's operand) and row factors.
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch);
 // absmax of a bf16/fp16 tensor (NV's tensor scale, static scales taken from the tensor).
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch);

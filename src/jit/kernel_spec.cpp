@@ -152,7 +152,8 @@ const std::vector<KernelFamily>& kernel_families() {
        {{"code", ParamKind::Format, {}},
         {"scaling", ParamKind::Choice, {"static", "token", "group", "mx", "nv"}},
         {"scale", ParamKind::Format, {}},
-        {"operand", ParamKind::Choice, {"bf16", "fp16"}}},
+        // bf16 / fp16 (kernels::HalfTypeCode), or the 8-bit codes as the mma's operand.
+        {"operand", ParamKind::Choice, {"bf16", "fp16", "bytes"}}},
        false},
       {"tensor_absmax",
        "util/quantize_activation.cuh",
