@@ -432,11 +432,12 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       } catch (const Error&) {
         a8_serves = false;
       }
-      for (const int entry : {0, 1, 2}) {
-        const bool on_gpu = entry != 1;
-        if (entry == 2 && !a8_serves) continue;
+      enum Entry { kGpuQuant, kHostQuant, kPrefillA8 };  // bf16 A, DeviceActivation, forced
+      for (const Entry entry : {kGpuQuant, kHostQuant, kPrefillA8}) {
+        const bool on_gpu = entry != kHostQuant;
+        if (entry == kPrefillA8 && !a8_serves) continue;
         c_device.fill_bytes(0xFF);
-        if (entry == 2)
+        if (entry == kPrefillA8)
           engine.gemm({a_device.as<void>(), m, k, k, formats::bf16}, weight, c, nullptr,
                       prefill_a8);
         else if (on_gpu)
@@ -453,9 +454,9 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
             << (on_gpu ? "bf16 A: " : "DeviceActivation: ")
             << engine.kernel_for(m, weight, formats::bf16, out);
         std::printf("%-52s %s rel=%.3e tol=%.3e\n", label.c_str(),
-                    entry == 2 ? "prefill-a8"
-                    : on_gpu   ? "gpu-quant "
-                               : "host-quant",
+                    entry == kPrefillA8 ? "prefill-a8"
+                    : on_gpu            ? "gpu-quant "
+                                        : "host-quant",
                     relative, tolerance(type, out));
       }
     }
