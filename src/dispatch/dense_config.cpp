@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/log.hpp"
+#include "jit/catalog.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::dispatch {
@@ -363,16 +364,13 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
 
 Format dense_operand(std::int64_t m, const layout::MmaWeight& weight, const ActivationQuant& quant,
                      const Format& operand16, const GpuLimits& gpu, std::string_view forced) {
-  const bool row_scaled = quant.scaling == ActivationScaling::StaticTensor ||
-                          quant.scaling == ActivationScaling::DynamicToken;
-  const bool byte_codes = quant.format == formats::int8 || quant.format == formats::e4m3;
+  const bool byte_codes = jit::codes_are_operand8(quant);
   if (!forced.empty()) {
     for (const auto& config : dense_gemm_configs())
-      if (config.name == forced && config.operand_bytes == 1 && byte_codes && row_scaled)
-        return quant.format;
+      if (config.name == forced && config.operand_bytes == 1 && byte_codes) return quant.format;
     return operand16;  // plan_dense_gemm refuses a forced 8-bit config here, by name
   }
-  if (!quant.is_quantized() || !byte_codes || !row_scaled) return operand16;
+  if (!byte_codes) return operand16;
   // M <= 16 streams the weight (the decode kernel), where the operand's width does not matter.
   // Measured on the H200 (w8a8-int8 8192², µs; bench/NOTES.md): M = 64 medium-a8 75 against 110
   // for the 16-bit medium and 160 for dequant + cuBLAS; M = 256 prefill-a8 121 against 183 for

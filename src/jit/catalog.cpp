@@ -124,6 +124,12 @@ Format activation_operand_format(const ActivationQuant& quant) {
   return found->second;
 }
 
+bool codes_are_operand8(const ActivationQuant& quant) {
+  const bool row_scaled = quant.scaling == ActivationScaling::DynamicToken ||
+                          quant.scaling == ActivationScaling::StaticTensor;
+  return row_scaled && (quant.format == formats::int8 || quant.format == formats::e4m3);
+}
+
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch) {
   return utility_spec("expand_activation", arch,
                       {SpecParam::number_format("code", quant.format),
@@ -177,9 +183,7 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
     if (!quant.is_quantized()) continue;
     std::vector<KernelSpec> wanted = {quantize_activation_spec(
         quant, formats::bf16, ActivationEmit::Operand, activation_operand_format(quant), arch)};
-    const bool row_scaled = quant.scaling == ActivationScaling::DynamicToken ||
-                            quant.scaling == ActivationScaling::StaticTensor;
-    if (row_scaled && (quant.format == formats::int8 || quant.format == formats::e4m3)) {
+    if (codes_are_operand8(quant)) {
       wanted.push_back(quantize_activation_spec(quant, formats::bf16, ActivationEmit::Operand8,
                                                 quant.format, arch));
       wanted.push_back(expand_activation_spec(quant, quant.format, arch));

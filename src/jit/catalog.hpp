@@ -19,13 +19,16 @@ KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& outpu
 // operand8_position) and row factors; int8 / e4m3 per token or per tensor only.
 enum class ActivationEmit { Codes, Operand, Operand8 };
 // bf16/fp16 `input` [m, k] -> the quantization `quant` describes (quantized only); `operand`
-// (bf16/fp16) is the operand type for ActivationEmit::Operand and ignored for Codes.
+// (bf16/fp16) is the operand type for ActivationEmit::Operand and ignored for the others.
 KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
                                     ActivationEmit emit, const Format& operand, Arch arch);
 // The 16-bit type of that operand for `quant`: fp16 where it holds every operand value exactly
 // (codes times an NV cell scale; static and token scalings leave the code's value alone), else
 // bf16 (group scalings, whose products are rounded, and MX's powers of two beyond fp16's range).
 Format activation_operand_format(const ActivationQuant& quant);
+// Whether `quant`'s codes can be the 8-bit mma's operand themselves (ActivationEmit::Operand8):
+// int8 or e4m3 codes with one scale per row (per token, static), applied as a row factor.
+bool codes_are_operand8(const ActivationQuant& quant);
 // Canonical packed activations of `quant` -> the operand (`operand` type: bf16 / fp16, or the
 // 8-bit code format itself for the 8-bit mma's operand) and row factors.
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch);
