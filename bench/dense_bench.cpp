@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   // --a8: int8 activations, the 8-bit mma configs against the 16-bit operand's.
   const bool a8 = argc > 1 && std::strcmp(argv[1], "--a8") == 0;
+  // --decode: the M <= 16 cases only, every decode config (no dequant + cuBLAS).
+  const bool decode = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},
@@ -96,6 +98,9 @@ int main(int argc, char** argv) {
       {"w8a8-fp8", 4096, 8192, 8192},
   };
   if (quick) cases.resize(3);
+  if (decode)
+    cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.m > 16; }),
+                cases.end());
   if (a8)
     cases = {{"w8a8-int8", 32, 8192, 8192},
              {"w8a8-int8", 64, 8192, 8192},
@@ -151,11 +156,12 @@ int main(int argc, char** argv) {
     // (prefill) tile shapes, and dequant + cuBLAS everywhere (the path never to be slower than).
     std::vector<std::string> configs = {""};
     if (c.m <= 16 && !quick)
-      configs.insert(configs.end(), {"decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
+      configs.insert(configs.end(),
+                     {"decode", "decode-k64", "decode-s4", "decode-w8", "decode-tiled"});
     if (c.m > 128 && !quick)
       configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
     if (a8) configs = {"", "medium-a8", "medium-a8-m32", "prefill-a8", "medium"};
-    if (!quick) configs.push_back("dequant-cublas");
+    if (!quick && !decode) configs.push_back("dequant-cublas");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.tile_config = config;
