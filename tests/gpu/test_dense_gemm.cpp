@@ -96,7 +96,7 @@ std::vector<Case> cases() {
   // float formats, for slow tools (compute-sanitizer).
   if (const char* subset = std::getenv("QGEMM_GPU_TEST_SUBSET"); subset && *subset == '1') {
     for (const char* text : {"w4a16", "w4a16-zp", "mxfp4-a16", "w=ternary:t:s=fp32;a=bf16;o=bf16"})
-      out.push_back({text, {1, 17, 64, 255}, 640, 1024});
+      out.push_back({text, {1, 16, 17, 64, 255}, 640, 1024});
     return out;
   }
   const std::int64_t ns[] = {4000, 5472, 640};
