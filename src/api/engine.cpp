@@ -155,9 +155,14 @@ struct Engine::Impl {
   Format operand_type(std::int64_t m, const detail::PreparedWeight& weight, const Format& input,
                       const GemmOptions& options) const {
     if (!weight.activation.is_quantized()) return input;
-    if (weight.canonical) return weight.operand;  // dequant + cuBLAS only
-    return dispatch::dense_operand(m, weight.host, weight.activation, weight.operand, gpu,
-                                   options.tile_config);
+    return operand_type(m, weight, weight.activation, weight.operand, options);
+  }
+  // The same for activations quantized as `quant`, whose 16-bit operand is `operand16`.
+  Format operand_type(std::int64_t m, const detail::PreparedWeight& weight,
+                      const ActivationQuant& quant, const Format& operand16,
+                      const GemmOptions& options) const {
+    if (weight.canonical) return operand16;  // dequant + cuBLAS only
+    return dispatch::dense_operand(m, weight.host, quant, operand16, gpu, options.tile_config);
   }
   // The operand matrix (and row factors) of M quantized rows of K in `stream`'s workspace:
   // 16-byte aligned rows, whole runs of 16 for 8-bit codes (their K order permutes inside them).
@@ -361,6 +366,19 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
 
 namespace {
 
+// Where a quantize or expand kernel's `args` write the GEMM's operand: 8-bit codes or 16-bit
+// values (by the operand's type), and the rows' factors.
+template <typename Args>
+void write_operand_to(Args& args, const DeviceMatrix& operand, float* row_factors) {
+  if (operand.dtype.storage_bytes() == 1) {
+    args.operand8 = static_cast<unsigned char*>(operand.data);
+  } else {
+    args.operand = static_cast<unsigned short*>(operand.data);
+  }
+  args.ldo = operand.stride;
+  args.row_factors = row_factors;
+}
+
 // The quantization of `input` into the GEMM's operand `type` (16-bit, or the 8-bit codes).
 jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format& input,
                               const Format& type, jit::Arch arch) {
@@ -461,13 +479,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
       w.activation, m, w.host.k, reinterpret_cast<CUdeviceptr>(a.data), a.stride,
       w.static_activation_scale);
-  if (type.storage_bytes() == 1) {
-    args.operand8 = static_cast<unsigned char*>(operand.data);
-  } else {
-    args.operand = static_cast<unsigned short*>(operand.data);
-  }
-  args.ldo = operand.stride;
-  args.row_factors = row_factors;
+  write_operand_to(args, operand, row_factors);
   if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale)) {
     Impl::grow(impl_->workspaces[stream].absmax, sizeof(float));
     const runtime::DeviceBuffer& absmax = impl_->workspaces[stream].absmax;
@@ -510,10 +522,8 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   impl_->make_current();
   // The codes as the 8-bit mma's operand where it serves (dispatch::dense_operand), else the
   // 16-bit operand.
-  const Format operand16 = jit::activation_operand_format(a.quant);
-  const Format type = w.canonical ? operand16
-                                  : dispatch::dense_operand(m, w.host, a.quant, operand16,
-                                                            impl_->gpu, options.tile_config);
+  const Format type =
+      impl_->operand_type(m, w, a.quant, jit::activation_operand_format(a.quant), options);
   float* row_factors = nullptr;
   const DeviceMatrix operand = impl_->operand_for(stream, m, a.cols, type, &row_factors);
   const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
@@ -523,13 +533,7 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   args.codes = static_cast<const unsigned char*>(a.codes);
   args.scales = static_cast<const unsigned char*>(a.scales);
   args.tensor_scale = static_cast<float>(a.tensor_scale);
-  if (type.storage_bytes() == 1) {
-    args.operand8 = static_cast<unsigned char*>(operand.data);
-  } else {
-    args.operand = static_cast<unsigned short*>(operand.data);
-  }
-  args.ldo = operand.stride;
-  args.row_factors = row_factors;
+  write_operand_to(args, operand, row_factors);
   args.m = m;
   args.k = a.cols;
   args.group = a.quant.group > 0 ? a.quant.group : a.cols;
