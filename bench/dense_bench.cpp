@@ -161,12 +161,16 @@ int main(int argc, char** argv) {
     if (c.m > 128 && !quick)
       configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
     if (a8) configs = {"", "medium-a8", "medium-a8-m32", "prefill-a8", "medium"};
-    if (!quick && !decode) configs.push_back("dequant-cublas");
+    if (!quick && !decode) configs.push_back("qdq");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
-      options.tile_config = config;
+      options.candidate = config;
+      qgemm::GemmProblem problem =
+          qgemm::gemm_problem(weight, c.m, qgemm::formats::bf16, qgemm::formats::bf16);
+      problem.candidate = config;
+      std::string kernel;
       try {  // a forced candidate may not serve this weight (shared memory, groups)
-        engine.warm_up(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16, options);
+        kernel = engine.warm_up(problem, weight).choice_for(c.m).kernel;
       } catch (const qgemm::Error& e) {
         std::printf("%-10s %6lld %6lld %6lld | %s: %s\n", c.scheme.c_str(), c.m, c.n, c.k,
                     config.c_str(), e.what());
@@ -183,8 +187,7 @@ int main(int argc, char** argv) {
           "%-10s %6lld %6lld %6lld | %9.1f %8.2f %8.1f | %9.1f %8.1f | %6.2f | %s\n",
           c.scheme.c_str(), c.m, c.n, c.k, qgemm_us, weight_bytes / qgemm_us / 1e6,
           flops / qgemm_us / 1e6, cublas_us, flops / cublas_us / 1e6, cublas_us / qgemm_us,
-          engine.kernel_for(c.m, weight, qgemm::formats::bf16, qgemm::formats::bf16, options)
-              .c_str());
+          kernel.c_str());
       std::fflush(stdout);
     }
     cudaFree(a);

@@ -1,28 +1,31 @@
-// qgemm::Engine: one per GPU. Prepares quantized weights into the kernel layout on that device
-// and runs GEMMs on the caller's stream.
+// qgemm::Engine: one per GPU. Prepares quantized weights into the kernel layouts on that device,
+// plans GEMMs (include/qgemm/plan.hpp) and runs them on the caller's stream.
 //
 //   qgemm::Engine engine(0);
-//   qgemm::QuantWeight w = engine.prepare_weight(qgemm::quantize_weight(scheme.weight, ...));
-//   engine.gemm({a_ptr, M, K, K, qgemm::formats::bf16}, w, {c_ptr, M, N, N, scheme.output},
-//               stream);
+//   qgemm::QuantWeight w = engine.prepare_weight(qgemm::quantize_weight(scheme.weight, ...),
+//                                                scheme.activation);
+//   // Plan once (compiles, sizes the stream's workspace), run many times: no allocation,
+//   // synchronization or string building, so runs can be captured into a CUDA graph.
+//   qgemm::GemmPlan plan = engine.plan(qgemm::gemm_problem(w, M, formats::bf16, scheme.output),
+//                                      w, stream);
+//   engine.run(plan, {a, M, K, K, formats::bf16}, w, {c, M, N, N, scheme.output}, stream);
+//   // Or the convenience entry, which plans on a shape's first call and caches the plan:
+//   engine.gemm({a, M, K, K, formats::bf16}, w, {c, M, N, N, scheme.output}, stream);
 //
 // Quantized activations (the A8/A4 schemes): prepare the weight with the scheme's activation
-// part, and gemm() quantizes a bf16/fp16 A on the fly, as the scheme says:
+// part and pass bf16/fp16 A (quantized on the GPU, as the scheme says), or pass activations
+// quantized earlier (a fused norm + quantize kernel) as a DeviceActivation.
 //
-//   qgemm::QuantWeight w = engine.prepare_weight(packed, scheme.activation);
-//   engine.gemm({a_bf16, M, K, K, qgemm::formats::bf16}, w, c, stream);
-//
-// or pass activations quantized earlier (a fused norm + quantize kernel) as a DeviceActivation.
-//
-// gemm() issues kernels on `stream` (a CUstream / cudaStream_t, null = the legacy default
-// stream) and returns without synchronizing; it allocates no host memory once a shape has run
-// once, so warmed-up calls can be captured into a CUDA graph.
+// Calls issue work on `stream` (a CUstream / cudaStream_t, null = the legacy default stream) and
+// return without synchronizing. One Engine may be used from many threads and streams at once:
+// every stream has its own workspace.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "qgemm/plan.hpp"
 #include "qgemm/quant.hpp"
 
 namespace qgemm {
@@ -45,11 +48,12 @@ struct DeviceActivation {
   double tensor_scale = 1.0;  // NV: the fp32 tensor scale; else 1
 };
 
+// Options of the convenience entry gemm().
 struct GemmOptions {
   const float* bias = nullptr;  // device fp32 [N], or null
-  // A tile config by name (src/dispatch/dense_config.cpp), for benches and the tuner; empty:
-  // the built-in heuristic chooses.
-  std::string tile_config;
+  // A candidate by name ("decode", "medium", "qdq", "cublaslt-fp8", ...: `qgemm explain` lists
+  // them), for benches and the tuner; empty: the selector chooses.
+  std::string candidate;
 };
 
 namespace detail {
@@ -72,6 +76,11 @@ class QuantWeight {
   friend class Engine;
 };
 
+// The problem of a call with M rows of `input` (bf16/fp16, quantized by the call as the weight's
+// activation() says) against `weight`, writing `output`.
+GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
+                         const Format& output);
+
 class Engine {
  public:
   explicit Engine(int device = 0);  // Error(NoDevice) when there is no such GPU
@@ -89,9 +98,25 @@ class Engine {
   QuantWeight prepare_weight(const PackedWeight& weight, const ActivationQuant& activation = {},
                              double static_activation_scale = 0.0);
 
+  // The plan for `problem` against `weight`: the selector's choice per M bucket, every kernel
+  // compiled and loaded, and the workspace of `stream` sized for it. Error(Unsupported) when
+  // nothing serves, naming every candidate's reason; Error(InvalidArgument) for a problem that
+  // does not describe `weight`.
+  GemmPlan plan(const GemmProblem& problem, const QuantWeight& weight, void* stream = nullptr);
+
+  // Runs a plan: C = A · Wᵀ (+ bias). A, C and the bias must match the plan's problem (M within
+  // its range, the types, A's alignment); `workspace` empty: the engine's workspace of `stream`,
+  // sized by plan() or warm_up() for that stream (Error(InvalidArgument) when it is not).
+  void run(const GemmPlan& plan, const DeviceMatrix& a, const QuantWeight& weight,
+           const DeviceMatrix& c, void* stream, const float* bias = nullptr,
+           const Workspace& workspace = {});
+  void run(const GemmPlan& plan, const DeviceActivation& a, const QuantWeight& weight,
+           const DeviceMatrix& c, void* stream, const float* bias = nullptr,
+           const Workspace& workspace = {});
+
   // C = A · Wᵀ (+ bias) in the activation type of A (bf16 or fp16) and the output type of C
-  // (fp16, bf16, fp32). Shapes and types are checked; a combination no kernel serves is
-  // Error(Unsupported) naming the reason.
+  // (fp16, bf16, fp32): plans on a shape's first call (and on a stream's first call, sizes its
+  // workspace), then runs the cached plan.
   void gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c, void* stream,
             const GemmOptions& options = {});
   // The same with activations quantized beforehand (any quantized ActivationQuant; the weight's
@@ -99,14 +124,11 @@ class Engine {
   void gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
             void* stream, const GemmOptions& options = {});
 
-  // Compiles (or finds in the cache) the kernel gemm() would launch for M rows, without
-  // launching it. Thread-safe: several threads compile different kernels concurrently.
-  void warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
-               const Format& output, const GemmOptions& options = {}) const;
-
-  // The kernel spec gemm() would launch for M rows against `weight` (for logs and benches).
-  std::string kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                         const Format& output, const GemmOptions& options = {}) const;
+  // For deployments: compiles every kernel `problem` can select over its M range (all M
+  // buckets), on a pool of threads with a progress bar on stderr when `progress`, and sizes the
+  // workspace of `stream`. Returns the plan.
+  GemmPlan warm_up(const GemmProblem& problem, const QuantWeight& weight, void* stream = nullptr,
+                   bool progress = false);
 
  private:
   struct Impl;

@@ -35,11 +35,7 @@
 //   column n is stored at  slice · 64 + (n % 8) · 8 + (n % 64) / 8
 #pragma once
 
-#if defined(__CUDACC__)
-#define QGEMM_HOST_DEVICE __host__ __device__
-#else
-#define QGEMM_HOST_DEVICE
-#endif
+#include "common/host_device.cuh"
 
 namespace qgemm::kernels {
 

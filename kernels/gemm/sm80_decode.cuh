@@ -42,38 +42,34 @@
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/sm80_decode_shape.cuh"
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
 
 namespace qgemm::kernels {
 
-// Launch shape of one instantiation; the host mirrors it (src/dispatch/dense_config.cpp).
+// The instantiation's shape (gemm/sm80_decode_shape.cuh, which the dispatcher evaluates too),
+// as compile-time constants.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, int kBits, int kGroup,
           bool kStoredZeros>
 struct DecodeGemmShape {
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStageK = kStageBlocks * 16;
-  static constexpr int kWBytes = kStageBlocks * 32 * kBits * 4;
-  static constexpr int kARowBytes = kStageK * 2 + 16;
-  static constexpr int kABytes = kRows * kARowBytes;
-  static constexpr int kScaleRows = (kGroup == 0 || kGroup >= kStageK) ? 1 : kStageK / kGroup;
-  static constexpr int kSBytes = kScaleRows * 64 * 4 * (kStoredZeros ? 2 : 1);
-  static constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
-  static constexpr int kZeroRowBytes = kStageK * 2;
-  static constexpr int kWarpBytes = kZeroRowBytes + kStages * kStageBytes;
-  static constexpr int kPipelineBytes = kWarps * kWarpBytes;
-  // The cross-warp sum reuses the pipeline's memory: [warp − 1][value][lane] floats, 16 values
-  // per lane and batch tile of 8 rows.
-  static constexpr int kReduceBytes = (kWarps - 1) * (kRows > 8 ? 32 : 16) * 32 * 4;
-  static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
+  static constexpr DecodeTile kTile = {kRows, kWarps, kStageBlocks, kStages};
+  static constexpr DecodeShape kShape = decode_shape(kTile, kBits, kGroup, kStoredZeros);
+  static constexpr int kThreads = kShape.threads;
+  static constexpr int kStageK = kShape.stage_k;
+  static constexpr int kWBytes = kShape.w_bytes;
+  static constexpr int kARowBytes = kShape.a_row_bytes;
+  static constexpr int kABytes = kShape.a_bytes;
+  static constexpr int kScaleRows = kShape.scale_rows;
+  static constexpr int kSBytes = kShape.s_bytes;
+  static constexpr int kStageBytes = kShape.stage_bytes;
+  static constexpr int kZeroRowBytes = kShape.zero_row_bytes;
+  static constexpr int kWarpBytes = kShape.warp_bytes;
+  static constexpr int kSharedBytes = kShape.shared_bytes;
 
-  static_assert(kRows == 8 || kRows == 16 || (kRows >= 1 && kRows < 8),
-                "decode serves at most 16 rows");
-  static_assert(kStages >= 2, "a ring needs two stages");
-  static_assert(kGroup == 0 ||
-                    (kGroup % 16 == 0 && (kGroup % kStageK == 0 || kStageK % kGroup == 0)),
-                "groups must be multiples of 16 that tile the stage");
+  static_assert(decode_tile_error(kTile, kGroup) == nullptr,
+                "decode config and weight disagree (decode_tile_error says why)");
 };
 
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,

@@ -36,37 +36,33 @@
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/sm80_dense_shape.cuh"
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
 
 namespace qgemm::kernels {
 
-// Launch shape of one instantiation; the host mirrors it (src/dispatch/dense_config.cpp) from the
-// same constants, so threads and shared memory never come from a compiled binary.
+// The instantiation's shape (gemm/sm80_dense_shape.cuh, which the dispatcher evaluates too),
+// as compile-time constants.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages, int kBits,
           int kGroup, bool kStoredZeros, int kElemBytes>
 struct DenseGemmShape {
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
-  static constexpr int kBlockM = 16 * kMTiles * kWarpsM;
-  static constexpr int kBlockN = 64 * kWarpsN;
-  static constexpr int kKBlocks = kBlockK / 16;
-  // Scale rows one stage needs: groups of ≥ BK need one row, smaller groups BK / group.
-  static constexpr int kScaleRows = (kGroup == 0 || kGroup >= kBlockK) ? 1 : kBlockK / kGroup;
-  static constexpr int kABytes = kBlockM * kBlockK * kElemBytes;  // 2: bf16/fp16, 1: int8/e4m3
-  static constexpr int kBBytes = kWarpsN * kKBlocks * 32 * kBits * 4;
-  static constexpr int kSBytes = kScaleRows * kBlockN * 4 * (kStoredZeros ? 2 : 1);
-  static constexpr int kStageBytes = kABytes + kBBytes + kSBytes;
-  static constexpr int kPipelineBytes = kStageBytes * kStages;
-  // The cross-warp K reduction reuses the pipeline's memory.
-  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * 32 * kMTiles * 8 * 4 * 4;
-  static constexpr int kSharedBytes = kPipelineBytes > kReduceBytes ? kPipelineBytes : kReduceBytes;
+  static constexpr DenseTile kTile = {kMTiles, kWarpsM, kWarpsN, kWarpsK, kBlockK, kStages};
+  static constexpr DenseShape kShape = dense_shape(kTile, kBits, kGroup, kStoredZeros, kElemBytes);
+  static constexpr int kThreads = kShape.threads;
+  static constexpr int kBlockM = kShape.block_m;
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kKBlocks = kShape.k_blocks;
+  static constexpr int kScaleRows = kShape.scale_rows;
+  static constexpr int kABytes = kShape.a_bytes;
+  static constexpr int kBBytes = kShape.b_bytes;
+  static constexpr int kSBytes = kShape.s_bytes;
+  static constexpr int kStageBytes = kShape.stage_bytes;
+  static constexpr int kSharedBytes = kShape.shared_bytes;
 
-  static_assert(kBlockK * kElemBytes % 128 == 0, "A rows of BK span 8 chunks (the swizzle)");
-  static_assert(kKBlocks % kWarpsK == 0, "every K warp gets the same number of k16 blocks");
-  static_assert(kGroup == 0 ||
-                    (kGroup % 16 == 0 && (kGroup % kBlockK == 0 || kBlockK % kGroup == 0)),
-                "groups must be multiples of 16 that tile BK");
+  static_assert(dense_tile_error(kTile, kGroup, kElemBytes) == nullptr,
+                "tile config and operands disagree (dense_tile_error says why)");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte stages");
 };
 

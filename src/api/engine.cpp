@@ -1,21 +1,37 @@
-// Engine: device context, prepared weights, and the gemm() launch path.
+// Engine: device context, prepared weights, plans and the run path.
+//
+//   prepare_weight  canonical packed weight ──► the layouts the selector can use for it (the mma
+//                   layout, repacked on the GPU; the canonical codes for cuBLASLt FP8 and for
+//                   weights the mma layout cannot hold)
+//   plan            problem ──► per M bucket: dispatch::select ──► a PlanStep with its kernels
+//                   compiled and loaded, its launch geometry and scratch layout fixed; the
+//                   stream's workspace sized
+//   run             pick the step of M, fill argument structs, launch: no allocation, sync,
+//                   string building or compile
+//   gemm            the problem of a call ──► the weight's cached plan (made on first use) ──► run
 #include "qgemm/engine.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
-#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
 
+#include "api/plan_data.hpp"
+#include "dispatch/candidate_launch.hpp"
 #include "common/log.hpp"
-#include "dispatch/dense_config.hpp"
+#include "dispatch/cublaslt_family.hpp"
 #include "dispatch/tuned_config.hpp"
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/dequant_cublas_args.cuh"
-#include "gemm/mma_weight_layout.cuh"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
+#include "jit/hash.hpp"
+#include "jit/prewarm.hpp"
 #include "jit/print_configs.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
@@ -28,164 +44,238 @@
 namespace qgemm {
 
 namespace detail {
-// The mma layout (words, scales, zeros as kernels/gemm/mma_weight_layout.cuh draws them), or,
-// for a weight that layout cannot hold (layout::mma_unsupported_reason), the canonical packed
-// weight itself (codes, scales, zeros as include/qgemm/quant.hpp), which only dequant + cuBLAS
-// serves.
+
+// A weight prepared on one device: the layouts it was given (WeightFacts says which), the
+// activation quantization gemm() applies for it, and the plans gemm() made for it.
 struct PreparedWeight {
+  std::uint64_t id = 0;  // unique per prepared weight (plans are made for one)
   WeightQuant quant;
-  // How gemm() quantizes bf16/fp16 activations for this weight, and the 16-bit operand type
-  // quantized activations are served through (jit::activation_operand_format).
+  std::int64_t n = 0, k = 0;
+  double global_scale = 1.0;
   ActivationQuant activation;
   double static_activation_scale = 0.0;
-  Format operand = formats::bf16;
-  layout::MmaWeight host;  // metadata only (sizes; for `canonical`, n, k and the padding)
-  std::optional<PackedWeight> canonical;  // shapes and scales' metadata only: vectors empty
-  runtime::DeviceBuffer words, scales, zeros;
-  std::size_t bytes() const { return words.bytes() + scales.bytes() + zeros.bytes(); }
+  dispatch::WeightFacts facts;
+  PackedWeight canonical_shape;  // the canonical metadata (vectors empty), for its dequantizer
+  runtime::DeviceBuffer words, scales, zeros;                      // the mma layout
+  runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
+
+  // gemm()'s plans, by call shape.
+  struct PlanKey {
+    std::int64_t m;
+    std::string input, output, candidate;
+    bool bias;
+    int a_alignment;
+    std::uint64_t table_generation;
+    friend bool operator<(const PlanKey& a, const PlanKey& b) {
+      return std::tie(a.m, a.input, a.output, a.candidate, a.bias, a.a_alignment,
+                      a.table_generation) < std::tie(b.m, b.input, b.output, b.candidate, b.bias,
+                                                     b.a_alignment, b.table_generation);
+    }
+  };
+  mutable std::shared_mutex plans_mutex;
+  mutable std::map<PlanKey, GemmPlan> plans;
+
+  std::size_t bytes() const {
+    return words.bytes() + scales.bytes() + zeros.bytes() + codes.bytes() +
+           canonical_scales.bytes() + canonical_zeros.bytes();
+  }
 };
+
 }  // namespace detail
 
-std::int64_t QuantWeight::n() const { return impl_->host.n; }
-std::int64_t QuantWeight::k() const { return impl_->host.k; }
+std::int64_t QuantWeight::n() const { return impl_->n; }
+std::int64_t QuantWeight::k() const { return impl_->k; }
 const WeightQuant& QuantWeight::quant() const { return impl_->quant; }
 const ActivationQuant& QuantWeight::activation() const { return impl_->activation; }
 std::size_t QuantWeight::device_bytes() const { return impl_->bytes(); }
+
+GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
+                         const Format& output) {
+  if (!weight)
+    throw Error(ErrorCode::InvalidArgument, "gemm_problem: weight is empty (prepare_weight first)");
+  GemmProblem problem;
+  problem.m = m;
+  problem.n = weight.n();
+  problem.k = weight.k();
+  problem.scheme.weight = weight.quant();
+  problem.scheme.activation = weight.activation();
+  if (!weight.activation().is_quantized()) problem.scheme.activation.format = input;
+  problem.scheme.output = output;
+  problem.input = input;
+  return problem;
+}
+
+namespace {
+
+std::atomic<std::uint64_t> next_weight_id{1};
+
+constexpr std::size_t kAlign = 256;
+std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// cuBLAS's workspace on Hopper (its documentation recommends 32 MiB); set per call so that
+// every stream has its own and calls stay graph-capturable.
+constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
+
+// The largest power of two (≤ 16) dividing the address and the row stride in bytes.
+int alignment_of(const void* data, std::int64_t stride_bytes) {
+  const auto bits = reinterpret_cast<std::uintptr_t>(data) | static_cast<std::uintptr_t>(stride_bytes) | 16u;
+  return static_cast<int>(bits & (~bits + 1));
+}
+
+template <typename T>
+T* at(void* base, std::size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+// Where a quantize or expand kernel's `args` write the GEMM's operand: 8-bit codes or 16-bit
+// values (by the operand's type), and the rows' factors.
+template <typename Args>
+void write_operand_to(Args& args, void* operand, const Format& type, std::int64_t ldo,
+                      float* row_factors) {
+  if (type.storage_bytes() == 1) {
+    args.operand8 = static_cast<unsigned char*>(operand);
+  } else {
+    args.operand = static_cast<unsigned short*>(operand);
+  }
+  args.ldo = ldo;
+  args.row_factors = row_factors;
+}
+
+void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, std::int64_t cols) {
+  auto fail = [&](const std::string& rule) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: {} {}", name, rule));
+  };
+  if (!m.data) fail("is null");
+  if (m.rows != rows || m.cols != cols)
+    fail(fmt::format("is {}x{}, expected {}x{}", m.rows, m.cols, rows, cols));
+  if (m.stride < m.cols) fail(fmt::format("stride {} is below its {} columns", m.stride, m.cols));
+}
+
+void check_rows_in(const GemmProblem& p, std::int64_t m) {
+  if (m < p.m || m > p.max_rows())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A has {} rows; the plan serves M in [{}, {}]", m, p.m,
+                            p.max_rows()));
+}
+
+}  // namespace
 
 struct Engine::Impl {
   int device = 0;
   CUcontext context = nullptr;
   runtime::DeviceInfo info;
   dispatch::GpuLimits gpu;  // of `info`
+  dispatch::GpuRates rates;
   jit::Arch arch = jit::Arch::sm_80;
 
-  // Scratch per stream. Split-K: fp32 sums and per-tile counters that the kernels leave zero.
-  // Dequant + cuBLAS: the 16-bit weight chunk and, where C needs finishing, its fp32 sums.
-  // Quantized activations: the 16-bit operand [M][round_up(K, 8)], its row factors, and the
-  // tensor absmax of the scalings that need one.
-  struct Workspace {
-    runtime::DeviceBuffer sums, counters;
-    runtime::DeviceBuffer weight_chunk, chunk_sums;
-    runtime::DeviceBuffer operand, row_factors, absmax;
-  };
-  std::mutex mutex;
-  std::map<void*, Workspace> workspaces;
-
-  // Kernels by spec text: the launch path looks up a loaded function, never re-hashes headers.
+  // Loaded kernels by spec text (plan time only: runs hold their LoadedKernel).
+  std::mutex kernels_mutex;
   std::map<std::string, runtime::LoadedKernel> kernels;
+
+  // cuBLAS for dequantize + cuBLAS: one handle, used under this lock (its stream and workspace
+  // are per call).
+  std::mutex blas_mutex;
+  std::unique_ptr<runtime::Cublas> blas;
+
+  // Workspaces per stream: scratch, and the split-K region the kernels leave zero. They only
+  // grow, in plan() / warm_up() / a gemm() that plans; an outgrown buffer is kept until the
+  // engine goes (a run on another thread may still hold its address).
+  struct StreamWorkspace {
+    runtime::DeviceBuffer scratch, zeroed;
+  };
+  std::shared_mutex workspace_mutex;
+  std::unordered_map<void*, StreamWorkspace> workspaces;
+  std::vector<runtime::DeviceBuffer> retired;
 
   void make_current() const { runtime::use_primary_context(device); }
 
-  // The one place a call's tile config, split factor and kernel spec are chosen.
-  struct Launch {
-    dispatch::DensePlan plan;
-    jit::KernelSpec spec;
-    runtime::LoadedKernel kernel;  // of `spec`, once loaded (ready())
-  };
-  Launch choose(std::int64_t m, const detail::PreparedWeight& weight, const Format& activation,
-                const Format& output, const GemmOptions& options) const {
-    Launch launch;
-    if (weight.canonical) {
-      if (!options.tile_config.empty() && options.tile_config != "dequant-cublas")
-        throw Error(
-            ErrorCode::Unsupported,
-            fmt::format("dense gemm: config '{}' cannot serve this weight: {}", options.tile_config,
-                        *layout::mma_unsupported_reason(weight.quant)));
-      launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, gpu, "dequant-cublas");
-      launch.spec = jit::dequantize_weight_spec(weight.quant, activation, arch);
-      return launch;
-    }
-    // Unforced: the tuning table's config where one applies (dispatch/tuned_config.hpp), keyed
-    // by the weight's scheme (its activation part when gemm() quantizes A for it).
-    std::string config = options.tile_config;
-    // (The tuning tables hold 16-bit operand configs only.)
-    if (config.empty() && activation.storage_bytes() == 2) {
-      Scheme scheme = dispatch::call_scheme(weight.quant, activation, output);
-      if (weight.activation.is_quantized()) scheme.activation = weight.activation;
-      config = dispatch::tuned_dense_config(info, scheme, m, weight.host, activation);
-    }
-    launch.plan = dispatch::plan_dense_gemm(m, weight.host, activation, gpu, config);
-    launch.spec = dispatch::dense_gemm_spec(launch.plan, weight.host, activation, output, arch);
-    return launch;
+  runtime::LoadedKernel kernel(const jit::KernelSpec& spec) {
+    const std::string text = jit::to_string(spec);
+    std::lock_guard lock(kernels_mutex);
+    auto found = kernels.find(text);
+    if (found != kernels.end()) return found->second;
+    auto lookup = jit::KernelCache::global().get(spec);
+    make_current();
+    runtime::LoadedKernel loaded = runtime::KernelLoader::global().get(*lookup.kernel);
+    kernels.emplace(text, loaded);
+    return loaded;
   }
 
-  std::unique_ptr<runtime::Cublas> cublas_handle;  // made at the first dequant + cuBLAS call
-
-  static void grow(runtime::DeviceBuffer& buffer, std::size_t bytes) {
-    if (buffer.bytes() >= bytes) return;
-    buffer = runtime::DeviceBuffer(bytes);
-    buffer.fill_bytes(0);
+  void reserve(void* stream, std::size_t scratch, std::size_t zeroed) {
+    std::unique_lock lock(workspace_mutex);
+    StreamWorkspace& w = workspaces[stream];
+    make_current();
+    auto grow = [&](runtime::DeviceBuffer& buffer, std::size_t bytes, bool zero) {
+      if (buffer.bytes() >= bytes) return;
+      // Grow by half again at least, so that a shape sweep reallocates a few times only.
+      const std::size_t size = std::max(bytes, buffer.bytes() + buffer.bytes() / 2);
+      runtime::DeviceBuffer fresh(aligned(size));
+      if (zero) fresh.fill_bytes(0);
+      if (buffer.bytes()) retired.push_back(std::move(buffer));
+      buffer = std::move(fresh);
+    };
+    grow(w.scratch, scratch, false);
+    grow(w.zeroed, zeroed, true);
   }
 
-  Workspace& workspace(void* stream, std::size_t sum_bytes, std::size_t counter_bytes) {
-    Workspace& w = workspaces[stream];
-    grow(w.sums, sum_bytes);
-    grow(w.counters, counter_bytes);
-    return w;
+  // Grows the stream's workspace to the plan's size when it is smaller (a shared-lock check
+  // first: gemm() calls this every time).
+  void ensure_workspace(void* stream, const detail::PlanData& plan) {
+    {
+      std::shared_lock lock(workspace_mutex);
+      auto found = workspaces.find(stream);
+      if (found != workspaces.end() && found->second.scratch.bytes() >= plan.scratch_bytes &&
+          found->second.zeroed.bytes() >= plan.zeroed_bytes)
+        return;
+    }
+    reserve(stream, plan.scratch_bytes, plan.zeroed_bytes);
+  }
+
+  // The stream's workspace as (scratch, zeroed) base pointers; Error when it is too small.
+  std::pair<void*, void*> stream_workspace(void* stream, const detail::PlanData& plan) {
+    std::shared_lock lock(workspace_mutex);
+    auto found = workspaces.find(stream);
+    const bool fits = found != workspaces.end() &&
+                      found->second.scratch.bytes() >= plan.scratch_bytes &&
+                      found->second.zeroed.bytes() >= plan.zeroed_bytes;
+    if (!fits)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: the engine's workspace of this stream holds less than the "
+                              "plan's {} bytes (rule: make the plan, or warm_up, with this stream, "
+                              "or pass a Workspace)",
+                              plan.scratch_bytes + plan.zeroed_bytes));
+    return {found->second.scratch.as<void>(), found->second.zeroed.as<void>()};
   }
 
   runtime::Cublas& cublas() {
-    if (!cublas_handle) cublas_handle = std::make_unique<runtime::Cublas>();
-    return *cublas_handle;
+    if (!blas) blas = std::make_unique<runtime::Cublas>();
+    return *blas;
   }
 
-  // choose() with the kernel loaded (JIT-compiled on first use): a call plans and loads all its
-  // kernels before it enqueues any, so that they reach the stream back to back.
-  Launch ready(std::int64_t m, const detail::PreparedWeight& weight, const Format& activation,
-               const Format& output, const GemmOptions& options) {
-    Launch launch = choose(m, weight, activation, output, options);
-    launch.kernel = kernel(launch.spec);
-    return launch;
-  }
-  // The GEMM proper on a 16-bit A (the caller's, or the operand of quantized activations with
-  // their row factors). Called with `mutex` held and the context current.
-  void run(const DeviceMatrix& a, const detail::PreparedWeight& weight, const DeviceMatrix& c,
-           void* stream, const GemmOptions& options, const Launch& launch,
-           const float* row_factors);
-  void dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
-                      const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                      const Launch& launch, const float* row_factors);
   static const detail::PreparedWeight& prepared(const QuantWeight& weight) {
     if (!weight)
       throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
     return *weight.impl_;
   }
-  // The type the GEMM's mma takes for A of type `input` against `weight`: A itself, or for
-  // quantized activations their 8-bit codes or 16-bit operand (dispatch::dense_operand).
-  Format operand_type(std::int64_t m, const detail::PreparedWeight& weight, const Format& input,
-                      const GemmOptions& options) const {
-    if (!weight.activation.is_quantized()) return input;
-    return operand_type(m, weight, weight.activation, weight.operand, options);
-  }
-  // The same for activations quantized as `quant`, whose 16-bit operand is `operand16`.
-  Format operand_type(std::int64_t m, const detail::PreparedWeight& weight,
-                      const ActivationQuant& quant, const Format& operand16,
-                      const GemmOptions& options) const {
-    if (weight.canonical) return operand16;  // dequant + cuBLAS only
-    return dispatch::dense_operand(m, weight.host, quant, operand16, gpu, options.tile_config);
-  }
-  // The operand matrix (and row factors) of M quantized rows of K in `stream`'s workspace:
-  // 16-byte aligned rows, whole runs of 16 for 8-bit codes (their K order permutes inside them).
-  DeviceMatrix operand_for(void* stream, std::int64_t m, std::int64_t k, const Format& type,
-                           float** row_factors) {
-    Workspace& ws = workspaces[stream];
-    const std::int64_t bytes = type.storage_bytes();
-    const std::int64_t ldo = (k + 16 / bytes - 1) / (16 / bytes) * (16 / bytes);
-    grow(ws.operand, static_cast<std::size_t>(m * ldo * bytes));
-    grow(ws.row_factors, static_cast<std::size_t>(m) * sizeof(float));
-    *row_factors = ws.row_factors.as<float>();
-    return {ws.operand.as<void>(), m, k, ldo, type};
+
+  dispatch::SelectionContext selection_context(const GemmProblem& problem) const {
+    dispatch::SelectionContext context;
+    context.gpu = gpu;
+    context.rates = rates;
+    context.forced = problem.candidate;
+    return context;
   }
 
-  runtime::LoadedKernel kernel(const jit::KernelSpec& spec) {
-    const std::string text = jit::to_string(spec);
-    auto found = kernels.find(text);
-    if (found != kernels.end()) return found->second;
-    auto lookup = jit::KernelCache::global().get(spec);
-    runtime::LoadedKernel loaded = runtime::KernelLoader::global().get(*lookup.kernel);
-    kernels.emplace(text, loaded);
-    return loaded;
-  }
+  detail::PlanStep make_step(const GemmProblem& problem, std::int64_t low, std::int64_t high,
+                             const dispatch::Verdict& verdict,
+                             const detail::PreparedWeight& weight);
+  GemmPlan make_plan(const GemmProblem& problem, const detail::PreparedWeight& weight);
+  void run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
+           const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
+           void* stream, const float* bias, const Workspace& workspace);
+  void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+               const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
+               void* scratch, const float* row_factors);
 };
 
 Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
@@ -198,6 +288,7 @@ Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
   impl_->context = runtime::use_primary_context(device);
   impl_->info = runtime::device_info(device);
   impl_->gpu = dispatch::GpuLimits::of_device(impl_->info);
+  impl_->rates = dispatch::GpuRates::of(impl_->gpu);
   impl_->arch = impl_->gpu.arch;
 }
 
@@ -209,9 +300,13 @@ int Engine::sm_count() const { return impl_->info.sm_count; }
 QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQuant& activation,
                                    double static_activation_scale) {
   impl_->make_current();
-  auto prepared = std::make_shared<detail::PreparedWeight>();
-  prepared->quant = weight.quant;
   check_packed_weight(weight, "prepare_weight");
+  auto prepared = std::make_shared<detail::PreparedWeight>();
+  prepared->id = next_weight_id++;
+  prepared->quant = weight.quant;
+  prepared->n = weight.n;
+  prepared->k = weight.k;
+  prepared->global_scale = weight.global_scale;
   if (activation.is_quantized()) {
     Scheme scheme;
     scheme.weight = weight.quant;
@@ -225,109 +320,432 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     prepared->activation = activation;
     prepared->static_activation_scale =
         activation.scaling == ActivationScaling::StaticTensor ? static_activation_scale : 0.0;
-    prepared->operand = jit::activation_operand_format(activation);
   }
-  if (auto reason = layout::mma_unsupported_reason(weight.quant)) {
-    log(LogLevel::Info, "prepare_weight: {}: kept canonical, served by dequantize + cuBLAS",
-        *reason);
-    PackedWeight shape;  // the metadata, without the arrays
+
+  // Which layouts: the mma layout where the family can hold the weight and some M would run
+  // on it; the canonical codes where the mma layout cannot hold it (dequantize + cuBLAS reads
+  // them) or where cuBLASLt FP8 would serve some M. The selector is asked over M = 1 .. 64 Ki
+  // with the scheme the weight was prepared for.
+  dispatch::WeightFacts facts =
+      dispatch::WeightFacts::of_scheme(weight.quant, weight.n, weight.k, impl_->arch);
+  bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma;
+  if (facts.mma && facts.canonical) {
+    GemmProblem probe;
+    probe.m = 1;
+    probe.m_max = 65536;
+    probe.n = weight.n;
+    probe.k = weight.k;
+    probe.scheme.weight = weight.quant;
+    probe.scheme.activation = prepared->activation;
+    want_mma = false;
+    const dispatch::SelectionContext context = impl_->selection_context(probe);
+    for (const auto& [low, high] : dispatch::m_buckets(probe)) {
+      const dispatch::Selection s = dispatch::select(probe, high, facts, context);
+      const dispatch::Path path = s.chosen().candidate->path;
+      if (path == dispatch::Path::CublasLtFp8) want_canonical = true;
+      if (path == dispatch::Path::MmaStreamed || path == dispatch::Path::MmaTiled) want_mma = true;
+    }
+    if (!want_mma && !want_canonical) want_mma = true;  // qdq alone reads the mma layout
+  }
+  log(LogLevel::Info, "prepare_weight {} {}x{}: {}{}", weight.quant.format.name(), weight.n,
+      weight.k, want_mma ? "mma layout" : "",
+      want_canonical ? (want_mma ? " + canonical codes" : "canonical codes") : "");
+
+  if (want_canonical) {
+    PackedWeight& shape = prepared->canonical_shape;
     shape.quant = weight.quant;
     shape.n = weight.n;
     shape.k = weight.k;
     shape.global_scale = weight.global_scale;
-    prepared->host.format = weight.quant.format;
-    prepared->host.n = weight.n;
-    prepared->host.k = weight.k;
-    prepared->host.n_padded = kernels::MmaWeightLayout::padded_n(weight.n);
-    prepared->host.k_blocks = kernels::MmaWeightLayout::k_blocks(weight.k);
-    prepared->host.global_scale = weight.global_scale;
-    prepared->canonical = std::move(shape);
-    prepared->words = runtime::DeviceBuffer::from(weight.codes);
-    prepared->scales = runtime::DeviceBuffer::from(weight.scales);
-    if (!weight.zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(weight.zeros);
-    QuantWeight out;
-    out.impl_ = std::move(prepared);
-    return out;
+    prepared->codes = runtime::DeviceBuffer::from(weight.codes);
+    prepared->canonical_scales = runtime::DeviceBuffer::from(weight.scales);
+    if (!weight.zeros.empty()) prepared->canonical_zeros = runtime::DeviceBuffer::from(weight.zeros);
   }
-  // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the tests
-  // compare it with): the canonical weight goes up once and is reordered there.
-  layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(weight, impl_->arch, nullptr);
-  prepared->host = std::move(device.meta);
-  prepared->words = std::move(device.words);
-  prepared->scales = std::move(device.scales);
-  prepared->zeros = std::move(device.zeros);
+  facts.canonical = want_canonical;
+  if (want_mma) {
+    // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the
+    // tests compare it with): the canonical weight goes up once and is reordered there.
+    layout::MmaDeviceWeight device =
+        layout::repack_for_mma_on_device(weight, impl_->arch, nullptr);
+    facts.mma = device.meta;  // with the scale flags of the actual scales
+    prepared->words = std::move(device.words);
+    prepared->scales = std::move(device.scales);
+    prepared->zeros = std::move(device.zeros);
+  } else {
+    if (facts.mma) facts.no_mma = "prepared without it (no M would run on it)";
+    facts.mma.reset();
+  }
+  prepared->facts = std::move(facts);
   QuantWeight out;
   out.impl_ = std::move(prepared);
   return out;
 }
 
+detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
+                                         std::int64_t high, const dispatch::Verdict& verdict,
+                                         const detail::PreparedWeight& weight) {
+  detail::PlanStep step;
+  step.m_low = low;
+  step.m_high = high;
+  step.launch = dispatch::candidate_launch(p, high, verdict, weight.facts, gpu,
+                                           weight.static_activation_scale);
+  const dispatch::CandidateLaunch& launch = step.launch;
+  const std::int64_t k = p.k;
+  detail::ScratchLayout& s = step.scratch;
+  std::size_t used = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t offset = used;
+    used += aligned(bytes);
+    return offset;
+  };
+  if (launch.prep != dispatch::ActivationPrep::None && launch.path != dispatch::Path::CublasLtFp8) {
+    // 16-byte aligned rows; 8-bit codes in whole runs of 16 (their K order permutes inside them).
+    const std::int64_t per_chunk = 16 / launch.operand.storage_bytes();
+    step.ldo = (k + per_chunk - 1) / per_chunk * per_chunk;
+    s.operand = take(static_cast<std::size_t>(high * step.ldo * launch.operand.storage_bytes()));
+    s.row_factors = take(static_cast<std::size_t>(high) * sizeof(float));
+    s.absmax = take(sizeof(float));
+  }
+  switch (launch.path) {
+    case dispatch::Path::MmaStreamed:
+    case dispatch::Path::MmaTiled:
+      step.zeroed_bytes =
+          dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high, *weight.facts.mma);
+      break;
+    case dispatch::Path::Qdq:
+      s.weight_chunk = take(static_cast<std::size_t>(launch.qdq.chunk_n * k) * 2);
+      if (launch.qdq.finish)
+        s.chunk_sums =
+            take(static_cast<std::size_t>(high * launch.qdq.chunk_n) * sizeof(float));
+      s.blas = take(kBlasWorkspaceBytes);
+      break;
+    case dispatch::Path::CublasLtFp8:
+      throw Error(ErrorCode::Unsupported, "gemm: the cuBLASLt FP8 path is not wired yet");
+  }
+  s.bytes = used;
+  auto load = [&](const std::optional<jit::KernelSpec>& spec) {
+    return spec ? kernel(*spec) : runtime::LoadedKernel{};
+  };
+  step.prepare = load(launch.prepare);
+  step.absmax = load(launch.absmax);
+  step.gemm = load(launch.gemm);
+  step.dequantize = load(launch.dequantize);
+  step.finish = load(launch.finish);
+  return step;
+}
+
 namespace {
 
-void check_matrix(const DeviceMatrix& m, const char* name, std::int64_t rows, std::int64_t cols) {
-  auto fail = [&](const std::string& rule) {
-    throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: {} {}", name, rule));
-  };
-  if (!m.data) fail("is null");
-  if (m.rows != rows || m.cols != cols)
-    fail(fmt::format("is {}x{}, expected {}x{}", m.rows, m.cols, rows, cols));
-  if (m.stride < m.cols) fail(fmt::format("stride {} is below its {} columns", m.stride, m.cols));
+void check_problem_against(const GemmProblem& p, const detail::PreparedWeight& w) {
+  validate(p);
+  if (p.n != w.n || p.k != w.k)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm problem: N = {}, K = {} but the weight is {}x{}", p.n, p.k, w.n,
+                            w.k));
+  if (!(p.scheme.weight == w.quant))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm problem: the scheme's weight quantization differs from the "
+                            "prepared weight's ({})",
+                            to_string(Scheme{"", w.quant, {}, formats::bf16})));
 }
 
 }  // namespace
 
-// C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to A's type, multiply with cuBLAS
-// (global scale as alpha) into C directly, or into fp32 sums that finish_gemm adds the bias to
-// and converts (cuBLAS writes only fp32 or the input type, and has no bias here).
-void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedWeight& weight,
-                                  const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                                  const Launch& launch, const float* row_factors) {
-  const layout::MmaWeight& w = weight.host;
-  const std::int64_t m = a.rows;
-  std::int64_t chunk = launch.plan.chunk_n;
-  // A canonical weight's chunks start on scale rows (a block grid has rows_per > 1).
-  const ScaleGrid grid = weight.canonical ? weight.canonical->scale_grid() : ScaleGrid{};
-  chunk = (chunk + grid.rows_per - 1) / grid.rows_per * grid.rows_per;
-  const bool direct =
-      !options.bias && !row_factors && (c.dtype == a.dtype || c.dtype == formats::fp32);
-  Workspace& ws = workspaces[stream];
-  grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
-  if (!direct) grow(ws.chunk_sums, static_cast<std::size_t>(m * chunk) * sizeof(float));
-  const runtime::LoadedKernel& dequantize = launch.kernel;
-  runtime::LoadedKernel finish;
-  if (!direct) finish = kernel(dispatch::finish_gemm_spec(c.dtype, arch));
-  runtime::Cublas& blas = cublas();
+GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
+                                 const detail::PreparedWeight& weight) {
+  check_problem_against(problem, weight);
+  auto data = std::make_shared<detail::PlanData>();
+  data->problem = problem;
+  data->engine = this;
+  data->weight = &weight;
+  dispatch::SelectionContext context = selection_context(problem);
+  const auto table = dispatch::applicable_tuning_table(info);
+  context.table = table.get();
+  std::string description = fmt::format(
+      "GemmPlan {} M {}..{} N {} K {} ({} in{}, {} out{}) on {}", to_string(problem.scheme),
+      problem.m, problem.max_rows(), problem.n, problem.k, problem.input.name(),
+      problem.prequantized ? " pre-quantized" : "", problem.scheme.output.name(),
+      problem.bias ? ", bias" : "", jit::arch_name(arch));
+  for (const auto& [low, high] : dispatch::m_buckets(problem)) {
+    const dispatch::Selection selection = dispatch::select(problem, high, weight.facts, context);
+    detail::PlanStep step = make_step(problem, low, high, selection.chosen(), weight);
+    GemmPlan::Choice choice;
+    choice.m_low = low;
+    choice.m_high = high;
+    choice.candidate = selection.chosen().candidate->name;
+    choice.kernel = step.launch.text();
+    choice.predicted_us = selection.winner_us;
+    choice.reason = selection.reason;
+    description += fmt::format("\n  M {}..{}: {}, {:.1f} µs ({})\n    {}", low, high,
+                               choice.candidate, choice.predicted_us, choice.reason, choice.kernel);
+    log(LogLevel::Info, "plan: {} M {}..{} N {} K {}: {} ({})", to_string(problem.scheme), low,
+        high, problem.n, problem.k, choice.candidate, choice.reason);
+    data->scratch_bytes = std::max(data->scratch_bytes, step.scratch.bytes);
+    data->zeroed_bytes = std::max(data->zeroed_bytes, aligned(step.zeroed_bytes));
+    data->steps.push_back(std::move(step));
+    data->choices.push_back(std::move(choice));
+  }
+  description += fmt::format("\n  workspace {} + {} bytes (scratch + split-K)", data->scratch_bytes,
+                             data->zeroed_bytes);
+  data->description = description;
+  data->key = jit::Hasher128().add(description).finish().low;
+  if (jit::print_configs_enabled()) std::fprintf(stderr, "[qgemm plan] %s\n", description.c_str());
+  GemmPlan plan;
+  plan.data_ = std::move(data);
+  return plan;
+}
+
+GemmPlan Engine::plan(const GemmProblem& problem, const QuantWeight& weight, void* stream) {
+  const detail::PreparedWeight& w = Impl::prepared(weight);
+  GemmPlan plan = impl_->make_plan(problem, w);
+  impl_->ensure_workspace(stream, *plan.data_);
+  return plan;
+}
+
+GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, void* stream,
+                         bool progress) {
+  const detail::PreparedWeight& w = Impl::prepared(weight);
+  check_problem_against(problem, w);
+  // Every kernel the buckets select, compiled in parallel first; plan() then only loads them.
+  dispatch::SelectionContext context = impl_->selection_context(problem);
+  const auto table = dispatch::applicable_tuning_table(impl_->info);
+  context.table = table.get();
+  std::vector<jit::KernelSpec> specs;
+  for (const auto& [low, high] : dispatch::m_buckets(problem)) {
+    const dispatch::Selection selection = dispatch::select(problem, high, w.facts, context);
+    const dispatch::CandidateLaunch launch = dispatch::candidate_launch(
+        problem, high, selection.chosen(), w.facts, impl_->gpu, w.static_activation_scale);
+    for (jit::KernelSpec& spec : launch.specs())
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(std::move(spec));
+  }
+  const auto results = jit::prewarm(
+      jit::KernelCache::global(), specs, 0,
+      progress ? std::function<void(std::size_t, std::size_t)>(jit::print_progress_bar) : nullptr);
+  for (const jit::PrewarmResult& result : results)
+    if (!result.error.empty())
+      throw Error(ErrorCode::CompileFailed,
+                  fmt::format("warm_up: {}: {}", jit::to_string(result.spec), result.error));
+  return plan(problem, weight, stream);
+}
+
+void Engine::run(const GemmPlan& plan, const DeviceMatrix& a, const QuantWeight& weight,
+                 const DeviceMatrix& c, void* stream, const float* bias,
+                 const Workspace& workspace) {
+  const GemmProblem& p = plan.problem();
+  if (p.prequantized)
+    throw Error(ErrorCode::InvalidArgument,
+                "gemm run: the plan takes pre-quantized codes (a DeviceActivation), not a matrix");
+  impl_->run(*plan.data_, Impl::prepared(weight), &a, nullptr, c, stream, bias, workspace);
+}
+
+void Engine::run(const GemmPlan& plan, const DeviceActivation& a, const QuantWeight& weight,
+                 const DeviceMatrix& c, void* stream, const float* bias,
+                 const Workspace& workspace) {
+  const GemmProblem& p = plan.problem();
+  if (!p.prequantized)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: the plan takes {} activations as a matrix, not "
+                            "pre-quantized codes",
+                            p.input.name()));
+  impl_->run(*plan.data_, Impl::prepared(weight), nullptr, &a, c, stream, bias, workspace);
+}
+
+void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
+                       const DeviceMatrix* a, const DeviceActivation* codes,
+                       const DeviceMatrix& c, void* stream, const float* bias,
+                       const Workspace& workspace) {
+  const GemmProblem& p = plan.problem;
+  if (plan.engine != this)
+    throw Error(ErrorCode::InvalidArgument, "gemm run: the plan was made by another Engine");
+  if (plan.weight != &weight)
+    throw Error(ErrorCode::InvalidArgument,
+                "gemm run: the plan was made for another prepared weight");
+  const std::int64_t m = a ? a->rows : codes->rows;
+  check_rows_in(p, m);
+  if (a) {
+    check_matrix(*a, "A", m, p.k);
+    if (!(a->dtype == p.input))
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: A is {}, the plan takes {}", a->dtype.name(),
+                              p.input.name()));
+    const int alignment = alignment_of(a->data, a->stride * a->dtype.storage_bytes());
+    if (alignment < p.a_alignment)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: A's rows are {}-byte aligned, the plan assumed {} (rule: "
+                              "plan with a_alignment = {})",
+                              alignment, p.a_alignment, alignment));
+  } else {
+    if (!(codes->quant == p.scheme.activation))
+      throw Error(ErrorCode::InvalidArgument,
+                  "gemm run: the DeviceActivation's quantization differs from the plan's");
+    if (codes->cols != p.k)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: A has {} columns, the weight's K is {}", codes->cols, p.k));
+    if (!codes->codes || !codes->scales)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: A's {} is null", codes->codes ? "scales" : "codes"));
+    if (!(std::isfinite(codes->tensor_scale) && codes->tensor_scale > 0))
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: A's tensor_scale = {} (rule: positive and finite)",
+                              codes->tensor_scale));
+  }
+  check_matrix(c, "C", m, p.n);
+  if (!(c.dtype == p.scheme.output))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: C is {}, the plan writes {}", c.dtype.name(),
+                            p.scheme.output.name()));
+  if (c.dtype.storage_bytes() == 2 && (reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0 ||
+                                       c.stride % 2 != 0))
+    throw Error(ErrorCode::InvalidArgument,
+                "gemm run: 16-bit C needs a 4-byte aligned pointer and an even row stride");
+  if ((bias != nullptr) != p.bias)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: {} (rule: as the plan's problem.bias = {})",
+                            bias ? "a bias was given" : "no bias was given", p.bias));
+
+  // The step of M: buckets ascend.
+  const detail::PlanStep* step = &plan.steps.front();
+  for (const detail::PlanStep& s : plan.steps)
+    if (m >= s.m_low && m <= s.m_high) step = &s;
+
+  void* scratch = nullptr;
+  void* zeroed = nullptr;
+  if (workspace.data) {
+    if (workspace.bytes < plan.scratch_bytes + plan.zeroed_bytes ||
+        reinterpret_cast<std::uintptr_t>(workspace.data) % kAlign != 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: the Workspace holds {} bytes at {} (rule: at least the "
+                              "plan's {}, 256-byte aligned)",
+                              workspace.bytes, workspace.data, plan.scratch_bytes + plan.zeroed_bytes));
+    scratch = workspace.data;
+    // The split-K region sits at the end: a buffer shared by plans keeps its zeros there.
+    zeroed = static_cast<char*>(workspace.data) + (workspace.bytes - plan.zeroed_bytes) / kAlign * kAlign;
+  } else {
+    std::tie(scratch, zeroed) = stream_workspace(stream, plan);
+  }
+  make_current();
+  const auto cu_stream = static_cast<CUstream>(stream);
+  const ActivationQuant& quant = p.scheme.activation;
+
+  // A → the GEMM's operand.
+  DeviceMatrix operand = a ? *a : DeviceMatrix{};
+  float* row_factors = nullptr;
+  const dispatch::CandidateLaunch& chosen = step->launch;
+  if (chosen.prep != dispatch::ActivationPrep::None) {
+    void* operand_data = at<void>(scratch, step->scratch.operand);
+    row_factors = at<float>(scratch, step->scratch.row_factors);
+    operand = {operand_data, m, p.k, step->ldo, chosen.operand};
+    if (chosen.prep == dispatch::ActivationPrep::Quantize) {
+      kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
+          quant, m, p.k, reinterpret_cast<CUdeviceptr>(a->data), a->stride,
+          weight.static_activation_scale);
+      write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
+      if (step->absmax.function) {
+        float* absmax = at<float>(scratch, step->scratch.absmax);
+        runtime::launch_tensor_absmax(step->absmax, reinterpret_cast<CUdeviceptr>(a->data), m,
+                                      p.k, a->stride, reinterpret_cast<CUdeviceptr>(absmax),
+                                      cu_stream);
+        args.tensor_absmax = absmax;
+      }
+      runtime::launch_quantize_activation(step->prepare, args, cu_stream);
+    } else {
+      kernels::ExpandActivationArgs args{};
+      args.codes = static_cast<const unsigned char*>(codes->codes);
+      args.scales = static_cast<const unsigned char*>(codes->scales);
+      args.tensor_scale = static_cast<float>(codes->tensor_scale);
+      write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
+      args.m = m;
+      args.k = p.k;
+      args.group = quant.group > 0 ? quant.group : p.k;
+      runtime::launch_expand_activation(step->prepare, args, cu_stream);
+    }
+    if (!chosen.row_factors) row_factors = nullptr;
+  }
+
+  switch (chosen.path) {
+    case dispatch::Path::Qdq:
+      run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
+      return;
+    case dispatch::Path::CublasLtFp8:
+      throw Error(ErrorCode::Unsupported, "gemm run: the cuBLASLt FP8 path is not wired yet");
+    case dispatch::Path::MmaStreamed:
+    case dispatch::Path::MmaTiled: break;
+  }
+  const layout::MmaWeight& w = *weight.facts.mma;
+  const dispatch::MmaLaunch& launch = chosen.mma;
+  kernels::DenseGemmParams params{};
+  params.a = operand.data;
+  params.b = weight.words.as<const unsigned>();
+  params.scales = weight.scales.as<const float>();
+  params.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+  params.c = c.data;
+  params.bias = bias;
+  params.row_factors = row_factors;
+  params.lda = operand.stride;
+  params.ldc = c.stride;
+  params.m = static_cast<int>(m);
+  params.n = static_cast<int>(w.n);
+  params.k = static_cast<int>(w.k);
+  params.n_padded = static_cast<int>(w.n_padded);
+  params.k_blocks = static_cast<int>(w.k_blocks);
+  params.groups = w.groups;
+  params.k_tiles = launch.k_tiles;
+  params.tiles_per_split = launch.tiles_per_split;
+  params.blocks_per_warp = launch.blocks_per_warp;
+  params.global_scale = static_cast<float>(w.global_scale);
+  if (launch.splits > 1) {
+    // [M][N] fp32 sums, then the per-tile counters (dispatch::mma_zeroed_bytes).
+    params.workspace = static_cast<float*>(zeroed);
+    params.counters =
+        at<unsigned>(zeroed, aligned(static_cast<std::size_t>(m) * w.n * sizeof(float)));
+  }
+  runtime::launch_kernel(step->gemm,
+                         {launch.grid_x, launch.grid_y(*chosen.config, m),
+                          static_cast<unsigned>(launch.splits)},
+                         params, cu_stream);
+}
+
+// C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to the operand's type, multiply
+// with cuBLAS (global scale as alpha) into C directly, or into fp32 sums that finish_gemm adds
+// the row factors and bias to and converts.
+void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+                           const DeviceMatrix& a, const DeviceMatrix& c, void* stream,
+                           const float* bias, void* scratch, const float* row_factors) {
+  const std::int64_t m = a.rows, n = weight.n, k = weight.k;
+  const auto cu_stream = static_cast<CUstream>(stream);
+  unsigned short* w16 = at<unsigned short>(scratch, step.scratch.weight_chunk);
+  float* sums = at<float>(scratch, step.scratch.chunk_sums);
+  void* blas_workspace = at<void>(scratch, step.scratch.blas);
+  const dispatch::QdqLaunch& launch = step.launch.qdq;
   auto grid_for = [](std::int64_t items) {
     return runtime::LaunchGrid{
         static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65536)), 1, 1};
   };
-  const auto cu_stream = static_cast<CUstream>(stream);
-  for (std::int64_t n0 = 0; n0 < w.n; n0 += chunk) {
-    const std::int64_t rows = std::min(chunk, w.n - n0);
-    unsigned short* w16 = ws.weight_chunk.as<unsigned short>();
-    float alpha = static_cast<float>(w.global_scale);
-    if (weight.canonical) {
+  for (std::int64_t n0 = 0; n0 < n; n0 += launch.chunk_n) {
+    const std::int64_t rows = std::min(launch.chunk_n, n - n0);
+    float alpha = static_cast<float>(weight.global_scale);
+    if (!weight.facts.mma) {
       // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
-      const PackedWeight& shape = *weight.canonical;
+      const PackedWeight& shape = weight.canonical_shape;
+      const ScaleGrid grid = shape.scale_grid();
       PackedWeight part = shape;
       part.n = rows;
       const std::int64_t scale_row = n0 / grid.rows_per;
-      const Format& scale_format = shape.quant.scale_format;
-      const std::int64_t scale_bytes = scale_format.storage_bytes();
+      const std::int64_t scale_bytes = shape.quant.scale_format.storage_bytes();
       const std::int64_t zero_row_bytes = shape.quant.zero_point == ZeroPoint::Integer
                                               ? (grid.cols * shape.quant.format.bits + 7) / 8
                                               : grid.cols * scale_bytes;
-      const CUdeviceptr base_zeros =
-          weight.zeros.bytes() ? reinterpret_cast<CUdeviceptr>(weight.zeros.as<void>()) : 0;
+      const CUdeviceptr zeros = weight.canonical_zeros.bytes()
+                                    ? weight.canonical_zeros.address() + scale_row * zero_row_bytes
+                                    : 0;
       const kernels::DequantizeWeightArgs args = runtime::dequantize_weight_args(
-          part,
-          reinterpret_cast<CUdeviceptr>(weight.words.as<unsigned char>() + n0 * shape.row_bytes()),
-          reinterpret_cast<CUdeviceptr>(weight.scales.as<unsigned char>() +
-                                        scale_row * grid.cols * scale_bytes),
-          base_zeros ? base_zeros + scale_row * zero_row_bytes : 0,
+          part, weight.codes.address() + n0 * shape.row_bytes(),
+          weight.canonical_scales.address() + scale_row * grid.cols * scale_bytes, zeros,
           reinterpret_cast<CUdeviceptr>(w16));
-      runtime::launch_dequantize_weight(dequantize, args, cu_stream);
+      runtime::launch_dequantize_weight(step.dequantize, args, cu_stream);
       alpha = 1.0f;  // the canonical dequantization applies the global scale
     } else {
+      const layout::MmaWeight& w = *weight.facts.mma;
       kernels::MmaDequantizeArgs d{};
       d.words = weight.words.as<const unsigned>();
       d.scales = weight.scales.as<const float>();
@@ -340,107 +758,39 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
       d.n_padded = w.n_padded;
       d.group_size = w.group_size;
       // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
-      runtime::launch_kernel(dequantize, grid_for((rows + 63) / 64 * w.k_blocks * 32), d,
+      runtime::launch_kernel(step.dequantize, grid_for((rows + 63) / 64 * w.k_blocks * 32), d,
                              cu_stream);
     }
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
-    if (direct) {
-      blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype, c_chunk,
-                   c.stride, c.dtype);
-      continue;
+    {
+      std::lock_guard lock(blas_mutex);
+      runtime::Cublas& blas = cublas();
+      if (!launch.finish) {
+        blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, k, a.dtype, c_chunk,
+                     c.stride, c.dtype, blas_workspace, kBlasWorkspaceBytes);
+        continue;
+      }
+      blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, k, a.dtype, sums, rows,
+                   formats::fp32, blas_workspace, kBlasWorkspaceBytes);
     }
-    blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype,
-                 ws.chunk_sums.as<void>(), rows, formats::fp32);
     kernels::FinishGemmArgs f{};
-    f.sums = ws.chunk_sums.as<const float>();
+    f.sums = sums;
     f.row_factors = row_factors;
-    f.bias = options.bias;
+    f.bias = bias;
     f.c = c_chunk;
     f.m = m;
     f.cols = rows;
     f.ldc = c.stride;
     f.n_begin = n0;
-    runtime::launch_kernel(finish, grid_for(m * rows), f, cu_stream);
+    runtime::launch_kernel(step.finish, grid_for(m * rows), f, cu_stream);
   }
 }
 
 namespace {
 
-// Where a quantize or expand kernel's `args` write the GEMM's operand: 8-bit codes or 16-bit
-// values (by the operand's type), and the rows' factors.
-template <typename Args>
-void write_operand_to(Args& args, const DeviceMatrix& operand, float* row_factors) {
-  if (operand.dtype.storage_bytes() == 1) {
-    args.operand8 = static_cast<unsigned char*>(operand.data);
-  } else {
-    args.operand = static_cast<unsigned short*>(operand.data);
-  }
-  args.ldo = operand.stride;
-  args.row_factors = row_factors;
-}
-
-// The quantization of `input` into the GEMM's operand `type` (16-bit, or the 8-bit codes).
-jit::KernelSpec quantize_spec(const detail::PreparedWeight& weight, const Format& input,
-                              const Format& type, jit::Arch arch) {
-  return jit::quantize_activation_spec(
-      weight.activation, input,
-      type.storage_bytes() == 1 ? jit::ActivationEmit::Operand8 : jit::ActivationEmit::Operand,
-      type, arch);
-}
-
-}  // namespace
-
-std::string Engine::kernel_for(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                               const Format& output, const GemmOptions& options) const {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
-  const Format type = impl_->operand_type(m, w, activation, options);
-  const Impl::Launch launch = impl_->choose(m, w, type, output, options);
-  std::string text = w.activation.is_quantized()
-                         ? jit::to_string(quantize_spec(w, activation, type, impl_->arch)) + " + "
-                         : std::string();
-  text += jit::to_string(launch.spec);
-  if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas)
-    return text + fmt::format(" + cuBLAS chunk_n={}", launch.plan.chunk_n);
-  return text + fmt::format(" splits={}", launch.plan.splits);
-}
-
-void Engine::warm_up(std::int64_t m, const QuantWeight& weight, const Format& activation,
-                     const Format& output, const GemmOptions& options) const {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
-  const Format type = impl_->operand_type(m, w, activation, options);
-  const Impl::Launch launch = impl_->choose(m, w, type, output, options);
-  jit::KernelCache::global().get(launch.spec);
-  if (w.activation.is_quantized()) {
-    jit::KernelCache::global().get(quantize_spec(w, activation, type, impl_->arch));
-    if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale))
-      jit::KernelCache::global().get(jit::tensor_absmax_spec(activation, impl_->arch));
-  }
-  if (launch.plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
-    jit::KernelCache::global().get(dispatch::finish_gemm_spec(output, impl_->arch));
-    std::lock_guard lock(impl_->mutex);
-    impl_->make_current();
-    impl_->cublas();  // the handle exists before any stream capture
-  }
-}
-
-namespace {
-
-void check_output(const DeviceMatrix& c, std::int64_t m, std::int64_t n) {
-  check_matrix(c, "C", m, n);
-  if (!(c.dtype == formats::bf16 || c.dtype == formats::fp16 || c.dtype == formats::fp32))
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: output type {} is not fp16, bf16 or fp32", c.dtype.name()));
-  if (c.dtype.storage_bytes() == 2 && reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0)
-    throw Error(ErrorCode::InvalidArgument, "gemm: C must be 4-byte aligned");
-}
-
-void check_rows(std::int64_t m) {
-  if (m < 1)
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: A has {} rows; M must be at least 1", m));
-  constexpr std::int64_t kIndexLimit = 0x7fffffff;  // the kernels index rows and columns in int
-  if (m > kIndexLimit)
-    throw Error(ErrorCode::InvalidArgument, fmt::format("gemm: M = {} exceeds 2^31 - 1", m));
+detail::PreparedWeight::PlanKey plan_key(const GemmProblem& p) {
+  return {p.m, p.input.name(), p.scheme.output.name(), p.candidate, p.bias, p.a_alignment,
+          dispatch::tuning_table_generation()};
 }
 
 }  // namespace
@@ -448,141 +798,72 @@ void check_rows(std::int64_t m) {
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
   const detail::PreparedWeight& w = Impl::prepared(weight);
-  const std::int64_t m = a.rows;
-  check_rows(m);
-  check_matrix(a, "A", m, w.host.k);
-  check_output(c, m, w.host.n);
+  if (a.rows < 1)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A has {} rows; M must be at least 1", a.rows));
   if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: activation type {} is not bf16 or fp16 (quantized activations "
                             "come as a DeviceActivation)",
                             a.dtype.name()));
-  std::lock_guard lock(impl_->mutex);
-  impl_->make_current();
-  if (!w.activation.is_quantized()) {
-    if (a.stride % 8 != 0 || reinterpret_cast<std::uintptr_t>(a.data) % 16 != 0)
-      throw Error(ErrorCode::Unsupported,
-                  fmt::format("gemm: A needs 16-byte aligned rows (stride {} must be a multiple of "
-                              "8 and the pointer 16-byte aligned)",
-                              a.stride));
-    impl_->run(a, w, c, stream, options, impl_->ready(m, w, a.dtype, c.dtype, options), nullptr);
-    return;
+  GemmProblem problem = gemm_problem(weight, a.rows, a.dtype, c.dtype);
+  problem.bias = options.bias != nullptr;
+  problem.candidate = options.candidate;
+  problem.a_alignment = alignment_of(a.data, a.stride * a.dtype.storage_bytes());
+  const detail::PreparedWeight::PlanKey key = plan_key(problem);
+  GemmPlan plan;
+  {
+    std::shared_lock lock(w.plans_mutex);
+    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
   }
-  // Quantize A as the weight's activation scheme says, into the operand the GEMM takes.
-  float* row_factors = nullptr;
-  const Format type = impl_->operand_type(m, w, a.dtype, options);
-  const DeviceMatrix operand = impl_->operand_for(stream, m, w.host.k, type, &row_factors);
-  const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
-  const runtime::LoadedKernel quantize =
-      impl_->kernel(quantize_spec(w, a.dtype, type, impl_->arch));
-  const auto cu_stream = static_cast<CUstream>(stream);
-  kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
-      w.activation, m, w.host.k, reinterpret_cast<CUdeviceptr>(a.data), a.stride,
-      w.static_activation_scale);
-  write_operand_to(args, operand, row_factors);
-  if (runtime::needs_tensor_absmax(w.activation, w.static_activation_scale)) {
-    Impl::grow(impl_->workspaces[stream].absmax, sizeof(float));
-    const runtime::DeviceBuffer& absmax = impl_->workspaces[stream].absmax;
-    runtime::launch_tensor_absmax(impl_->kernel(jit::tensor_absmax_spec(a.dtype, impl_->arch)),
-                                  reinterpret_cast<CUdeviceptr>(a.data), m, w.host.k, a.stride,
-                                  absmax.address(), cu_stream);
-    args.tensor_absmax = absmax.as<const float>();
+  if (!plan) {
+    if (problem.a_alignment < 16 && !w.activation.is_quantized())
+      log(LogLevel::Info, "gemm: A's rows are {}-byte aligned: the tensor-core kernels cannot "
+          "copy them, dequantize + cuBLAS serves", problem.a_alignment);
+    plan = impl_->make_plan(problem, w);
+    std::unique_lock lock(w.plans_mutex);
+    w.plans.emplace(key, plan);
   }
-  runtime::launch_quantize_activation(quantize, args, cu_stream);
-  impl_->run(operand, w, c, stream, options, launch, row_factors);
+  impl_->ensure_workspace(stream, *plan.data_);
+  run(plan, a, weight, c, stream, options.bias);
 }
 
 void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
   const detail::PreparedWeight& w = Impl::prepared(weight);
-  const std::int64_t m = a.rows;
-  check_rows(m);
   if (!a.quant.is_quantized())
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: the DeviceActivation's format {} is not quantized (rule: pass "
                             "bf16/fp16 activations as a DeviceMatrix)",
                             a.quant.format.name()));
-  Scheme scheme;
-  scheme.weight = w.quant;
-  scheme.activation = a.quant;
-  validate(scheme);
-  if (a.cols != w.host.k)
+  GemmProblem problem;
+  problem.m = a.rows;
+  problem.n = w.n;
+  problem.k = w.k;
+  problem.scheme.weight = w.quant;
+  problem.scheme.activation = a.quant;
+  problem.scheme.output = c.dtype;
+  problem.input = a.quant.format;
+  problem.prequantized = true;
+  problem.bias = options.bias != nullptr;
+  problem.candidate = options.candidate;
+  if (a.cols != w.k)
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.host.k));
-  validate_shape(scheme, m, w.host.n, a.cols);
-  if (!a.codes || !a.scales)
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: A's {} is null", a.codes ? "scales" : "codes"));
-  if (!(std::isfinite(a.tensor_scale) && a.tensor_scale > 0))
-    throw Error(
-        ErrorCode::InvalidArgument,
-        fmt::format("gemm: A's tensor_scale = {} (rule: positive and finite)", a.tensor_scale));
-  check_output(c, m, w.host.n);
-  std::lock_guard lock(impl_->mutex);
-  impl_->make_current();
-  // The codes as the 8-bit mma's operand where it serves (dispatch::dense_operand), else the
-  // 16-bit operand.
-  const Format type =
-      impl_->operand_type(m, w, a.quant, jit::activation_operand_format(a.quant), options);
-  float* row_factors = nullptr;
-  const DeviceMatrix operand = impl_->operand_for(stream, m, a.cols, type, &row_factors);
-  const Impl::Launch launch = impl_->ready(m, w, type, c.dtype, options);
-  const runtime::LoadedKernel expand =
-      impl_->kernel(jit::expand_activation_spec(a.quant, type, impl_->arch));
-  kernels::ExpandActivationArgs args{};
-  args.codes = static_cast<const unsigned char*>(a.codes);
-  args.scales = static_cast<const unsigned char*>(a.scales);
-  args.tensor_scale = static_cast<float>(a.tensor_scale);
-  write_operand_to(args, operand, row_factors);
-  args.m = m;
-  args.k = a.cols;
-  args.group = a.quant.group > 0 ? a.quant.group : a.cols;
-  runtime::launch_expand_activation(expand, args, static_cast<CUstream>(stream));
-  impl_->run(operand, w, c, stream, options, launch, row_factors);
-}
-
-void Engine::Impl::run(const DeviceMatrix& a, const detail::PreparedWeight& weight,
-                       const DeviceMatrix& c, void* stream, const GemmOptions& options,
-                       const Launch& launch, const float* row_factors) {
-  const layout::MmaWeight& w = weight.host;
-  const std::int64_t m = a.rows;
-  const auto& plan = launch.plan;
-  const jit::KernelSpec& spec = launch.spec;
-  jit::print_chosen_config("gemm", m, w.n, w.k, spec, plan.config.name);
-  if (plan.config.kernel == dispatch::DenseKernel::DequantCublas) {
-    dequant_cublas(a, weight, c, stream, options, launch, row_factors);
-    return;
+                fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.k));
+  detail::PreparedWeight::PlanKey key = plan_key(problem);
+  key.input = "codes " + to_string(Scheme{"", {}, a.quant, formats::bf16});
+  GemmPlan plan;
+  {
+    std::shared_lock lock(w.plans_mutex);
+    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
   }
-
-  kernels::DenseGemmParams params{};
-  params.a = a.data;
-  params.b = weight.words.as<const unsigned>();
-  params.scales = weight.scales.as<const float>();
-  params.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
-  params.c = c.data;
-  params.bias = options.bias;
-  params.row_factors = row_factors;
-  params.lda = a.stride;
-  params.ldc = c.stride;
-  params.m = static_cast<int>(m);
-  params.n = static_cast<int>(w.n);
-  params.k = static_cast<int>(w.k);
-  params.n_padded = static_cast<int>(w.n_padded);
-  params.k_blocks = static_cast<int>(w.k_blocks);
-  params.groups = w.groups;
-  params.k_tiles = plan.k_tiles;
-  params.tiles_per_split = plan.tiles_per_split;
-  params.blocks_per_warp = plan.blocks_per_warp;
-  params.global_scale = static_cast<float>(w.global_scale);
-  if (plan.splits > 1) {
-    auto& ws = workspace(stream, static_cast<std::size_t>(m) * w.n * sizeof(float),
-                         static_cast<std::size_t>(plan.grid_x) * plan.grid_y * sizeof(unsigned));
-    params.workspace = ws.sums.as<float>();
-    params.counters = ws.counters.as<unsigned>();
+  if (!plan) {
+    plan = impl_->make_plan(problem, w);
+    std::unique_lock lock(w.plans_mutex);
+    w.plans.emplace(key, plan);
   }
-  runtime::launch_kernel(launch.kernel,
-                         {plan.grid_x, plan.grid_y, static_cast<unsigned>(plan.splits)}, params,
-                         static_cast<CUstream>(stream));
+  impl_->ensure_workspace(stream, *plan.data_);
+  run(plan, a, weight, c, stream, options.bias);
 }
 
 }  // namespace qgemm

@@ -6,7 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "dispatch/dense_config.hpp"
+#include "dispatch/select.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::bench {
@@ -96,8 +96,8 @@ std::vector<TuneTask> plan_tuning(const Recipe& recipe, std::vector<std::string>
       slot = std::max(slot, m);
     }
     for (const auto& [bucket, m] : largest_m) {
-      for (const dispatch::DenseGemmConfig& config : dispatch::dense_gemm_configs())
-        tasks.push_back({i, m, bucket, config.name});
+      for (const dispatch::Candidate& candidate : dispatch::all_candidates())
+        tasks.push_back({i, m, bucket, candidate.name});
     }
   }
   return tasks;

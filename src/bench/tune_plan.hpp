@@ -3,8 +3,9 @@
 // table entries (dispatch/tuning_table.hpp).
 //
 // Candidates: for every dense case, every distinct M bucket of its M list (dispatch::m_bucket;
-// each timed at the largest of the recipe's M values in it), every config of
-// dispatch::dense_gemm_configs(). MoE cases have no tile configs yet and are left out.
+// each timed at the largest of the recipe's M values in it), every candidate of
+// dispatch::all_candidates() (the kernel configs, dequantize + cuBLAS, cuBLASLt FP8). MoE cases
+// have no candidates yet and are left out.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ struct TuneTask {
   std::size_t case_index = 0;
   std::int64_t m = 0;       // the M it is timed at
   std::int64_t bucket = 0;  // dispatch::m_bucket(m)
-  std::string config;       // a dispatch::dense_gemm_configs() name
+  std::string config;       // a dispatch::all_candidates() name
 };
 
 // The tasks in order: case, bucket (ascending), config (catalog order). `skipped` (when given)

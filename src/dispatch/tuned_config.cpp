@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "common/log.hpp"
-#include "dispatch/dense_config.hpp"
 #include "jit/compiler.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/tuning.hpp"
@@ -44,36 +43,6 @@ MachineKey machine_key(const runtime::DeviceInfo& device) {
           qgemm_version()};
 }
 
-Scheme call_scheme(const WeightQuant& weight, const Format& activation, const Format& output) {
-  Scheme scheme;
-  scheme.weight = weight;
-  scheme.activation.format = activation;  // unquantized: the other fields keep their defaults
-  scheme.output = output;
-  return scheme;
-}
-
-std::string lookup_dense_config(const TuningTable& table, const Scheme& scheme, std::int64_t m,
-                                const layout::MmaWeight& weight, const Format& activation,
-                                const GpuLimits& gpu, std::string* why) {
-  auto refuse = [&](std::string reason) {
-    if (why) *why = std::move(reason);
-    return std::string();
-  };
-  const TuningEntry* entry = table.find(make_tuning_key(scheme, weight.n, weight.k, m));
-  if (!entry)
-    return refuse(fmt::format("no entry for {} N={} K={} M bucket {}", to_string(scheme), weight.n,
-                              weight.k, m_bucket(m)));
-  for (const DenseGemmConfig& config : dense_gemm_configs()) {
-    if (config.name != entry->config) continue;
-    if (auto reason = config.unsupported_reason(m, weight, activation, gpu))
-      return refuse(
-          fmt::format("tuned config '{}' cannot serve M = {}: {}", config.name, m, *reason));
-    if (why) why->clear();
-    return config.name;
-  }
-  return refuse(fmt::format("tuned config '{}' is not a config of this build", entry->config));
-}
-
 namespace {
 
 // The process-wide active table. `active` is the fast path of every gemm() call without one.
@@ -82,9 +51,9 @@ struct ActiveTable {
   std::atomic<bool> active{false};
   std::atomic<bool> environment_read{false};
   std::string path;
-  std::optional<TuningTable> table;
-  std::map<int, bool> applies;     // per device index, decided at its first lookup
-  std::set<std::string> refusals;  // reasons already logged (each once)
+  std::shared_ptr<const TuningTable> table;
+  std::atomic<std::uint64_t> generation{0};
+  std::map<int, bool> applies;  // per device index, decided at its first lookup
 };
 
 ActiveTable& active_table() {
@@ -98,9 +67,9 @@ void install(ActiveTable& state, const std::string& path) {
   state.path = path;
   state.table.reset();
   state.applies.clear();
-  state.refusals.clear();
-  if (!path.empty()) state.table = load_tuning_table(path);
-  state.active = state.table.has_value();
+  if (!path.empty()) state.table = std::make_shared<const TuningTable>(load_tuning_table(path));
+  state.active = state.table != nullptr;
+  ++state.generation;
 }
 
 void read_environment(ActiveTable& state) {
@@ -126,14 +95,12 @@ void set_active_tuning_table(const std::string& path) {
   install(state, path);
 }
 
-std::string tuned_dense_config(const runtime::DeviceInfo& device, const Scheme& scheme,
-                               std::int64_t m, const layout::MmaWeight& weight,
-                               const Format& activation) {
+std::shared_ptr<const TuningTable> applicable_tuning_table(const runtime::DeviceInfo& device) {
   ActiveTable& state = active_table();
-  if (state.environment_read && !state.active) return {};
+  if (state.environment_read && !state.active) return nullptr;
   std::lock_guard lock(state.mutex);
   read_environment(state);
-  if (!state.table) return {};
+  if (!state.table) return nullptr;
   auto applies = state.applies.find(device.index);
   if (applies == state.applies.end()) {
     const std::string mismatch = mismatch_reason(state.table->machine, machine_key(device));
@@ -142,13 +109,16 @@ std::string tuned_dense_config(const runtime::DeviceInfo& device, const Scheme& 
           mismatch);
     applies = state.applies.emplace(device.index, mismatch.empty()).first;
   }
-  if (!applies->second) return {};
-  std::string why;
-  std::string config = lookup_dense_config(*state.table, scheme, m, weight, activation,
-                                           GpuLimits::of_device(device), &why);
-  if (config.empty() && why.rfind("no entry", 0) != 0 && state.refusals.insert(why).second)
-    log(LogLevel::Info, "tuning table {}: {}; the heuristics choose", state.path, why);
-  return config;
+  return applies->second ? state.table : nullptr;
+}
+
+std::uint64_t tuning_table_generation() {
+  ActiveTable& state = active_table();
+  if (!state.environment_read) {
+    std::lock_guard lock(state.mutex);
+    read_environment(state);
+  }
+  return state.generation;
 }
 
 }  // namespace qgemm::dispatch

@@ -1,26 +1,22 @@
-// The selection layer's use of tuning tables (dispatch/tuning_table.hpp): which table is active,
-// whether it belongs to this machine, and the tile config it names for one call.
+// The selection layer's use of tuning tables (dispatch/tuning_table.hpp): which table is active
+// and whether it belongs to this machine. The selector (dispatch/select.hpp) looks the call up
+// in the table it is given and prefers the entry's candidate where that candidate can serve.
 //
-//   Engine::Impl::choose, no forced tile_config
-//     └─► tuned_dense_config(device, scheme, M, weight, A type)
-//           no active table ....................................► ""   (heuristics)
-//           table of another machine ...........................► ""   one warning per table and
-//                                                                       device, naming the fields
-//           no entry for (scheme, N, K, bucket(M)) .............► ""
-//           entry's config unknown or cannot serve (M, weight) .► ""   (info log, once)
-//           otherwise ..........................................► the entry's config name
+//   applicable_tuning_table(device)
+//     no active table ....................► null   (the cost model ranks)
+//     table of another machine ...........► null   one warning per table and device, naming
+//                                                  the fields that differ
+//     otherwise ..........................► the table
 //
 // The active table is QGEMM_TUNING_TABLE=path (read at first use) or the one given to
 // qgemm::use_tuning_table (include/qgemm/tuning.hpp), which replaces it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
-#include "dispatch/gpu_limits.hpp"
 #include "dispatch/tuning_table.hpp"
-#include "layout/mma_layout.hpp"
-#include "qgemm/scheme.hpp"
 #include "runtime/driver.hpp"
 
 namespace qgemm::dispatch {
@@ -34,25 +30,14 @@ std::string driver_release();
 // it; the lookup compares it.
 MachineKey machine_key(const runtime::DeviceInfo& device);
 
-// The scheme of a call with unquantized activations of type `activation` (bf16 / fp16): what a
-// table entry for a w*a16 preset is keyed by.
-Scheme call_scheme(const WeightQuant& weight, const Format& activation, const Format& output);
-
-// The config `table` names for a GEMM of M rows against `weight` under `scheme` (A reaching the
-// kernel as `activation`) when there is an entry for (scheme, N, K, bucket(M)) and its config is
-// one of dense_gemm_configs() that can serve (M, weight, activation); else empty, with `why`
-// (when given) saying which rule refused it. The table's machine is not checked here.
-std::string lookup_dense_config(const TuningTable& table, const Scheme& scheme, std::int64_t m,
-                                const layout::MmaWeight& weight, const Format& activation,
-                                const GpuLimits& gpu, std::string* why = nullptr);
-
 // Makes the table at `path` the active one (empty: none). A file that cannot be read or parsed
 // is Error(IoError / InvalidArgument) here, not a silent fallback: the caller asked for it.
 void set_active_tuning_table(const std::string& path);
 
-// The config the active table names for this call on `device` (empty: the heuristics choose).
-std::string tuned_dense_config(const runtime::DeviceInfo& device, const Scheme& scheme,
-                               std::int64_t m, const layout::MmaWeight& weight,
-                               const Format& activation);
+// The active table when it applies to `device` (measured on this machine); else null.
+std::shared_ptr<const TuningTable> applicable_tuning_table(const runtime::DeviceInfo& device);
+
+// Changes whenever the active table does: plans cached under an older value are made again.
+std::uint64_t tuning_table_generation();
 
 }  // namespace qgemm::dispatch

@@ -58,6 +58,13 @@ std::string scaling_choice(const ActivationQuant& quant) {
 
 }  // namespace
 
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch) {
+  return utility_spec("mma_dequantize", arch,
+                      {SpecParam::number_format("weight", weight.format),
+                       SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+                       SpecParam::chosen("out", half_type_choice(output, "dequantize output"))});
+}
+
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch) {
   return utility_spec("dequantize_weight", arch,
                       {SpecParam::number_format("weight", weight.format),
@@ -122,6 +129,11 @@ Format activation_operand_format(const ActivationQuant& quant) {
   if (found == types.end())
     found = types.emplace(std::move(key), judge_operand_format(quant)).first;
   return found->second;
+}
+
+bool activation_row_factor(const ActivationQuant& quant) {
+  return quant.scaling == ActivationScaling::StaticTensor ||
+         quant.scaling == ActivationScaling::DynamicToken || quant.scaling == ActivationScaling::NV;
 }
 
 bool codes_are_operand8(const ActivationQuant& quant) {

@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm::jit {
 
+// The prepared mma-layout weight -> `output` (bf16 or fp16) rows (the dequantize + cuBLAS path).
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch);
 // Weight codes + scale grid (+ zero points) -> `output` (bf16 or fp16) [n, k].
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch);
 // What quantize_activation writes: the canonical codes and scales, or the 16-bit operand and
@@ -26,6 +29,10 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
 // (codes times an NV cell scale; static and token scalings leave the code's value alone), else
 // bf16 (group scalings, whose products are rounded, and MX's powers of two beyond fp16's range).
 Format activation_operand_format(const ActivationQuant& quant);
+// Whether the operand of `quant` carries a factor per row that the GEMM must apply (static:
+// the tensor scale, token: the row's scale, nv: the tensor scale); group and mx operands hold
+// their whole value.
+bool activation_row_factor(const ActivationQuant& quant);
 // Whether `quant`'s codes can be the 8-bit mma's operand themselves (ActivationEmit::Operand8):
 // int8 or e4m3 codes with one scale per row (per token, static), applied as a row factor.
 bool codes_are_operand8(const ActivationQuant& quant);

@@ -57,30 +57,27 @@ std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
   return std::nullopt;
 }
 
-MmaWeight mma_metadata(const PackedWeight& w) {
-  check_packed_weight(w, "mma layout");
-  if (auto reason = mma_unsupported_reason(w.quant))
+MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double global_scale) {
+  if (auto reason = mma_unsupported_reason(q))
     throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
-  const WeightQuant& q = w.quant;
-  const int bits = q.format.bits;
   // The kernels index rows, columns and k16 blocks in int.
-  if (w.n + 64 > 0x7fffffff || w.k + 16 > 0x7fffffff)
+  if (n + 64 > 0x7fffffff || k + 16 > 0x7fffffff)
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("mma layout: weight {}x{} exceeds 2^31 - 1 rows or columns", w.n, w.k));
+                fmt::format("mma layout: weight {}x{} exceeds 2^31 - 1 rows or columns", n, k));
   MmaWeight out;
   out.format = q.format;
-  out.n = w.n;
-  out.k = w.k;
-  out.n_padded = MmaWeightLayout::padded_n(w.n);
-  out.k_blocks = MmaWeightLayout::k_blocks(w.k);
-  out.global_scale = w.global_scale;
+  out.n = n;
+  out.k = k;
+  out.n_padded = MmaWeightLayout::padded_n(n);
+  out.k_blocks = MmaWeightLayout::k_blocks(k);
+  out.global_scale = global_scale;
   switch (q.granularity) {
     case WeightGranularity::Group: out.group_size = q.group; break;
     case WeightGranularity::Block: out.group_size = q.block_k; break;
     default: out.group_size = 0;
   }
   out.groups =
-      out.group_size == 0 ? 1 : static_cast<int>((w.k + out.group_size - 1) / out.group_size);
+      out.group_size == 0 ? 1 : static_cast<int>((k + out.group_size - 1) / out.group_size);
   if (q.format.is_integer()) {
     switch (q.zero_point) {
       case ZeroPoint::None:
@@ -91,24 +88,34 @@ MmaWeight mma_metadata(const PackedWeight& w) {
       case ZeroPoint::Float: out.zero_mode = MmaZeroMode::Float; break;
     }
   }
+  return out;
+}
+
+bool packed16_scale_exact(double scale, const Format& type, int bits) {
+  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
+  // Exactness by the significand's width (frexp, not round_to): this runs over every scale of
+  // every layer a server loads.
+  scale = std::fabs(scale);
+  if (scale == 0.0) return true;
+  const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
+  int exponent = 0;
+  const double scaled = std::ldexp(std::frexp(scale, &exponent), type.mantissa_bits + 1);
+  return scaled == std::floor(scaled) && scale >= type.min_normal() &&
+         scale * largest_factor <= type.max_finite();
+}
+
+MmaWeight mma_metadata(const PackedWeight& w) {
+  check_packed_weight(w, "mma layout");
+  const WeightQuant& q = w.quant;
+  const int bits = q.format.bits;
+  MmaWeight out = mma_shape(q, w.n, w.k, w.global_scale);
 
   const ScaleGrid grid = w.scale_grid();
-  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
-  // Exactness by the significand's width (frexp, not round_to), in one parallel pass over the
-  // scales for both types: this runs over every scale of every layer a server loads.
-  const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
-  auto exact = [&](double s, const Format& type) {
-    int exponent = 0;
-    const double scaled = std::ldexp(std::frexp(s, &exponent), type.mantissa_bits + 1);
-    return scaled == std::floor(scaled) && s >= type.min_normal() &&
-           s * largest_factor <= type.max_finite();
-  };
+  // One parallel pass over the scales for both types.
   std::atomic<bool> bf16_exact{true}, fp16_exact{true};
   auto check = [&](double s) {
-    s = std::fabs(s);
-    if (s == 0.0) return;
-    if (!exact(s, formats::bf16)) bf16_exact = false;
-    if (!exact(s, formats::fp16)) fp16_exact = false;
+    if (!packed16_scale_exact(s, formats::bf16, bits)) bf16_exact = false;
+    if (!packed16_scale_exact(s, formats::fp16, bits)) fp16_exact = false;
   };
   const int scale_bytes = q.scale_format.storage_bytes();
   if (scale_bytes <= 2) {

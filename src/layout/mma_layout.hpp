@@ -57,6 +57,16 @@ std::optional<std::string> byte_dequant(const MmaWeight& weight, const Format& a
 // Why the mma family cannot hold this weight (nullopt when it can).
 std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
 
+// The prepared weight's sizes, groups and zero mode for a quantization at N x K, without the
+// scale flags (they depend on the scale values) or arrays. Throws Unsupported with
+// mma_unsupported_reason.
+MmaWeight mma_shape(const WeightQuant& quant, std::int64_t n, std::int64_t k,
+                    double global_scale = 1.0);
+
+// Whether a scale lets the packed16 dequantization of `bits`-bit integer codes run exactly in
+// `type` (bf16 / fp16): the scale itself exact and normal there, times 2^bits still finite.
+bool packed16_scale_exact(double scale, const Format& type, int bits);
+
 // The prepared weight's sizes, groups, zero mode and scale flags, without its arrays. Throws
 // Unsupported with mma_unsupported_reason.
 MmaWeight mma_metadata(const PackedWeight& weight);

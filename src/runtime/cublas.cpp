@@ -37,7 +37,8 @@ Cublas::~Cublas() {
 
 void Cublas::gemm_nt(void* stream, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                      const void* a, std::int64_t lda, const void* w, std::int64_t ldw,
-                     const Format& input, void* c, std::int64_t ldc, const Format& c_type) {
+                     const Format& input, void* c, std::int64_t ldc, const Format& c_type,
+                     void* workspace, std::size_t workspace_bytes) {
   const cudaDataType_t in = data_type(input, "input");
   const cudaDataType_t out = data_type(c_type, "output");
   if (in == CUDA_R_32F || !(out == in || out == CUDA_R_32F))
@@ -47,6 +48,7 @@ void Cublas::gemm_nt(void* stream, std::int64_t m, std::int64_t n, std::int64_t 
                             input.name(), c_type.name()));
   auto handle = static_cast<cublasHandle_t>(handle_);
   check(cublasSetStream(handle, static_cast<cudaStream_t>(stream)), "cublasSetStream");
+  check(cublasSetWorkspace(handle, workspace, workspace_bytes), "cublasSetWorkspace");
   // Column-major view: Cᵀ[n][m] = W[n][k] (Wᵀ stored k × n, transposed) · Aᵀ (k × m).
   const float beta = 0.0f;
   check(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),

@@ -4,7 +4,8 @@
 #include <random>
 #include <set>
 
-#include "dispatch/dense_config.hpp"
+#include "dispatch/candidate_launch.hpp"
+#include "dispatch/mma_family.hpp"
 #include "gemm/mma_weight_layout.cuh"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
@@ -158,17 +159,15 @@ TEST(DenseGemmSpecs, CompileWithoutSpills) {
       const Scheme scheme = parse_scheme(schemes[s]);
       const layout::MmaWeight prepared =
           layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
-      for (const auto& config : dispatch::dense_gemm_configs()) {
-        if (config.unsupported_reason(16, prepared, scheme.activation.format,
-                                      dispatch::GpuLimits::of_arch(jit::Arch::sm_90a, 132)))
-          continue;
-        dispatch::DensePlan plan;
-        plan.config = config;
-        plan.splits = config.warps_k > 1 ? 2 : 1;
+      for (const auto& config : dispatch::mma_configs()) {
+        const auto gpu = dispatch::GpuLimits::of_arch(jit::Arch::sm_90a, 132);
+        if (config.unsupported_reason(16, prepared, scheme.activation.format, gpu)) continue;
+        dispatch::MmaLaunch launch = dispatch::mma_launch(config, 16, prepared, gpu);
+        launch.splits = config.kernel == dispatch::MmaKernel::Tiled && config.tile.warps_k > 1 ? 2 : 1;
         // The streamed kernel's largest A (16 rows) is its most register-hungry instantiation.
-        plan.rows = config.kernel == dispatch::DenseKernel::Streamed ? 16 : config.block_m();
-        expect_no_spills(cache, dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format,
-                                                          scheme.output, arch));
+        launch.rows = 16;
+        expect_no_spills(cache, dispatch::mma_spec(config, launch, prepared,
+                                                   scheme.activation.format, scheme.output, arch));
       }
     }
   }
@@ -196,20 +195,19 @@ TEST(DenseGemmSpecs, ByteOperandConfigsCompileWithoutSpills) {
       const Scheme scheme = parse_scheme(text);
       const layout::MmaWeight prepared =
           layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 256, 256));
-      for (const auto& config : dispatch::dense_gemm_configs()) {
+      for (const auto& config : dispatch::mma_configs()) {
         if (config.operand_bytes != 1) continue;
-        const auto reason = config.unsupported_reason(64, prepared, scheme.activation.format,
-                                                      dispatch::GpuLimits::of_arch(arch, 132));
+        const auto gpu = dispatch::GpuLimits::of_arch(arch, 132);
+        const auto reason = config.unsupported_reason(64, prepared, scheme.activation.format, gpu);
         if (arch != jit::Arch::sm_89 && scheme.activation.format == formats::e4m3) {
           EXPECT_TRUE(reason.has_value()) << text << ": e4m3 mma.sync is not native here";
           continue;
         }
         ASSERT_FALSE(reason.has_value()) << text << " " << config.name << ": " << *reason;
-        dispatch::DensePlan plan;
-        plan.config = config;
-        plan.splits = 2;
-        expect_no_spills(cache, dispatch::dense_gemm_spec(plan, prepared, scheme.activation.format,
-                                                          scheme.output, arch));
+        dispatch::MmaLaunch launch = dispatch::mma_launch(config, 64, prepared, gpu);
+        launch.splits = 2;
+        expect_no_spills(cache, dispatch::mma_spec(config, launch, prepared,
+                                                   scheme.activation.format, scheme.output, arch));
         ++compiled;
       }
     }
@@ -251,22 +249,53 @@ TEST(DenseGemmSpecs, Sm75ServesFp16Activations) {
     const Scheme scheme = parse_scheme(text);
     const layout::MmaWeight prepared =
         layout::repack_for_mma(quantize_weight(scheme.weight, w.data(), 512, 512));
+    dispatch::WeightFacts facts;
+    facts.quant = scheme.weight;
+    facts.n = facts.mma.emplace(prepared).n;
+    facts.k = prepared.k;
+    dispatch::SelectionContext context;
+    context.gpu = turing;
+    context.rates = dispatch::GpuRates::of(turing);
     for (std::int64_t m : {1, 9, 17, 100, 300}) {
-      const dispatch::DensePlan plan =
-          dispatch::plan_dense_gemm(m, prepared, formats::fp16, turing);
-      const jit::KernelSpec spec =
-          dispatch::dense_gemm_spec(plan, prepared, formats::fp16, scheme.output, jit::Arch::sm_75);
-      SCOPED_TRACE(jit::to_string(spec));
-      EXPECT_LE(spec.launch.dynamic_smem_bytes, turing.shared_per_block);
-      for (const jit::KernelSpec& launched :
-           {spec, dispatch::finish_gemm_spec(scheme.output, jit::Arch::sm_75)}) {
+      GemmProblem problem;
+      problem.scheme = scheme;
+      problem.m = m;
+      problem.n = 512;
+      problem.k = 512;
+      problem.input = formats::fp16;
+      const dispatch::Selection selection = dispatch::select(problem, m, facts, context);
+      const dispatch::CandidateLaunch launch =
+          dispatch::candidate_launch(problem, m, selection.chosen(), facts, turing, 0.0);
+      for (const jit::KernelSpec& launched : launch.specs()) {
+        SCOPED_TRACE(jit::to_string(launched));
+        EXPECT_LE(launched.launch.dynamic_smem_bytes, turing.shared_per_block);
         const auto lookup = cache.get(launched);
         EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0) << jit::to_string(launched);
         EXPECT_GT(lookup.kernel->resources.registers, 0);
       }
     }
+    // Dequantize + cuBLAS, forced at M = 17, compiles for sm_75 too.
+    for (const char* forced : {"qdq"}) {
+      GemmProblem problem;
+      problem.scheme = scheme;
+      problem.m = 17;
+      problem.n = 512;
+      problem.k = 512;
+      problem.input = formats::fp16;
+      context.forced = forced;
+      const dispatch::Selection selection = dispatch::select(problem, 17, facts, context);
+      for (const jit::KernelSpec& launched :
+           dispatch::candidate_launch(problem, 17, selection.chosen(), facts, turing, 0.0).specs())
+        EXPECT_EQ(cache.get(launched).kernel->resources.spill_bytes(), 0) << jit::to_string(launched);
+      context.forced.clear();
+    }
+    GemmProblem bf16 = {};
+    bf16.scheme = scheme;
+    bf16.scheme.activation.format = formats::bf16;
+    bf16.n = 512;
+    bf16.k = 512;
     try {
-      dispatch::plan_dense_gemm(1, prepared, formats::bf16, turing);
+      dispatch::select(bf16, 1, facts, context);
       ADD_FAILURE() << "bf16 planned on sm_75";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::Unsupported);

@@ -8,7 +8,7 @@
 
 #include "bench/tune_plan.hpp"
 #include "bench/tune_supervisor.hpp"
-#include "dispatch/dense_config.hpp"
+#include "dispatch/select.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::bench {
@@ -37,7 +37,7 @@ TEST(TunePlan, EveryConfigForEveryBucketOfEveryDenseCase) {
   const Recipe recipe = parse_recipe(kRecipe, "tune-test.yaml");
   std::vector<std::string> skipped;
   const std::vector<TuneTask> tasks = plan_tuning(recipe, &skipped);
-  const std::size_t configs = dispatch::dense_gemm_configs().size();
+  const std::size_t configs = dispatch::all_candidates().size();
   // Case 0: M 1 2 3 4 16 17 -> buckets 1, 2, 4 (M 3 and 4: timed at 4), 16, 32 (M 17).
   // Case 2: bucket 128 (M 100). The MoE case is left out, with the reason.
   ASSERT_EQ(tasks.size(), 6 * configs);

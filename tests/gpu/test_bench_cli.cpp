@@ -198,7 +198,7 @@ TEST(TuneCliGpu, WritesATableForThisMachineThatTheEngineFollows) {
   EXPECT_FALSE(statuses.count("failed")) << report.dump(1);
   EXPECT_FALSE(statuses.count("hang")) << report.dump(1);
 
-  // The Engine follows the table: its kernel for each tuned bucket is the forced config's.
+  // The Engine follows the table: its choice for each tuned bucket is the table's candidate.
   Engine engine(0);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -208,11 +208,11 @@ TEST(TuneCliGpu, WritesATableForThisMachineThatTheEngineFollows) {
       engine.prepare_weight(quantize_weight(parse_scheme("w4a16").weight, values.data(), n, k));
   use_tuning_table(table_path.string());
   for (const auto& entry : table.entries) {
-    GemmOptions forced;
-    forced.tile_config = entry.config;
-    EXPECT_EQ(engine.kernel_for(entry.key.m_bucket, weight, formats::bf16, formats::bf16),
-              engine.kernel_for(entry.key.m_bucket, weight, formats::bf16, formats::bf16, forced))
-        << entry.config;
+    const GemmProblem problem = gemm_problem(weight, entry.key.m_bucket, formats::bf16, formats::bf16);
+    const GemmPlan::Choice choice =
+        engine.plan(problem, weight).choice_for(entry.key.m_bucket);
+    EXPECT_EQ(choice.candidate, entry.config);
+    EXPECT_NE(choice.reason.find("tuning table"), std::string::npos) << choice.reason;
   }
   use_tuning_table("");
   std::filesystem::remove_all(dir);

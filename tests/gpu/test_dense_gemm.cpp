@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/dense_config.hpp"
+#include "dispatch/mma_family.hpp"
+#include "gemm_check.hpp"
 #include "jit/catalog.hpp"
 #include "jit/kernel_spec.hpp"
 #include "layout/mma_repack_gpu.hpp"
@@ -119,31 +120,13 @@ std::vector<std::uint16_t> to_codes(const Format& f, const std::vector<double>& 
   return codes;
 }
 
-// C (`out` values on the device) against `expected`: relative Frobenius error, and how many
-// outputs are not finite (an unwritten, poisoned element).
-struct OutputError {
-  double relative = 0;
-  std::size_t non_finite = 0;
-};
-OutputError compare_output(const runtime::DeviceBuffer& c_device, const Format& out,
-                           const std::vector<double>& expected) {
-  std::vector<double> got(expected.size());
-  if (out == formats::fp32) {
-    auto host = c_device.to_vector<float>(got.size());
-    for (std::size_t i = 0; i < got.size(); ++i) got[i] = host[i];
-  } else {
-    auto host = c_device.to_vector<std::uint16_t>(got.size());
-    for (std::size_t i = 0; i < got.size(); ++i) got[i] = decode(out, host[i]);
-  }
-  double err = 0, ref = 0;
-  OutputError result;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    result.non_finite += !std::isfinite(got[i]);
-    err += (got[i] - expected[i]) * (got[i] - expected[i]);
-    ref += expected[i] * expected[i];
-  }
-  result.relative = std::sqrt(err / ref);
-  return result;
+// The plan a gemm() call with `options` makes, as text (for failure messages).
+std::string plan_text(Engine& engine, const QuantWeight& weight, std::int64_t m,
+                      const Format& input, const Format& out, const GemmOptions& options = {}) {
+  GemmProblem problem = gemm_problem(weight, m, input, out);
+  problem.candidate = options.candidate;
+  problem.bias = options.bias != nullptr;
+  return engine.plan(problem, weight).to_string();
 }
 
 // Runs C = A · Wᵀ on the GPU for a fresh random A (output poisoned first) and checks it against
@@ -176,13 +159,16 @@ void expect_matches_reference(Engine& engine, const Scheme& scheme,
   c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
   engine.gemm({a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
               nullptr, options);
-  const OutputError error = compare_output(c_device, out, expected);
-  const double relative = error.relative;
-  EXPECT_EQ(error.non_finite, 0u) << "non-finite (unwritten?) outputs";
-  EXPECT_LE(relative, tolerance(act, out)) << engine.kernel_for(m, weight, act, out, options);
+  const std::vector<double> got = test::read_output(c_device, out, expected.size());
+  const test::OutputCheck check =
+      test::check_output(got, expected, test::product_magnitudes(a, w_ref, m, n, k), n,
+                         tolerance(act, formats::fp32), out);
+  EXPECT_TRUE(check.ok()) << check.describe() << "\n"
+                          << plan_text(engine, weight, m, act, out, options);
+  EXPECT_LE(check.relative, tolerance(act, out));
   std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e tol=%.3e\n", label.c_str(),
               static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-              relative, tolerance(act, out));
+              check.relative, tolerance(act, out));
 }
 
 TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
@@ -214,7 +200,8 @@ TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
     for (const Prepared& p : prepared)
       for (std::int64_t m : p.c.ms)
         compiles.push_back(std::async(std::launch::async, [&engine, &p, m] {
-          engine.warm_up(m, p.weight, p.scheme.activation.format, p.scheme.output);
+          engine.warm_up(gemm_problem(p.weight, m, p.scheme.activation.format, p.scheme.output),
+                         p.weight);
         }));
     for (auto& f : compiles) f.get();
   }
@@ -254,17 +241,16 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
     QuantWeight weight = engine.prepare_weight(packed);
     const layout::MmaWeight meta = layout::mma_metadata(packed);
     weights.emplace(text, std::make_pair(std::move(packed), std::move(weight)));
-    for (const auto& config : dispatch::dense_gemm_configs()) {
+    for (const auto& config : dispatch::mma_configs()) {
       if (config.name.rfind("decode", 0) != 0) continue;
+      GemmProblem forced = gemm_problem(weights.at(text).second, 16, scheme.activation.format,
+                                        scheme.output);
+      forced.candidate = config.name;
       // A config that cannot serve this weight must say so, never launch.
       if (auto reason =
               config.unsupported_reason(16, meta, scheme.activation.format,
                                         dispatch::GpuLimits::of_device(runtime::device_info(0)))) {
-        GemmOptions options;
-        options.tile_config = config.name;
-        EXPECT_THROW(engine.warm_up(16, weights.at(text).second, scheme.activation.format,
-                                    scheme.output, options),
-                     Error)
+        EXPECT_THROW(engine.warm_up(forced, weights.at(text).second), Error)
             << config.name << ": " << *reason;
         continue;
       }
@@ -275,7 +261,7 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
   }
   auto options_of = [](const Run& r) {
     GemmOptions options;
-    options.tile_config = r.config;
+    options.candidate = r.config;
     return options;
   };
   {
@@ -283,8 +269,11 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
     for (const Run& r : runs)
       compiles.push_back(std::async(std::launch::async, [&, r] {
         const Scheme scheme = parse_scheme(r.scheme_text);
-        engine.warm_up(r.m, weights.at(r.scheme_text).second, scheme.activation.format,
-                       scheme.output, options_of(r));
+        const QuantWeight& weight = weights.at(r.scheme_text).second;
+        GemmProblem problem =
+            gemm_problem(weight, r.m, scheme.activation.format, scheme.output);
+        problem.candidate = r.config;
+        engine.warm_up(problem, weight);
       }));
     for (auto& f : compiles) f.get();
   }
@@ -312,9 +301,9 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
     std::int64_t m;
     bool bias;
   };
-  const std::vector<Run> forced = {{"dequant-cublas", 1, false},   {"dequant-cublas", 17, true},
-                                   {"dequant-cublas", 300, false}, {"dequant-cublas", 300, true},
-                                   {"prefill", 300, false},        {"prefill", 1024, true}};
+  const std::vector<Run> forced = {{"qdq", 1, false},     {"qdq", 17, true},
+                                   {"qdq", 300, false},   {"qdq", 300, true},
+                                   {"prefill", 300, false}, {"prefill", 1024, true}};
   for (const char* text :
        {"w4a16", "w=uint4:g128:s=bf16;a=bf16;o=fp16", "w=uint6:g128:s=fp16:zp=float;a=fp16;o=fp16",
         "nvfp4-a16", "w=e4m3:b128x128:s=fp32;a=bf16;o=bf16", "w=int8:ch:s=fp32;a=bf16;o=fp32",
@@ -332,16 +321,16 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
         scheme.weight.group == 48 || layout::mma_unsupported_reason(scheme.weight);
     if (only_cublas) {
       for (std::int64_t m : {1, 64, 300}) {
-        EXPECT_NE(
-            engine.kernel_for(m, weight, scheme.activation.format, scheme.output).find("cuBLAS"),
-            std::string::npos);
+        EXPECT_NE(plan_text(engine, weight, m, scheme.activation.format, scheme.output)
+                      .find("cuBLAS"),
+                  std::string::npos);
         expect_matches_reference(engine, scheme, w_ref, weight, m, {}, rng, label, m == 64);
       }
       continue;
     }
     for (const Run& r : forced) {
       GemmOptions options;
-      options.tile_config = r.config;
+      options.candidate = r.config;
       expect_matches_reference(engine, scheme, w_ref, weight, r.m, options, rng,
                                label + " config=" + r.config, r.bias);
     }
@@ -417,6 +406,7 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       const std::vector<double> a_ref = dequantize_activation(quantized);
       const std::vector<double> expected =
           reference::matmul_nt(a_ref.data(), w_ref.data(), m, n, k);
+      const std::vector<double> magnitude = test::product_magnitudes(a_ref, w_ref, m, n, k);
       runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a_bits);
       runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(quantized.codes);
       runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(quantized.scales);
@@ -425,10 +415,12 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
       // The 8-bit mma's prefill config, the default only for 128 < M <= 256, is also forced at
       // the other M where it serves (int8 per token on this GPU).
       GemmOptions prefill_a8;
-      prefill_a8.tile_config = "prefill-a8";
+      prefill_a8.candidate = "prefill-a8";
       bool a8_serves = m > 16;
       try {
-        if (a8_serves) engine.warm_up(m, weight, formats::bf16, out, prefill_a8);
+        GemmProblem forced = gemm_problem(weight, m, formats::bf16, out);
+        forced.candidate = prefill_a8.candidate;
+        if (a8_serves) engine.warm_up(forced, weight);
       } catch (const Error&) {
         a8_serves = false;
       }
@@ -446,13 +438,15 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
           engine.gemm(DeviceActivation{scheme.activation, codes.as<void>(), scales.as<void>(), m, k,
                                        quantized.tensor_scale},
                       weight, c, nullptr);
-        const OutputError error = compare_output(c_device, out, expected);
-        const double relative = error.relative;
-        EXPECT_EQ(error.non_finite, 0u)
-            << (on_gpu ? "bf16 A" : "DeviceActivation") << ": non-finite outputs";
-        EXPECT_LE(relative, tolerance(type, out))
-            << (on_gpu ? "bf16 A: " : "DeviceActivation: ")
-            << engine.kernel_for(m, weight, formats::bf16, out);
+        const test::OutputCheck check = test::check_output(
+            test::read_output(c_device, out, expected.size()), expected, magnitude, n,
+            tolerance(type, formats::fp32), out);
+        const double relative = check.relative;
+        EXPECT_TRUE(check.ok()) << (on_gpu ? "bf16 A: " : "DeviceActivation: ") << check.describe()
+                                << "\n"
+                                << plan_text(engine, weight, m, formats::bf16, out,
+                                             entry == kPrefillA8 ? prefill_a8 : GemmOptions{});
+        EXPECT_LE(relative, tolerance(type, out));
         std::printf("%-52s %s rel=%.3e tol=%.3e\n", label.c_str(),
                     entry == kPrefillA8 ? "prefill-a8"
                     : on_gpu            ? "gpu-quant "

@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <optional>
 
-#include "dispatch/dense_config.hpp"
 #include "gpu_bench/workbench.hpp"
-#include "layout/mma_layout.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::bench {
@@ -19,21 +17,6 @@ void emit(const std::string& line) {
   std::fflush(stdout);
 }
 
-// Why `config` cannot serve `task` on this weight, from the dispatcher's own rules (nullopt
-// when it can).
-std::optional<std::string> static_skip_reason(const TuneTask& task, const PackedWeight& packed,
-                                              const Format& activation) {
-  const dispatch::DenseGemmConfig* config = nullptr;
-  for (const auto& candidate : dispatch::dense_gemm_configs())
-    if (candidate.name == task.config) config = &candidate;
-  if (!config) return fmt::format("'{}' is not a config of this build", task.config);
-  if (config->kernel == dispatch::DenseKernel::DequantCublas) return std::nullopt;
-  if (auto reason = layout::mma_unsupported_reason(packed.quant))
-    return fmt::format("the weight stays canonical ({}): only dequant-cublas serves it", *reason);
-  return config->unsupported_reason(task.m, layout::mma_metadata(packed), activation,
-                                    dispatch::GpuLimits::of_device(runtime::device_info(0)));
-}
-
 // Runs one task and returns its result; `context_lost` is set when the CUDA context broke.
 CandidateResult run_task(const TuneTask& task, std::size_t index, GpuBench& gpu,
                          CaseWeights& weights, Problem& problem, const Recipe& recipe,
@@ -42,16 +25,14 @@ CandidateResult run_task(const TuneTask& task, std::size_t index, GpuBench& gpu,
   const RecipeCase& c = weights.recipe_case();
   try {
     const Format activation = engine_activation_format(c.scheme);
-    if (auto reason = static_skip_reason(task, weights.packed(), activation)) {
-      result.status = CandidateStatus::Skipped;
-      result.reason = *reason;
-      return result;
-    }
     GemmOptions options;
-    options.tile_config = task.config;
+    options.candidate = task.config;
     const QuantWeight& weight = weights.prepared(gpu.engine());
-    // The untimed part before the deadline starts: JIT compilation and the CPU reference.
-    gpu.engine().warm_up(task.m, weight, activation, c.scheme.output, options);
+    // The untimed part before the deadline starts: JIT compilation and the CPU reference. A
+    // candidate that cannot serve the task is Unsupported here (skipped, with its reason).
+    GemmProblem forced = gemm_problem(weight, task.m, activation, c.scheme.output);
+    forced.candidate = task.config;
+    gpu.engine().warm_up(forced, weight, gpu.stream());
     problem.prepare_reference(Backend::Qgemm);
     emit(compiled_line(index));
     const BackendCall call = problem.call(Backend::Qgemm, gpu, options);

@@ -180,21 +180,17 @@ CaseWeights::CaseWeights(const RecipeCase& recipe_case, std::size_t case_index, 
   if (uses_fp8(backends)) fp8_ = quantize_weight(fp8_tensor_weight_quant(), values.data(), n, k);
 }
 
-const QuantWeight& CaseWeights::prepared(Engine& engine, bool quantized_activations) {
-  const ActivationQuant activation =
-      quantized_activations ? case_->scheme.activation : ActivationQuant{};
-  // A16 schemes: both slots are the same weight.
-  Prepared& slot = prepared_[quantized_activations && activation.is_quantized() ? 1 : 0];
-  if (slot.error) throw *slot.error;
-  if (!slot.weight) {
+const QuantWeight& CaseWeights::prepared(Engine& engine) {
+  if (prepared_.error) throw *prepared_.error;
+  if (!prepared_.weight) {
     try {
-      slot.weight = engine.prepare_weight(packed_, activation);
+      prepared_.weight = engine.prepare_weight(packed_, case_->scheme.activation);
     } catch (const Error& error) {
-      slot.error = error;
+      prepared_.error = error;
       throw;
     }
   }
-  return *slot.weight;
+  return *prepared_.weight;
 }
 
 const runtime::DeviceBuffer& CaseWeights::bf16_device() {
@@ -271,16 +267,6 @@ const std::vector<double>& Problem::qgemm_reference() {
   return *qgemm_expected_;
 }
 
-const std::vector<double>& Problem::qdq_reference() {
-  if (!case_.scheme.activation.is_quantized()) return qgemm_reference();
-  if (!qdq_expected_) {
-    Scheme weight_only = case_.scheme;
-    weight_only.activation = input_.quant;
-    qdq_expected_ = sampled_reference(weight_only, input_, weights_.packed(), sample_);
-  }
-  return *qdq_expected_;
-}
-
 const std::vector<double>& Problem::bf16_reference() {
   if (!bf16_expected_)
     bf16_expected_ = sampled_bf16_product(bf16_.codes, weights_.bf16_codes(), case_.k, sample_);
@@ -295,8 +281,8 @@ const std::vector<double>& Problem::fp8_reference() {
 
 void Problem::prepare_reference(Backend backend) {
   switch (backend) {
-    case Backend::Qgemm: qgemm_reference(); return;
-    case Backend::Qdq: qdq_reference(); return;
+    case Backend::Qgemm:
+    case Backend::Qdq: qgemm_reference(); return;
     case Backend::CublasBf16: bf16_reference(); return;
     case Backend::CublasLtFp8:
     case Backend::CublasLtFp8Exact: fp8_reference(); return;
@@ -320,23 +306,25 @@ BackendCall Problem::call(Backend backend, GpuBench& gpu, const GemmOptions& opt
   switch (backend) {
     case Backend::Qgemm:
     case Backend::Qdq: {
-      // qdq: the Engine's dequantize + cuBLAS path on the weight alone (activations as given).
+      // qdq: the Engine's dequantize + cuBLAS candidate on the same call (activations quantized
+      // as the scheme says): what computing the scheme without a fused kernel costs.
       const bool qdq = backend == Backend::Qdq;
       Engine& engine = gpu.engine();
-      const QuantWeight& weight = weights_.prepared(engine, !qdq);
+      const QuantWeight& weight = weights_.prepared(engine);
       GemmOptions chosen = options;
-      if (qdq) chosen.tile_config = "dequant-cublas";
+      if (qdq) chosen.candidate = "qdq";
       const Format input = input_.quant.format, output = case_.scheme.output;
-      out.kernel = engine.kernel_for(m, weight, input, output, chosen);
+      GemmProblem call_problem = gemm_problem(weight, m, input, output);
+      call_problem.candidate = chosen.candidate;
+      out.kernel = engine.plan(call_problem, weight, gpu.stream()).choice_for(m).kernel;
       void* a = input_device_.as<void>();
       void* c = output_.as<void>();
       out.call = [&engine, &weight, a, c, m, n, k, input, output, chosen](cudaStream_t stream) {
         engine.gemm({a, m, k, k, input}, weight, {c, m, n, n, output}, stream, chosen);
       };
       out.output_bytes = m * n * output.storage_bytes();
-      out.error_now = error_function(output, [this, qdq]() -> const std::vector<double>& {
-        return qdq ? qdq_reference() : qgemm_reference();
-      });
+      out.error_now = error_function(
+          output, [this]() -> const std::vector<double>& { return qgemm_reference(); });
       out.weight_bytes = packed_bytes(weights_.packed());
       out.weight_device_bytes = static_cast<std::int64_t>(weight.device_bytes());
       out.activation_bytes = m * k * input.storage_bytes();

@@ -62,10 +62,9 @@ class CaseWeights {
   std::size_t case_index() const { return case_index_; }
   const RecipeCase& recipe_case() const { return *case_; }
   const PackedWeight& packed() const { return packed_; }
-  // The Engine's prepared weight: with the scheme's activation part (qgemm), or without it
-  // (qdq: dequantize the weight, multiply the 16-bit activations as they are). Its Error (e.g.
+  // The Engine's prepared weight, with the scheme's activation part. Its Error (e.g.
   // Unsupported) is thrown again at every call.
-  const QuantWeight& prepared(Engine& engine, bool quantized_activations = true);
+  const QuantWeight& prepared(Engine& engine);
   const std::vector<std::uint8_t>& bf16_codes() const { return bf16_codes_; }
   const runtime::DeviceBuffer& bf16_device();
   const PackedWeight& fp8() const { return fp8_; }
@@ -82,7 +81,7 @@ class CaseWeights {
     std::optional<QuantWeight> weight;
     std::optional<Error> error;
   };
-  Prepared prepared_[2];  // [quantized_activations]
+  Prepared prepared_;
   runtime::DeviceBuffer bf16_device_, fp8_device_, fp8_scale_device_;
 };
 
@@ -110,15 +109,14 @@ class Problem {
   const OutputSample& sample() const { return sample_; }
   // The rows the FP8 baselines multiply: M rounded up to a multiple of 16.
   std::int64_t fp8_rows() const { return (m_ + 15) / 16 * 16; }
-  // `options` applies to qgemm (the tuner forces tile configs through it); qdq forces
-  // "dequant-cublas". Error(Unsupported) when the backend cannot run this problem.
+  // `options` applies to qgemm (the tuner forces candidates through it); qdq forces the "qdq"
+  // candidate. Error(Unsupported) when the backend cannot run this problem.
   BackendCall call(Backend backend, GpuBench& gpu, const GemmOptions& options = {});
   // Computes the backend's reference now (else its first check does).
   void prepare_reference(Backend backend);
 
  private:
   const std::vector<double>& qgemm_reference();
-  const std::vector<double>& qdq_reference();  // the weight-only scheme on the 16-bit input
   const std::vector<double>& bf16_reference();
   const std::vector<double>& fp8_reference();
   std::function<double()> error_function(const Format& output,
@@ -133,7 +131,7 @@ class Problem {
   PackedActivation fp8_;    // per-tensor e4m3, M rows (empty unless needed)
   runtime::DeviceBuffer input_device_, bf16_device_, fp8_device_, fp8_scale_device_, output_;
   OutputSample sample_;
-  std::optional<std::vector<double>> qgemm_expected_, qdq_expected_, bf16_expected_, fp8_expected_;
+  std::optional<std::vector<double>> qgemm_expected_, bf16_expected_, fp8_expected_;
 };
 
 // The message of an Error without its "<code name>: " prefix (the status says it already).

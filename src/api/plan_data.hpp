@@ -1,0 +1,52 @@
+// What a GemmPlan holds (include/qgemm/plan.hpp): per M bucket the selector's choice, ready to
+// launch — its kernels loaded in the engine's context, its launch geometry fixed, its scratch
+// laid out — so that Engine::run only picks the bucket and fills argument structs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dispatch/candidate_launch.hpp"
+#include "qgemm/plan.hpp"
+#include "runtime/kernel_loader.hpp"
+
+namespace qgemm::runtime {
+class CublasLtFp8Matmul;
+}
+
+namespace qgemm::detail {
+
+// Scratch of one step, as byte offsets into the scratch region (each 256-byte aligned), laid
+// out for the step's largest M.
+struct ScratchLayout {
+  std::size_t operand = 0, row_factors = 0, absmax = 0;  // the prepared operand
+  std::size_t codes = 0, code_scales = 0;                 // cuBLASLt's FP8 operand
+  std::size_t weight_chunk = 0, chunk_sums = 0, blas = 0; // dequantize + cuBLAS
+  std::size_t bytes = 0;
+};
+
+struct PlanStep {
+  std::int64_t m_low = 0, m_high = 0;
+  dispatch::CandidateLaunch launch;  // what the selector's winner launches (at m_high)
+  std::int64_t ldo = 0;              // the prepared operand's row stride (elements)
+  runtime::LoadedKernel prepare, absmax, gemm, dequantize, finish;  // of launch's specs
+  std::shared_ptr<const runtime::CublasLtFp8Matmul> fp8;
+  ScratchLayout scratch;
+  std::size_t zeroed_bytes = 0;  // split-K sums and counters
+};
+
+struct PlanData {
+  GemmProblem problem;
+  std::vector<GemmPlan::Choice> choices;
+  std::vector<PlanStep> steps;  // one per M bucket, ascending
+  std::size_t scratch_bytes = 0, zeroed_bytes = 0;
+  std::uint64_t key = 0;
+  const void* engine = nullptr;  // the Engine::Impl that made it
+  const void* weight = nullptr;  // the PreparedWeight it was made for
+  std::string description;
+};
+
+}  // namespace qgemm::detail

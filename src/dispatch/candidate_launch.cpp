@@ -1,0 +1,87 @@
+#include "dispatch/candidate_launch.hpp"
+
+#include <fmt/format.h>
+
+#include "jit/catalog.hpp"
+#include "qgemm/error.hpp"
+#include "runtime/utility_kernels.hpp"
+
+namespace qgemm::dispatch {
+
+std::vector<jit::KernelSpec> CandidateLaunch::specs() const {
+  std::vector<jit::KernelSpec> all;
+  for (const auto* spec : {&absmax, &prepare, &gemm, &dequantize, &finish})
+    if (*spec) all.push_back(**spec);
+  return all;
+}
+
+std::string CandidateLaunch::text() const {
+  std::string text;
+  for (const jit::KernelSpec& spec : specs())
+    text += (text.empty() ? "" : " + ") + jit::to_string(spec);
+  switch (path) {
+    case Path::MmaStreamed:
+    case Path::MmaTiled: text += fmt::format(" splits={}", mma.splits); break;
+    case Path::Qdq:
+      text += fmt::format(" + cuBLAS ({} chunk{} of {} rows{})", qdq.chunks, qdq.chunks > 1 ? "s" : "",
+                          qdq.chunk_n, qdq.finish ? ", fp32 sums" : "");
+      break;
+    case Path::CublasLtFp8: text += (text.empty() ? "" : " + ") + std::string("cuBLASLt FP8"); break;
+  }
+  return text;
+}
+
+CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Verdict& verdict,
+                                 const WeightFacts& weight, const GpuLimits& gpu,
+                                 double static_activation_scale) {
+  if (!verdict.rejected.empty())
+    throw Error(ErrorCode::Internal,
+                fmt::format("candidate_launch: '{}' was rejected: {}", verdict.candidate->name,
+                            verdict.rejected));
+  CandidateLaunch launch;
+  launch.path = verdict.candidate->path;
+  launch.config = verdict.candidate->config;
+  launch.operand = verdict.operand;
+  const jit::Arch arch = gpu.arch;
+  const ActivationQuant& quant = p.scheme.activation;
+  if (quant.is_quantized() && launch.path != Path::CublasLtFp8) {
+    launch.row_factors = jit::activation_row_factor(quant);
+    if (p.prequantized) {
+      launch.prep = ActivationPrep::Expand;
+      launch.prepare = jit::expand_activation_spec(quant, launch.operand, arch);
+    } else {
+      launch.prep = ActivationPrep::Quantize;
+      const jit::ActivationEmit emit = launch.operand.storage_bytes() == 1
+                                           ? jit::ActivationEmit::Operand8
+                                           : jit::ActivationEmit::Operand;
+      launch.prepare = jit::quantize_activation_spec(quant, p.input, emit, launch.operand, arch);
+      if (runtime::needs_tensor_absmax(quant, static_activation_scale))
+        launch.absmax = jit::tensor_absmax_spec(p.input, arch);
+    }
+  }
+  switch (launch.path) {
+    case Path::MmaStreamed:
+    case Path::MmaTiled:
+      launch.mma = mma_launch(*launch.config, m, *weight.mma, gpu);
+      launch.gemm = mma_spec(*launch.config, launch.mma, *weight.mma, launch.operand,
+                             p.scheme.output, arch);
+      break;
+    case Path::Qdq:
+      launch.qdq = qdq_launch(p, m, weight);
+      launch.dequantize = qdq_dequantize_spec(weight, launch.operand, arch);
+      if (launch.qdq.finish) launch.finish = finish_gemm_spec(p.scheme.output, arch);
+      break;
+    case Path::CublasLtFp8:
+      if (quant.is_quantized() && !p.prequantized) {
+        launch.prep = ActivationPrep::Quantize;
+        launch.prepare = jit::quantize_activation_spec(quant, p.input, jit::ActivationEmit::Codes,
+                                                       formats::bf16, arch);
+        if (runtime::needs_tensor_absmax(quant, static_activation_scale))
+          launch.absmax = jit::tensor_absmax_spec(p.input, arch);
+      }
+      break;
+  }
+  return launch;
+}
+
+}  // namespace qgemm::dispatch

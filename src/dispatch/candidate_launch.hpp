@@ -1,0 +1,45 @@
+// What a chosen candidate launches for a problem at M rows: how A becomes the GEMM's operand,
+// the kernel specs (to compile, or to print in `qgemm explain`) and each path's launch geometry.
+// The Engine turns it into a plan step by loading the kernels; nothing here needs a GPU.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dispatch/mma_family.hpp"
+#include "dispatch/qdq_family.hpp"
+#include "dispatch/select.hpp"
+
+namespace qgemm::dispatch {
+
+// How A becomes the GEMM's operand.
+enum class ActivationPrep {
+  None,      // A is the operand (unquantized activations, or codes cuBLASLt reads as they are)
+  Quantize,  // bf16/fp16 A quantized on the GPU (kernels/util/quantize_activation.cuh)
+  Expand,    // codes quantized beforehand, expanded (the expand_activation kernel)
+};
+
+struct CandidateLaunch {
+  Path path = Path::Qdq;
+  const MmaConfig* config = nullptr;
+  Format operand;  // A's type at the GEMM
+  ActivationPrep prep = ActivationPrep::None;
+  bool row_factors = false;  // the GEMM applies per-row factors (mma epilogue, qdq finish)
+  std::optional<jit::KernelSpec> prepare, absmax;       // the activation step
+  std::optional<jit::KernelSpec> gemm;                  // mma paths
+  std::optional<jit::KernelSpec> dequantize, finish;    // qdq
+  MmaLaunch mma;
+  QdqLaunch qdq;
+
+  std::vector<jit::KernelSpec> specs() const;  // every kernel, in launch order
+  std::string text() const;  // the specs and library calls, e.g. "... + cuBLAS (1 chunk ...)"
+};
+
+// `static_activation_scale`: StaticTensor's calibrated scale (≤ 0: the tensor's absmax, which
+// takes one more kernel).
+CandidateLaunch candidate_launch(const GemmProblem& problem, std::int64_t m,
+                                 const Verdict& verdict, const WeightFacts& weight,
+                                 const GpuLimits& gpu, double static_activation_scale);
+
+}  // namespace qgemm::dispatch

@@ -1,0 +1,78 @@
+// The cost model the selector ranks candidates with: a predicted time per candidate from the
+// bytes it must move, the tensor-core work it must do, and the passes and launches beside its
+// GEMM, each over a rate measured on the GPU.
+//
+//   time = fixed + max(memory, compute) + passes
+//     memory   bytes the GEMM must read from HBM (the weight as the path stores it, A, C)
+//              / (copy bandwidth · the path's streaming efficiency)
+//     compute  2 · M' · N · K / (the path's tensor-core rate · occupancy), M' = M rounded up to
+//              the path's row granularity; occupancy = the share of the GPU's resident block
+//              slots the grid fills (tiled kernels with few tiles run on a few SMs)
+//     passes   every extra pass over memory: activation quantization, weight dequantization,
+//              the fp32 finish of dequantize + cuBLAS, each at its own bandwidth plus a launch
+//
+// The rates are measured on the H200 (bench/NOTES.md, "Cost model"): a tuning table measured on
+// the machine overrides the model wherever it has an entry, so the model only has to rank the
+// candidates well where nothing was measured.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dispatch/gpu_limits.hpp"
+
+namespace qgemm::dispatch {
+
+// Measured rates of one GPU (defaults: the H200; other targets scale them by their datasheet
+// ratios, which are leads until measured).
+struct GpuRates {
+  double copy_gbps = 4250;     // device copy, read + write
+  double bf16_tflops = 790;    // cuBLAS BF16, 8192³
+  double fp8_tflops = 1530;    // cuBLASLt FP8 (fast accumulation), 8192³
+  double launch_us = 2.0;      // one more dependent kernel in a call (launch gap, ramp, tail)
+
+  // The mma.sync streamed decode kernel: fixed cost (split-K tail included), the share of the
+  // copy bandwidth it streams the weight at, and its tensor-core rate at 16 rows.
+  double decode_fixed_us = 8.0;
+  double decode_stream = 0.92;
+  double decode_tflops_16 = 105;
+  // The tiled mma.sync kernel: fixed cost; tensor-core rate of long splits at full occupancy,
+  // base + per m16 tile of a warp (packed16 integer dequantization), and its factors for the
+  // fp32 dequantization (floats, inexact scales) and 8-bit codes; the K tiles a block's ramp and
+  // epilogue cost; weight streaming efficiency. Fitted to 8192² M = 64 (medium, 80 µs) and
+  // M = 256 (192 µs), M = 4096 (prefill, 262 TFLOPS).
+  double tiled_fixed_us = 8.0;
+  double tiled_tflops_base = 160;
+  double tiled_tflops_per_m_tile = 40;
+  double tiled_fp32_factor = 0.85;
+  double tiled_bytes_factor = 1.5;
+  double tiled_ramp_tiles = 30;
+  double tiled_stream = 0.6;
+  // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
+  // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
+  double dequant_stream = 0.82;
+  double cublas_fixed_us = 6.0;
+  double cublas_stream = 0.75;
+  // Passes over activations (quantize, expand) and outputs (finish): share of copy bandwidth.
+  double pass_stream = 0.7;
+  // cuBLASLt FP8: fixed cost, weight streaming efficiency, and the slowdowns measured for its
+  // scale modes against per-tensor scaling (outer vectors at small M, 128-blocks everywhere).
+  double fp8_fixed_us = 6.0;
+  double fp8_stream = 0.7;
+  double fp8_outer_small_m = 1.65;  // M ≤ 64
+  double fp8_block = 1.35;
+
+  static GpuRates of(const GpuLimits& gpu);
+};
+
+// A prediction, by parts (µs).
+struct Cost {
+  double total_us = 0;
+  double fixed_us = 0;
+  double memory_us = 0;
+  double compute_us = 0;
+  double passes_us = 0;
+  std::string note;  // what shaped it ("occupancy 24 %", "2 chunks", ...)
+};
+
+}  // namespace qgemm::dispatch

@@ -1,0 +1,83 @@
+// The mma.sync kernel family (SM80+) on the prepared mma layout (kernels/gemm/
+// mma_weight_layout.cuh): its tile configs, the rules that say which problems a config can serve,
+// and the launch geometry and kernel spec of a config for a problem.
+//
+//   tiled     kernels/gemm/sm80_dense.cuh   block tiles through a block-wide cp.async pipeline,
+//                                           any M; 16-bit operands, or int8/e4m3 codes through
+//                                           mma.m16n8k32 (the "-a8" configs)
+//   streamed  kernels/gemm/sm80_decode.cuh  M ≤ 16: every warp streams its own K range
+//
+// Threads and shared memory come from the kernels' own shape headers (sm80_dense_shape.cuh,
+// sm80_decode_shape.cuh), evaluated here on the same values the spec passes to the template.
+// Which config a call uses is the selector's business (dispatch/select.hpp).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dispatch/gpu_limits.hpp"
+#include "gemm/sm80_decode_shape.cuh"
+#include "gemm/sm80_dense_shape.cuh"
+#include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
+
+namespace qgemm::dispatch {
+
+enum class MmaKernel { Tiled, Streamed };
+
+struct MmaConfig {
+  std::string name;  // "decode", "medium", "prefill-a8", ... (the tuning tables' key)
+  MmaKernel kernel = MmaKernel::Tiled;
+  kernels::DenseTile tile;     // tiled
+  kernels::DecodeTile decode;  // streamed (rows: set from M)
+  // Residency target: the kernel's __launch_bounds__ minimum (it caps registers) and the
+  // split heuristic's expectation (further capped by shared memory).
+  int blocks_per_sm = 1;
+  // Bytes of an A element the tiled kernel's mma takes: 2 (bf16/fp16) or 1 (int8/e4m3 codes).
+  int operand_bytes = 2;
+
+  int threads() const;
+  int block_m() const;  // tiled: BM; streamed: 16 (one batch of up to 16 rows)
+  int block_n() const;  // tiled: BN; streamed: one 64-column slice
+  // `rows`: the streamed kernel's A rows (ignored by the tiled one).
+  int shared_bytes(const layout::MmaWeight& weight, int rows) const;
+  // Why this config cannot serve M rows of `operand` (bf16/fp16, or int8/e4m3 codes) against
+  // `weight` on `gpu`; nullopt when it can.
+  std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
+                                                const Format& operand,
+                                                const GpuLimits& gpu) const;
+};
+
+const std::vector<MmaConfig>& mma_configs();
+const MmaConfig* find_mma_config(std::string_view name);  // null when there is none
+
+// One config's launch for a problem. A plan fixes it per M bucket at the bucket's largest M
+// (the split and the kernel instantiation); a run sets only the grid's M dimension.
+struct MmaLaunch {
+  int splits = 1;
+  int tiles_per_split = 0;   // tiled: K tiles of one split
+  int k_tiles = 0;           // tiled: K tiles in all
+  int rows = 16;             // streamed: A rows of the instantiation (1, 2, 4, 8 or 16)
+  int blocks_per_warp = 0;   // streamed: k16 blocks of one warp
+  unsigned grid_x = 1;       // column tiles (tiled) or 64-column slices (streamed)
+  int resident_per_sm = 1;   // blocks of this config an SM holds
+  // Blocks in flight for M rows (for the cost model's occupancy).
+  std::int64_t blocks(const MmaConfig& config, std::int64_t m) const;
+  unsigned grid_y(const MmaConfig& config, std::int64_t m) const;
+};
+
+MmaLaunch mma_launch(const MmaConfig& config, std::int64_t m, const layout::MmaWeight& weight,
+                     const GpuLimits& gpu);
+
+// Split-K scratch of a launch at M rows: fp32 sums [M, N] and one counter per output tile,
+// which the kernels leave zero (0 without split-K).
+std::size_t mma_zeroed_bytes(const MmaConfig& config, const MmaLaunch& launch, std::int64_t m,
+                             const layout::MmaWeight& weight);
+
+jit::KernelSpec mma_spec(const MmaConfig& config, const MmaLaunch& launch,
+                         const layout::MmaWeight& weight, const Format& operand,
+                         const Format& output, jit::Arch arch);
+
+}  // namespace qgemm::dispatch

@@ -1,0 +1,62 @@
+#include "dispatch/qdq_family.hpp"
+
+#include <algorithm>
+
+#include "dispatch/select.hpp"
+#include "jit/catalog.hpp"
+
+namespace qgemm::dispatch {
+
+bool qdq_folds_row_factors() { return false; }
+
+QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& weight) {
+  // Chunks of whole 64-row slices (and whole scale rows of a block grid) that keep the 16-bit
+  // weight chunk under 64 MiB and, where C needs fp32 sums first, those under 128 MiB: bounded
+  // scratch, and each cuBLAS call still a large GEMM (8192 rows of a K = 4096 weight).
+  constexpr std::int64_t kWeightBytes = std::int64_t{64} << 20, kSumBytes = std::int64_t{128} << 20;
+  QdqLaunch launch;
+  const Format& output = p.scheme.output;
+  const Format operand = p.scheme.activation.is_quantized()
+                             ? jit::activation_operand_format(p.scheme.activation)
+                             : p.input;
+  // cuBLAS writes C itself unless a bias, an output type it cannot write from this operand, or
+  // the activations' per-row factors (dispatch::qdq_folds_row_factors) ask for the finish.
+  const bool row_factors = p.scheme.activation.is_quantized() &&
+                           jit::activation_row_factor(p.scheme.activation) &&
+                           !qdq_folds_row_factors();
+  launch.finish = p.bias || row_factors || !(output == operand || output == formats::fp32);
+  std::int64_t rows = kWeightBytes / (2 * p.k);
+  if (launch.finish) rows = std::min(rows, kSumBytes / (4 * m));
+  std::int64_t unit = 64;
+  const ScaleGrid grid = weight_scale_grid(weight.quant, p.n, p.k);
+  while (unit % grid.rows_per != 0) unit += 64;  // block grids: chunks start on scale rows
+  const std::int64_t n_padded = (p.n + 63) / 64 * 64;
+  launch.chunk_n = std::clamp<std::int64_t>(rows / unit * unit, unit, (n_padded + unit - 1) / unit * unit);
+  launch.chunks = static_cast<int>((p.n + launch.chunk_n - 1) / launch.chunk_n);
+  return launch;
+}
+
+std::size_t qdq_scratch_bytes(const QdqLaunch& launch, std::int64_t m, std::int64_t k) {
+  auto round = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  std::size_t bytes = round(static_cast<std::size_t>(launch.chunk_n * k) * 2);
+  if (launch.finish) bytes += round(static_cast<std::size_t>(m * launch.chunk_n) * sizeof(float));
+  return bytes;
+}
+
+jit::KernelSpec qdq_dequantize_spec(const WeightFacts& weight, const Format& operand,
+                                    jit::Arch arch) {
+  if (weight.mma) return jit::mma_dequantize_spec(*weight.mma, operand, arch);
+  return jit::dequantize_weight_spec(weight.quant, operand, arch);
+}
+
+jit::KernelSpec finish_gemm_spec(const Format& output, jit::Arch arch) {
+  jit::KernelSpec spec;
+  spec.family = "finish_gemm";
+  spec.arch = arch;
+  spec.params = {jit::SpecParam::chosen("out", output.name())};
+  spec.launch.threads_per_block = 256;
+  spec.launch.dynamic_smem_bytes = 0;
+  return spec;
+}
+
+}  // namespace qgemm::dispatch

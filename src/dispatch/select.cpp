@@ -1,0 +1,447 @@
+#include "dispatch/select.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "common/log.hpp"
+#include "dispatch/cublaslt_family.hpp"
+#include "dispatch/qdq_family.hpp"
+#include "jit/catalog.hpp"
+#include "qgemm/error.hpp"
+
+namespace qgemm::dispatch {
+
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::MmaStreamed: return "mma.sync streamed";
+    case Path::MmaTiled: return "mma.sync tiled";
+    case Path::Qdq: return "dequantize + cuBLAS";
+    case Path::CublasLtFp8: return "cuBLASLt FP8";
+  }
+  return "?";
+}
+
+const std::vector<Candidate>& all_candidates() {
+  static const std::vector<Candidate> candidates = [] {
+    std::vector<Candidate> list;
+    for (const MmaConfig& config : mma_configs())
+      list.push_back({config.name,
+                      config.kernel == MmaKernel::Streamed ? Path::MmaStreamed : Path::MmaTiled,
+                      &config});
+    list.push_back({"qdq", Path::Qdq, nullptr});
+    list.push_back({"cublaslt-fp8", Path::CublasLtFp8, nullptr});
+    return list;
+  }();
+  return candidates;
+}
+
+const Candidate* find_candidate(std::string_view name) {
+  for (const Candidate& candidate : all_candidates())
+    if (candidate.name == name) return &candidate;
+  return nullptr;
+}
+
+namespace {
+
+// Whether every value of `scale` a weight's scales take is exact for packed16 in `type` (the
+// scale format alone: what `qgemm explain` can know without the scales themselves). Weight
+// scales lie in [2^-24, 2^8] (the weight's magnitude over the code's): values beyond, which only
+// the widest formats hold, are not judged.
+bool scale_format_exact(const Format& scale, const Format& type, int bits) {
+  static std::mutex mutex;
+  static std::map<std::tuple<std::string, std::string, int>, bool> verdicts;
+  if (scale.bits > 16) return false;
+  std::lock_guard lock(mutex);
+  auto key = std::make_tuple(scale.name(), type.name(), bits);
+  if (auto found = verdicts.find(key); found != verdicts.end()) return found->second;
+  bool exact = true;
+  for (std::uint32_t code = 0; code < scale.code_count() && exact; ++code) {
+    if (!is_valid_code(scale, code)) continue;
+    const double value = decode(scale, code);
+    if (std::isfinite(value) && value >= std::ldexp(1.0, -24) && value <= 256.0)
+      exact = layout::packed16_scale_exact(value, type, bits);
+  }
+  verdicts.emplace(std::move(key), exact);
+  return exact;
+}
+
+}  // namespace
+
+WeightFacts WeightFacts::of_scheme(const WeightQuant& quant, std::int64_t n, std::int64_t k,
+                                   jit::Arch arch) {
+  WeightFacts facts;
+  facts.quant = quant;
+  facts.n = n;
+  facts.k = k;
+  if (auto reason = layout::mma_unsupported_reason(quant)) {
+    facts.no_mma = *reason;
+    facts.canonical = true;
+  } else {
+    layout::MmaWeight mma = layout::mma_shape(quant, n, k);
+    mma.scales_exact_in_bf16 = scale_format_exact(quant.scale_format, formats::bf16, quant.format.bits);
+    mma.scales_exact_in_fp16 = scale_format_exact(quant.scale_format, formats::fp16, quant.format.bits);
+    facts.mma = mma;
+  }
+  if (cublaslt_weight_unsupported_reason(quant, arch).empty()) facts.canonical = true;
+  return facts;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> buckets;
+  const std::int64_t last = problem.max_rows();
+  std::int64_t low = problem.m;
+  while (low <= last) {
+    const std::int64_t high = std::min(last, m_bucket(low));
+    buckets.emplace_back(low, high);
+    low = high + 1;
+  }
+  return buckets;
+}
+
+namespace {
+
+double gbps_us(double bytes, double gbps) { return bytes / (gbps * 1e3); }  // µs
+double tflops_us(double flops, double tflops) { return flops / (tflops * 1e6); }
+
+// The activation step before the GEMM: what a call must do to A before the candidate's GEMM
+// can read it (nothing, quantize on the GPU, expand pre-quantized codes), as bytes moved.
+struct ActivationStep {
+  bool pass = false;
+  double bytes = 0;
+};
+
+ActivationStep activation_step(const GemmProblem& p, std::int64_t m, const Format& operand,
+                               bool codes_as_they_are) {
+  const ActivationQuant& quant = p.scheme.activation;
+  if (!quant.is_quantized()) return {};
+  const double elements = static_cast<double>(m) * p.k;
+  if (codes_as_they_are) {
+    // cuBLASLt reads pre-quantized codes as they are; bf16/fp16 input is quantized into codes.
+    if (p.prequantized) return {};
+    return {true, elements * (p.input.storage_bytes() + 1)};
+  }
+  const double in = p.prequantized ? quant.format.bits / 8.0 : p.input.storage_bytes();
+  return {true, elements * (in + operand.storage_bytes())};
+}
+
+double pass_us(const GpuRates& r, double bytes) {
+  return r.launch_us + gbps_us(bytes, r.copy_gbps * r.pass_stream);
+}
+
+// Bytes of the prepared mma weight: codes, fp32 scales (and zeros) per group row.
+double mma_weight_bytes(const layout::MmaWeight& w) {
+  const double codes = static_cast<double>(w.n_padded) * w.k_blocks * 16 * w.format.bits / 8.0;
+  const double scales = static_cast<double>(w.groups) * w.n_padded * 4 * (w.stores_zeros() ? 2 : 1);
+  return codes + scales;
+}
+
+// Bytes of the canonical weight (codes at their width, scales in their format).
+double canonical_weight_bytes(const WeightQuant& q, std::int64_t n, std::int64_t k) {
+  const ScaleGrid grid = weight_scale_grid(q, n, k);
+  const double codes = static_cast<double>(n) * ((k * q.format.bits + 7) / 8);
+  const double scales = static_cast<double>(grid.count()) * q.scale_format.storage_bytes();
+  const double zeros = q.zero_point == ZeroPoint::Integer || q.zero_point == ZeroPoint::Float
+                           ? scales
+                           : 0.0;
+  return codes + scales + zeros;
+}
+
+Cost streamed_cost(const GemmProblem& p, std::int64_t m, const MmaLaunch& launch,
+                   const layout::MmaWeight& w, const Format& operand, const GpuRates& r) {
+  Cost cost;
+  cost.fixed_us = r.decode_fixed_us;
+  const double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
+                       static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
+  cost.memory_us = gbps_us(bytes, r.copy_gbps * r.decode_stream);
+  // The kernel multiplies batch tiles of 8 rows (16 from 9 rows on); the rate is the 16-row one.
+  const double rows = launch.rows > 8 ? 16 : 8;
+  cost.compute_us = tflops_us(2.0 * rows * p.n * p.k, r.decode_tflops_16);
+  cost.note = fmt::format("{} rows, {} splits", launch.rows, launch.splits);
+  return cost;
+}
+
+Cost tiled_cost(const GemmProblem& p, std::int64_t m, const MmaConfig& config,
+                const MmaLaunch& launch, const layout::MmaWeight& w, const Format& operand,
+                const GpuRates& r, const GpuLimits& gpu) {
+  Cost cost;
+  cost.fixed_us = r.tiled_fixed_us;
+  const double blocks = static_cast<double>(launch.blocks(config, m));
+  const double resident = static_cast<double>(gpu.sm_count) * launch.resident_per_sm;
+  // A grid of several waves runs as long as its whole waves (1.1 waves as long as 2); a grid
+  // smaller than a wave leaves slots empty, but its blocks run faster for having their SM's
+  // issue slots to themselves, so it costs less than its share (the square root, fitted to the
+  // N = 640, 2880 and 5760 cases of bench/NOTES.md).
+  const double occupancy = blocks >= resident ? blocks / (std::ceil(blocks / resident) * resident)
+                                              : std::sqrt(blocks / resident);
+  // The pipeline's ramp and the split's epilogue cost about `tiled_ramp_tiles` K tiles per block:
+  // short splits pay them often.
+  const double tiles = launch.tiles_per_split;
+  const double k_efficiency = tiles / (tiles + r.tiled_ramp_tiles);
+  // Larger warp tiles reuse each dequantized B fragment over more m16 tiles.
+  double rate = r.tiled_tflops_base + r.tiled_tflops_per_m_tile * config.tile.m_tiles;
+  if (config.operand_bytes == 1) {
+    rate *= r.tiled_bytes_factor;
+  } else if (!layout::packed16_dequant_applies(w, operand)) {
+    rate *= r.tiled_fp32_factor;
+  }
+  const double rows = std::ceil(static_cast<double>(m) / config.block_m()) * config.block_m();
+  cost.compute_us = tflops_us(2.0 * rows * p.n * p.k, rate * k_efficiency * occupancy);
+  double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
+                 static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
+  if (launch.splits > 1) bytes += 2.0 * launch.splits * m * p.n * 4;  // fp32 partial sums
+  cost.memory_us = gbps_us(bytes, r.copy_gbps * r.tiled_stream * std::min(1.0, blocks / gpu.sm_count));
+  cost.note = fmt::format("{:.0f} blocks ({:.0f} % of a wave), {} splits of {} K tiles", blocks,
+                          100 * blocks / resident, launch.splits, launch.tiles_per_split);
+  return cost;
+}
+
+// cuBLAS's tensor-core efficiency at M rows (measured on the H200: ~0.8 of the 8192³ rate at
+// M = 256, the full rate from M ≈ 1024).
+double cublas_efficiency(std::int64_t m) {
+  return std::min(1.0, static_cast<double>(m) / (static_cast<double>(m) + 64.0) + 0.06);
+}
+
+}  // namespace
+
+Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight,
+                 const SelectionContext& context) {
+  const GpuLimits& gpu = context.gpu;
+  const GpuRates& r = context.rates;
+  const ActivationQuant& quant = p.scheme.activation;
+  const bool quantized = quant.is_quantized();
+  // The 16-bit operand: A itself, or the value type quantized activations expand into.
+  const Format operand16 = quantized ? jit::activation_operand_format(quant) : p.input;
+
+  Selection selection;
+  selection.m = m;
+  for (const Candidate& candidate : all_candidates()) {
+    Verdict v;
+    v.candidate = &candidate;
+    v.operand = operand16;
+    auto reject = [&](std::string why) { v.rejected = std::move(why); };
+    switch (candidate.path) {
+      case Path::MmaStreamed:
+      case Path::MmaTiled: {
+        const MmaConfig& config = *candidate.config;
+        if (config.operand_bytes == 1) {
+          if (!quantized || !jit::codes_are_operand8(quant)) {
+            reject("8-bit operands are int8/e4m3 activation codes with one scale per row");
+            break;
+          }
+          v.operand = quant.format;
+        }
+        if (!weight.mma) {
+          reject("the weight has no mma layout: " + weight.no_mma);
+          break;
+        }
+        if (!quantized && p.a_alignment < 16) {
+          reject(fmt::format("A rows are {}-byte aligned; the kernel copies 16-byte pieces",
+                             p.a_alignment));
+          break;
+        }
+        if (auto why = config.unsupported_reason(m, *weight.mma, v.operand, gpu)) {
+          reject(*why);
+          break;
+        }
+        const MmaLaunch launch = mma_launch(config, m, *weight.mma, gpu);
+        v.cost = candidate.path == Path::MmaStreamed
+                     ? streamed_cost(p, m, launch, *weight.mma, v.operand, r)
+                     : tiled_cost(p, m, config, launch, *weight.mma, v.operand, r, gpu);
+        const ActivationStep step = activation_step(p, m, v.operand, false);
+        if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
+        break;
+      }
+      case Path::Qdq: {
+        if (operand16 == formats::bf16 && gpu.arch < jit::Arch::sm_80) {
+          reject("bf16 GEMMs need SM80 or later");
+          break;
+        }
+        if (!weight.mma && !weight.canonical) {
+          reject("the weight has neither the mma layout nor its canonical codes on the device");
+          break;
+        }
+        const QdqLaunch launch = qdq_launch(p, m, weight);
+        const double stored = weight.mma ? mma_weight_bytes(*weight.mma)
+                                         : canonical_weight_bytes(weight.quant, p.n, p.k);
+        const double wide = 2.0 * p.n * p.k;  // the 16-bit weight
+        v.cost.passes_us = launch.chunks * r.launch_us +
+                           gbps_us(stored + wide, r.copy_gbps * r.dequant_stream);
+        v.cost.fixed_us = launch.chunks * r.cublas_fixed_us;
+        v.cost.memory_us = gbps_us(wide, r.copy_gbps * r.cublas_stream);
+        v.cost.compute_us =
+            tflops_us(2.0 * m * p.n * p.k, r.bf16_tflops * cublas_efficiency(m));
+        if (launch.finish)
+          v.cost.passes_us +=
+              pass_us(r, static_cast<double>(m) * p.n * (8 + p.scheme.output.storage_bytes()));
+        const ActivationStep step = activation_step(p, m, v.operand, false);
+        if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
+        v.cost.note = fmt::format("{} chunk{} of {} rows{}", launch.chunks,
+                                  launch.chunks > 1 ? "s" : "", launch.chunk_n,
+                                  launch.finish ? ", fp32 sums + finish" : "");
+        break;
+      }
+      case Path::CublasLtFp8: {
+        const std::string why = cublaslt_unsupported_reason(p, m, weight, gpu.arch);
+        if (!why.empty()) {
+          reject(why);
+          break;
+        }
+        v.operand = quant.format;
+        const CublasLtScaling scaling = cublaslt_scaling(p.scheme);
+        v.cost.fixed_us = r.fp8_fixed_us;
+        const double bytes = static_cast<double>(p.n) * p.k + static_cast<double>(m) * p.k +
+                             static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
+        v.cost.memory_us = gbps_us(bytes, r.copy_gbps * r.fp8_stream);
+        v.cost.compute_us = tflops_us(2.0 * m * p.n * p.k, r.fp8_tflops);
+        double slowdown = 1.0;
+        if (scaling == CublasLtScaling::Outer && m <= 64) slowdown = r.fp8_outer_small_m;
+        if (scaling == CublasLtScaling::Block) slowdown = r.fp8_block;
+        v.cost.memory_us *= slowdown;
+        v.cost.compute_us *= slowdown;
+        const ActivationStep step = activation_step(p, m, v.operand, true);
+        if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
+        v.cost.note = cublaslt_scaling_name(scaling);
+        break;
+      }
+    }
+    if (v.rejected.empty())
+      v.cost.total_us =
+          v.cost.fixed_us + std::max(v.cost.memory_us, v.cost.compute_us) + v.cost.passes_us;
+    selection.verdicts.push_back(std::move(v));
+  }
+
+  auto index_of = [&](std::string_view name) {
+    for (std::size_t i = 0; i < selection.verdicts.size(); ++i)
+      if (selection.verdicts[i].candidate->name == name) return static_cast<int>(i);
+    return -1;
+  };
+  if (!context.forced.empty()) {
+    const int forced = index_of(context.forced);
+    if (forced < 0) {
+      std::string names;
+      for (const Candidate& c : all_candidates()) names += (names.empty() ? "" : ", ") + c.name;
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm: '{}' is not a candidate (candidates: {})", context.forced,
+                              names));
+    }
+    const Verdict& v = selection.verdicts[static_cast<std::size_t>(forced)];
+    if (!v.rejected.empty())
+      throw Error(ErrorCode::Unsupported, fmt::format("gemm: candidate '{}' cannot serve M = {}: {}",
+                                                      context.forced, m, v.rejected));
+    selection.winner = forced;
+    selection.winner_us = v.cost.total_us;
+    selection.reason = "forced by the caller";
+    return selection;
+  }
+
+  // The model's ranking: the lowest predicted time.
+  int best = -1, second = -1;
+  for (std::size_t i = 0; i < selection.verdicts.size(); ++i) {
+    const Verdict& v = selection.verdicts[i];
+    if (!v.rejected.empty()) continue;
+    const int index = static_cast<int>(i);
+    if (best < 0 || v.cost.total_us < selection.verdicts[static_cast<std::size_t>(best)].cost.total_us) {
+      second = best;
+      best = index;
+    } else if (second < 0 ||
+               v.cost.total_us < selection.verdicts[static_cast<std::size_t>(second)].cost.total_us) {
+      second = index;
+    }
+  }
+  if (best < 0) {
+    std::string reasons;
+    for (const Verdict& v : selection.verdicts)
+      reasons += fmt::format("\n  {}: {}", v.candidate->name, v.rejected);
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("gemm: nothing serves M = {} N = {} K = {} of scheme {}:{}", m, p.n,
+                            p.k, to_string(p.scheme), reasons));
+  }
+  selection.winner = best;
+  selection.winner_us = selection.verdicts[static_cast<std::size_t>(best)].cost.total_us;
+  selection.reason =
+      second < 0 ? fmt::format("the only candidate that serves ({:.1f} µs predicted)",
+                               selection.winner_us)
+                 : fmt::format("lowest predicted time, {:.1f} µs (next: {} {:.1f} µs)",
+                               selection.winner_us,
+                               selection.verdicts[static_cast<std::size_t>(second)].candidate->name,
+                               selection.verdicts[static_cast<std::size_t>(second)].cost.total_us);
+
+  // A measured table overrides the model where it has an entry whose winner serves.
+  if (context.table) {
+    Scheme key_scheme = p.scheme;
+    key_scheme.name.clear();
+    if (const TuningEntry* entry = context.table->find(to_string(key_scheme), p.n, p.k, m)) {
+      const int tuned = index_of(entry->config);
+      if (tuned < 0) {
+        log(LogLevel::Info, "tuning table: '{}' (N={} K={} M bucket {}) is not a candidate of this "
+            "build; the cost model chooses", entry->config, p.n, p.k, entry->key.m_bucket);
+      } else if (const Verdict& v = selection.verdicts[static_cast<std::size_t>(tuned)];
+                 !v.rejected.empty()) {
+        log(LogLevel::Info, "tuning table: '{}' cannot serve M = {}: {}; the cost model chooses",
+            entry->config, m, v.rejected);
+      } else {
+        selection.winner = tuned;
+        selection.winner_us = entry->microseconds;
+        selection.reason = fmt::format("tuning table: measured {:.1f} µs at M bucket {}",
+                                       entry->microseconds, entry->key.m_bucket);
+      }
+    }
+  }
+  return selection;
+}
+
+std::string selection_json(const Selection& selection) {
+  nlohmann::ordered_json out;
+  out["m"] = selection.m;
+  nlohmann::ordered_json candidates = nlohmann::ordered_json::array();
+  for (const Verdict& v : selection.verdicts) {
+    nlohmann::ordered_json c;
+    c["name"] = v.candidate->name;
+    c["path"] = path_name(v.candidate->path);
+    if (!v.rejected.empty()) {
+      c["rejected"] = v.rejected;
+    } else {
+      c["operand"] = v.operand.name();
+      c["predicted_us"] = v.cost.total_us;
+      c["cost"] = {{"fixed_us", v.cost.fixed_us},
+                   {"memory_us", v.cost.memory_us},
+                   {"compute_us", v.cost.compute_us},
+                   {"passes_us", v.cost.passes_us},
+                   {"note", v.cost.note}};
+    }
+    candidates.push_back(std::move(c));
+  }
+  out["candidates"] = std::move(candidates);
+  const Verdict& winner = selection.chosen();
+  out["winner"] = {{"name", winner.candidate->name},
+                   {"path", path_name(winner.candidate->path)},
+                   {"predicted_us", selection.winner_us},
+                   {"reason", selection.reason}};
+  return out.dump(2);
+}
+
+std::string selection_text(const Selection& selection) {
+  std::string text = fmt::format("M = {}\n", selection.m);
+  for (std::size_t i = 0; i < selection.verdicts.size(); ++i) {
+    const Verdict& v = selection.verdicts[i];
+    const char* mark = static_cast<int>(i) == selection.winner ? "*" : " ";
+    if (v.rejected.empty()) {
+      text += fmt::format(" {} {:<14} {:>9.1f} µs  {} operand; fixed {:.1f} + max(memory {:.1f}, "
+                          "compute {:.1f}) + passes {:.1f}; {}\n",
+                          mark, v.candidate->name, v.cost.total_us, v.operand.name(),
+                          v.cost.fixed_us, v.cost.memory_us, v.cost.compute_us,
+                          v.cost.passes_us, v.cost.note);
+    } else {
+      text += fmt::format(" {} {:<14} rejected: {}\n", mark, v.candidate->name, v.rejected);
+    }
+  }
+  text += fmt::format("winner: {} ({})\n", selection.chosen().candidate->name, selection.reason);
+  return text;
+}
+
+}  // namespace qgemm::dispatch

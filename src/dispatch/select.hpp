@@ -1,0 +1,97 @@
+// The selector: problem → every candidate → filter (one stated reason per rejection) → rank
+// (cost model, or the measured tuning table) → the winner.
+//
+//   candidate       path          serves
+//   decode, ...     mma streamed  M ≤ 16, weights in the mma layout (dispatch/mma_family.hpp)
+//   medium, ...     mma tiled     any M, weights in the mma layout, 16-bit or 8-bit operands
+//   qdq             dequantize    every weight: dequantized to 16 bits chunk by chunk of N, then
+//                   + cuBLAS      cuBLAS BF16/FP16 (dispatch/qdq_family.hpp)
+//   cublaslt-fp8    cuBLASLt FP8  e4m3/e5m2 weights against e4m3/e5m2 activations, with the
+//                                 scheme's scales as cuBLASLt scale modes
+//
+// A selection is pure: it reads the problem, what the weight was prepared as, the GPU's limits
+// and measured rates, and the tuning table; it compiles and launches nothing, so `qgemm explain`
+// runs it without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dispatch/cost_model.hpp"
+#include "dispatch/gpu_limits.hpp"
+#include "dispatch/mma_family.hpp"
+#include "dispatch/tuning_table.hpp"
+#include "layout/mma_layout.hpp"
+#include "qgemm/plan.hpp"
+
+namespace qgemm::dispatch {
+
+enum class Path { MmaStreamed, MmaTiled, Qdq, CublasLtFp8 };
+const char* path_name(Path path);  // "mma.sync streamed", ..., "cuBLASLt FP8"
+
+struct Candidate {
+  std::string name;
+  Path path = Path::Qdq;
+  const MmaConfig* config = nullptr;  // the mma paths
+};
+// Every candidate in catalog order: the mma configs, then qdq, then cublaslt-fp8.
+const std::vector<Candidate>& all_candidates();
+const Candidate* find_candidate(std::string_view name);  // null when there is none
+
+// What the weight was prepared as (the Engine's prepared weight, or for `qgemm explain` what
+// prepare_weight would make of the scheme).
+struct WeightFacts {
+  WeightQuant quant;
+  std::int64_t n = 0, k = 0;
+  std::optional<layout::MmaWeight> mma;  // metadata of the mma layout, when prepared
+  std::string no_mma;                    // why there is none
+  bool canonical = false;                // the canonical codes and scales are on the device
+  // Of a scheme alone: the mma layout's metadata with the scale-exactness flags the scale
+  // format implies, canonical codes where cuBLASLt FP8 could use them on `arch`.
+  static WeightFacts of_scheme(const WeightQuant& quant, std::int64_t n, std::int64_t k,
+                               jit::Arch arch);
+};
+
+struct Verdict {
+  const Candidate* candidate = nullptr;
+  std::string rejected;  // empty: the candidate serves
+  Format operand;        // the A operand its GEMM takes (16-bit, or 8-bit codes)
+  Cost cost;             // predicted, when it serves
+};
+
+struct Selection {
+  std::int64_t m = 0;  // the M the verdicts were judged at
+  std::vector<Verdict> verdicts;  // every candidate, catalog order
+  int winner = -1;                // index into verdicts
+  double winner_us = 0;           // predicted, or measured when the table chose
+  std::string reason;             // why the winner won
+  const Verdict& chosen() const { return verdicts.at(static_cast<std::size_t>(winner)); }
+};
+
+struct SelectionContext {
+  GpuLimits gpu;
+  GpuRates rates;
+  const TuningTable* table = nullptr;  // an applicable table (this machine's), or null
+  std::string forced;                  // a candidate name (benches, the tuner); empty: choose
+};
+
+// The choice for `m` rows of `problem` (m within its range). Error(Unsupported) naming every
+// candidate's reason when none serves; Error(InvalidArgument) for a forced name that is not a
+// candidate, Error(Unsupported) for one that cannot serve.
+Selection select(const GemmProblem& problem, std::int64_t m, const WeightFacts& weight,
+                 const SelectionContext& context);
+
+// The M buckets of a problem's range: powers of two (1, 2, 4, ...), each as [low, high]
+// clipped to the range.
+std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem);
+
+// {"m": M, "candidates": [{"name", "path", "operand", "rejected" | "predicted_us", "cost":
+// {...}}], "winner": {"name", "kernel"?, "predicted_us", "reason"}} (kernel: when the caller
+// adds it).
+std::string selection_json(const Selection& selection);
+// A table: one line per candidate (its verdict), then the winner.
+std::string selection_text(const Selection& selection);
+
+}  // namespace qgemm::dispatch

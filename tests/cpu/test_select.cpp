@@ -1,0 +1,332 @@
+// The selector (src/dispatch/select.hpp) and the families it chooses among: which candidate
+// serves which problem and why not, that the cost model's picks follow the H200 measurements
+// where they are clear-cut, that launch geometry covers the problem exactly, and that forcing a
+// candidate is checked.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "dispatch/candidate_launch.hpp"
+#include "dispatch/mma_family.hpp"
+#include "dispatch/qdq_family.hpp"
+#include "dispatch/select.hpp"
+#include "jit/cache.hpp"
+#include "jit/catalog.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::dispatch {
+namespace {
+
+const GpuLimits kH200 = GpuLimits::of_arch(jit::Arch::sm_90a, 132);
+const GpuLimits kAda = GpuLimits::of_arch(jit::Arch::sm_89, 128);
+
+// A problem of `scheme` (preset or text) at M rows with bf16 input (the scheme's own 16-bit
+// activations when it has them).
+GemmProblem problem_of(const std::string& scheme, std::int64_t m, std::int64_t n, std::int64_t k) {
+  GemmProblem p;
+  p.scheme = parse_scheme(scheme);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.input = p.scheme.activation.is_quantized() ? formats::bf16 : p.scheme.activation.format;
+  return p;
+}
+
+SelectionContext context_of(const GpuLimits& gpu) {
+  SelectionContext context;
+  context.gpu = gpu;
+  context.rates = GpuRates::of(gpu);
+  return context;
+}
+
+Selection select_for(const GemmProblem& p, const GpuLimits& gpu = kH200) {
+  return select(p, p.max_rows(), WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, gpu.arch),
+                context_of(gpu));
+}
+
+const Verdict& verdict_of(const Selection& s, std::string_view name) {
+  for (const Verdict& v : s.verdicts)
+    if (v.candidate->name == name) return v;
+  throw std::runtime_error("no candidate " + std::string(name));
+}
+
+bool contains(const std::string& text, std::string_view part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Every candidate gets a verdict: a reason, or a finite positive prediction; one winner, which
+// serves.
+TEST(Select, EveryCandidateGetsAVerdictAndTheWinnerServes) {
+  for (const Preset& preset : presets())
+    for (std::int64_t m : {1, 7, 16, 64, 256, 4096}) {
+      SCOPED_TRACE(preset.name + " M=" + std::to_string(m));
+      const GemmProblem p = problem_of(preset.name, m, 4096, 4096);
+      const Selection s = select_for(p);
+      ASSERT_EQ(s.verdicts.size(), all_candidates().size());
+      for (const Verdict& v : s.verdicts) {
+        if (v.rejected.empty()) {
+          EXPECT_TRUE(std::isfinite(v.cost.total_us) && v.cost.total_us > 0) << v.candidate->name;
+        } else {
+          EXPECT_GT(v.rejected.size(), 10u) << v.candidate->name;
+        }
+      }
+      ASSERT_GE(s.winner, 0);
+      EXPECT_TRUE(s.chosen().rejected.empty());
+      EXPECT_FALSE(s.reason.empty());
+      // The winner's kernels can be described without a GPU.
+      const CandidateLaunch launch = candidate_launch(
+          p, m, s.chosen(), WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, kH200.arch), kH200,
+          0.0);
+      EXPECT_FALSE(launch.text().empty());
+    }
+}
+
+// The 8-bit mma takes int8/e4m3 codes with one scale per row, e4m3 only where mma.sync is native
+// on it, and integer codes with integer zero points against int8.
+TEST(Select, EightBitOperandRules) {
+  {
+    const Selection s = select_for(problem_of("w8a8-int8", 64, 8192, 8192));
+    const Verdict& v = verdict_of(s, "medium-a8");
+    EXPECT_TRUE(v.rejected.empty()) << v.rejected;
+    EXPECT_EQ(v.operand, formats::int8);
+    // The 16-bit configs take the 16-bit operand int8 codes expand into (fp16 holds them).
+    EXPECT_EQ(verdict_of(s, "medium").operand,
+              jit::activation_operand_format(parse_scheme("w8a8-int8").activation));
+  }
+  EXPECT_TRUE(contains(verdict_of(select_for(problem_of("w4a16", 64, 4096, 4096)), "medium-a8")
+                           .rejected,
+                       "one scale per row"));
+  // SM90 has no native e4m3 mma.sync; SM89 has.
+  EXPECT_TRUE(contains(verdict_of(select_for(problem_of("w4a8-fp8", 64, 8192, 8192)), "medium-a8")
+                           .rejected,
+                       "native on SM89"));
+  EXPECT_EQ(verdict_of(select_for(problem_of("w4a8-fp8", 64, 8192, 8192), kAda), "medium-a8")
+                .operand,
+            formats::e4m3);
+  // 1x128 activation groups (fp8-block) are no row factor.
+  EXPECT_TRUE(contains(verdict_of(select_for(problem_of("fp8-block", 64, 8192, 8192), kAda),
+                                  "prefill-a8")
+                           .rejected,
+                       "one scale per row"));
+  // Float zero points are not integers to take off in s32.
+  EXPECT_FALSE(verdict_of(select_for(problem_of("w=uint4:g128:s=fp16:zp=float;a=int8:t", 64,
+                                                4096, 4096)),
+                          "medium-a8")
+                   .rejected.empty());
+}
+
+// Where the H200 measurements are clear-cut (bench/NOTES.md), the model agrees: decode streams
+// the weight at M ≤ 16, the tiled kernel wins at M = 64 on a large layer (80 µs against 140 for
+// dequantize + cuBLAS), dequantize + cuBLAS wins at M = 4096 (0.88 of cuBLAS against 0.33).
+TEST(Select, ModelFollowsTheClearCutMeasurements) {
+  for (std::int64_t m : {1, 2, 5, 16})
+    EXPECT_EQ(select_for(problem_of("w4a16", m, 28672, 8192)).chosen().candidate->path,
+              Path::MmaStreamed)
+        << "M=" << m;
+  EXPECT_EQ(select_for(problem_of("w4a16", 64, 8192, 8192)).chosen().candidate->path,
+            Path::MmaTiled);
+  for (std::int64_t m : {1024, 4096})
+    EXPECT_EQ(select_for(problem_of("w4a16", m, 28672, 8192)).chosen().candidate->path, Path::Qdq)
+        << "M=" << m;
+  // 8-bit float weights against 8-bit float activations at prefill: cuBLASLt FP8 (its per-token
+  // × per-channel scaling costs it nothing there: 376 against 374 µs, 8192², M = 4096).
+  EXPECT_EQ(select_for(problem_of("w8a8-fp8", 4096, 8192, 8192)).chosen().candidate->path,
+            Path::CublasLtFp8);
+}
+
+// cuBLASLt FP8's rules: 8-bit float codes on both sides with a scale mode it has, SM89+, N and
+// K in multiples of 16, 128-block scaling from M = 16 on SM90.
+TEST(Select, CublasLtFp8Rules) {
+  EXPECT_TRUE(verdict_of(select_for(problem_of("w8a8-fp8", 256, 8192, 8192)), "cublaslt-fp8")
+                  .rejected.empty());
+  EXPECT_TRUE(contains(verdict_of(select_for(problem_of("w8a8-fp8", 256, 8192, 8192),
+                                             GpuLimits::of_arch(jit::Arch::sm_80, 108)),
+                                  "cublaslt-fp8")
+                           .rejected,
+                       "SM89"));
+  EXPECT_TRUE(contains(
+      verdict_of(select_for(problem_of("w4a8-fp8", 256, 8192, 8192)), "cublaslt-fp8").rejected,
+      "not e4m3/e5m2"));
+  EXPECT_TRUE(contains(
+      verdict_of(select_for(problem_of("w=e4m3:ch:s=fp32;a=bf16", 256, 8192, 8192)), "cublaslt-fp8")
+          .rejected,
+      "activations are bf16"));
+  EXPECT_TRUE(contains(verdict_of(select_for(problem_of("w8a8-fp8", 256, 8200, 8192)),
+                                  "cublaslt-fp8")
+                           .rejected,
+                       "multiples of 16"));
+  EXPECT_TRUE(contains(
+      verdict_of(select_for(problem_of("fp8-block", 8, 7168, 18432)), "cublaslt-fp8").rejected,
+      "M = 16"));
+  EXPECT_TRUE(verdict_of(select_for(problem_of("fp8-block", 16, 7168, 18432)), "cublaslt-fp8")
+                  .rejected.empty());
+}
+
+// Every k16 block belongs to exactly one split: the splits reach K, and the last one is needed;
+// the grid covers N and M.
+TEST(MmaFamily, LaunchesCoverTheProblemExactlyOnce) {
+  for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {640, 640},
+                        {5472, 2880},
+                        {4000, 10944}})
+      for (const MmaConfig& config : mma_configs())
+        for (std::int64_t m : {1, 3, 16, 17, 64, 128}) {
+          const layout::MmaWeight w = *WeightFacts::of_scheme(parse_scheme(scheme).weight, n, k,
+                                                              kH200.arch)
+                                           .mma;
+          if (config.unsupported_reason(m, w, formats::bf16, kH200)) continue;
+          SCOPED_TRACE(config.name + " " + scheme + " M=" + std::to_string(m) +
+                       " N=" + std::to_string(n) + " K=" + std::to_string(k));
+          const MmaLaunch launch = mma_launch(config, m, w, kH200);
+          ASSERT_GE(launch.splits, 1);
+          if (config.kernel == MmaKernel::Streamed) {
+            const std::int64_t per_split =
+                static_cast<std::int64_t>(launch.blocks_per_warp) * config.decode.warps;
+            EXPECT_EQ(launch.blocks_per_warp % config.decode.stage_blocks, 0);
+            EXPECT_GE(per_split * launch.splits, w.k_blocks);
+            EXPECT_LT(per_split * (launch.splits - 1), w.k_blocks);
+            EXPECT_EQ(launch.grid_x, static_cast<unsigned>(w.n_padded / 64));
+            EXPECT_GE(launch.rows, m);
+          } else {
+            EXPECT_GE(static_cast<std::int64_t>(launch.tiles_per_split) * launch.splits,
+                      launch.k_tiles);
+            EXPECT_LT(static_cast<std::int64_t>(launch.tiles_per_split) * (launch.splits - 1),
+                      launch.k_tiles);
+            EXPECT_GE(static_cast<std::int64_t>(launch.grid_y(config, m)) * config.block_m(), m);
+            EXPECT_GE(static_cast<std::int64_t>(launch.grid_x) * config.block_n(), w.n_padded);
+          }
+        }
+}
+
+// The streamed split (measured on the H200, bench/NOTES.md third session): every warp of a split
+// launch streams at least 512 of K (shorter ranges pay their ramp and drain), and large-N decode
+// is split (one split of 28672×8192 left too few warps in flight: 51 µs against 44).
+TEST(MmaFamily, StreamedSplitsKeepWarpRangesLongAndFillTheGpu) {
+  for (const char* scheme : {"w4a16", "w8a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {8192, 8192},
+                        {640, 10944},
+                        {5472, 2880}}) {
+      SCOPED_TRACE(std::string(scheme) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+      const layout::MmaWeight w =
+          *WeightFacts::of_scheme(parse_scheme(scheme).weight, n, k, kH200.arch).mma;
+      const MmaLaunch launch = mma_launch(*find_mma_config("decode"), 1, w, kH200);
+      if (launch.splits > 1) EXPECT_GE(launch.blocks_per_warp * 16, 512);
+      if (n >= 8192 && k >= 8192) EXPECT_GT(launch.splits, 1);
+    }
+}
+
+// Dequantize + cuBLAS chunks are whole 64-row slices (and whole 128-row scale blocks), within
+// the scratch bound where one slice fits it, and never more than the weight.
+TEST(QdqFamily, ChunksAreBoundedWholeSlices) {
+  for (const char* scheme : {"w4a16", "fp8-block"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {640, 640},
+                        {4000, 10944},
+                        {128, 1 << 20}})
+      for (std::int64_t m : {std::int64_t{300}, std::int64_t{4096}, std::int64_t{1} << 22}) {
+        SCOPED_TRACE(std::string(scheme) + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
+                     " K=" + std::to_string(k));
+        const GemmProblem p = problem_of(scheme, m, n, k);
+        const QdqLaunch launch =
+            qdq_launch(p, m, WeightFacts::of_scheme(p.scheme.weight, n, k, kH200.arch));
+        const std::int64_t unit = p.scheme.weight.granularity == WeightGranularity::Block ? 128 : 64;
+        EXPECT_EQ(launch.chunk_n % unit, 0);
+        EXPECT_GE(launch.chunk_n, unit);
+        EXPECT_LE(launch.chunk_n, (n + unit - 1) / unit * unit);
+        EXPECT_EQ(launch.chunks, (n + launch.chunk_n - 1) / launch.chunk_n);
+        if (unit * k * 2 <= (std::int64_t{64} << 20) &&
+            (!launch.finish || unit * m * 4 <= (std::int64_t{128} << 20))) {
+          EXPECT_LE(launch.chunk_n * k * 2, std::int64_t{64} << 20);
+          if (launch.finish) EXPECT_LE(launch.chunk_n * m * 4, std::int64_t{128} << 20);
+        }
+      }
+}
+
+// A weight no tile config serves (groups of 48: no BK or stage K they tile) is served at every M
+// by dequantize + cuBLAS; forcing a candidate that cannot serve is an error naming it and the
+// reason, and an unknown name is one too.
+TEST(Select, WeightsNoKernelHoldsFallBackToQdq) {
+  for (std::int64_t m : {1, 16, 64, 4096}) {
+    const Selection s = select_for(problem_of("w=uint4:g48:s=bf16:zp=int;a=bf16", m, 640, 2880));
+    EXPECT_EQ(s.chosen().candidate->path, Path::Qdq) << "M=" << m;
+    EXPECT_TRUE(contains(verdict_of(s, "medium").rejected, "group 48")) << "M=" << m;
+    if (m <= 16) EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "group 48")) << "M=" << m;
+  }
+  GemmProblem p = problem_of("w=uint4:g48:s=bf16:zp=int;a=bf16", 1, 640, 2880);
+  SelectionContext context = context_of(kH200);
+  const WeightFacts facts = WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, kH200.arch);
+  context.forced = "decode";
+  try {
+    select(p, 1, facts, context);
+    ADD_FAILURE() << "forced decode served a group of 48";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+    EXPECT_TRUE(contains(e.what(), "decode")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "group 48")) << e.what();
+  }
+  context.forced = "no-such-candidate";
+  try {
+    select(p, 1, facts, context);
+    ADD_FAILURE() << "an unknown candidate name was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "no-such-candidate")) << e.what();
+  }
+  context.forced = "qdq";
+  EXPECT_EQ(select(p, 1, facts, context).reason, "forced by the caller");
+}
+
+// A16 problems whose A rows are not 16-byte aligned cannot be copied by the tensor-core
+// kernels: dequantize + cuBLAS serves them.
+TEST(Select, UnalignedActivationsAreServedByCublas) {
+  GemmProblem p = problem_of("w4a16", 1, 4096, 4096);
+  p.a_alignment = 2;
+  const Selection s = select_for(p);
+  EXPECT_EQ(s.chosen().candidate->path, Path::Qdq);
+  EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "2-byte aligned"));
+}
+
+// M ranges are cut into power-of-two buckets clipped to the range.
+TEST(Select, BucketsCoverTheRange) {
+  GemmProblem p = problem_of("w4a16", 3, 64, 64);
+  p.m_max = 40;
+  const auto buckets = m_buckets(p);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> expected = {
+      {3, 4}, {5, 8}, {9, 16}, {17, 32}, {33, 40}};
+  EXPECT_EQ(buckets, expected);
+  p.m_max = 0;
+  EXPECT_EQ(m_buckets(p), (std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 3}}));
+}
+
+// The dequant + cuBLAS kernels compile without spills: the dequantization for each zero mode
+// and float weights, the finishing kernel for each output type.
+TEST(QdqFamily, KernelsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  std::vector<jit::KernelSpec> specs;
+  for (const char* scheme :
+       {"w4a16", "w=uint4:g128:s=bf16:zp=int;a=bf16", "w=uint6:g128:s=fp16:zp=float;a=fp16",
+        "w=e3m2:g32:s=e8m0;a=bf16", "w8a16", "w=uint4:g48:s=bf16:zp=int;a=bf16"}) {
+    const Scheme s = parse_scheme(scheme);
+    specs.push_back(qdq_dequantize_spec(WeightFacts::of_scheme(s.weight, 640, 1024, kH200.arch),
+                                        s.activation.format, jit::Arch::sm_90a));
+  }
+  for (const Format& out : {formats::fp16, formats::bf16, formats::fp32})
+    for (jit::Arch arch : {jit::Arch::sm_80, jit::Arch::sm_90a})
+      specs.push_back(finish_gemm_spec(out, arch));
+  for (const jit::KernelSpec& spec : specs) {
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace qgemm::dispatch
