@@ -218,12 +218,6 @@ std::optional<Fp8ScaleModes> fp8_scale_modes(const Scheme& scheme, std::string* 
         fmt::format("activations {} (rule: e4m3 or e5m2 codes: cuBLASLt FP8 "
                     "multiplies 8-bit floats on both sides)",
                     a.format.name()));
-  if (a.scale_format != formats::fp32)
-    return refuse(
-        fmt::format("activation scales {} (rule: fp32, the type cuBLASLt reads; the "
-                    "GPU quantizer writes them in the scheme's format)",
-                    a.scale_format.name()));
-
   Fp8ScaleMode weight_mode = Fp8ScaleMode::Tensor;
   switch (w.granularity) {
     case WeightGranularity::PerTensor: weight_mode = Fp8ScaleMode::Tensor; break;
@@ -255,7 +249,7 @@ std::optional<Fp8ScaleModes> fp8_scale_modes(const Scheme& scheme, std::string* 
                         a.group));
       activation_mode = Fp8ScaleMode::Block1x128;
       break;
-    default:
+    default:  // their scales (e8m0, ue4m3 and a tensor scale) have no cuBLASLt FP8 mode
       return refuse("MX / NV activation scales (rule: static, per-token or g128 fp32 scales)");
   }
   // cuBLASLt's pairs: a block mode on either side makes A 1x128 (W keeps 128 x 128 blocks or
