@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "qgemm/error.hpp"
-#include "runtime/device_memory.hpp"
 #include "runtime/utility_kernels.hpp"
 
 namespace qgemm::runtime {
@@ -316,7 +315,7 @@ kernels::QuantizeActivationArgs fp8_quantize_activation_args(const ActivationQua
   return args;
 }
 
-CublasLt::CublasLt() {
+CublasLt::CublasLt() : placeholder_scales_(256) {
   cublasLtHandle_t handle = nullptr;
   check(cublasLtCreate(&handle), "cublasLtCreate");
   handle_ = handle;
@@ -384,9 +383,8 @@ Fp8Matmul Fp8Matmul::prepare(const CublasLt& cublaslt, const Fp8MatmulShape& req
   plan->set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(shape.w_scale), "set A_SCALE_MODE");
   plan->set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(shape.a_scale), "set B_SCALE_MODE");
   // The heuristic wants scale pointers for the vector and block modes (it refuses a null one);
-  // it reads no data, so a placeholder device buffer stands in until run() sets the real ones.
-  const DeviceBuffer placeholder(256);
-  const void* placeholder_scales = placeholder.as<void>();
+  // it reads no data, so a placeholder stands in until run() sets the real ones.
+  const void* placeholder_scales = cublaslt.placeholder_scales();
   plan->set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, placeholder_scales, "set A_SCALE_POINTER");
   plan->set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, placeholder_scales, "set B_SCALE_POINTER");
   const auto k = static_cast<std::uint64_t>(shape.k);

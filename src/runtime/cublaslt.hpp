@@ -48,12 +48,13 @@
 // What cuBLASLt FP8 requires (cublasLtMatmul's FP8 section and Tensor Core usage rules;
 // fp8_matmul_unsupported_reason checks each, without a GPU):
 //   - A, B row strides (k bytes) 16-byte aligned: k % 16 == 0
-//   - cuBLASLt's m (our n) a multiple of 16 (16-byte rows of its A; PyTorch's _scaled_mm
-//     enforces the same); our m (tokens) any ≥ 1
+//   - cuBLASLt's m (our n) a multiple of 16 (PyTorch's _scaled_mm demands it for FP8; early
+//     cuBLAS 12 refused other m); our m (tokens) any ≥ 1 (the torch run had M = 1)
 //   - C's rows 16-byte aligned: ldc · bytes(C) % 16 == 0, ldc ≥ n
 //   - every pointer aligned to the shape's `alignment` (≥ 16 bytes)
 //   - e4m3 × e4m3, e4m3 × e5m2, e5m2 × e4m3 (not e5m2 × e5m2); block modes e4m3 only
-//   - block modes: fp32-promoted accumulation only (no fast accumulation)
+//   - block modes: fp32-promoted accumulation only (no fast accumulation); k need not be a
+//     multiple of 128 (the docs count ceil(k/128) scales; the GPU test decides it)
 //   - compute capability 8.9+ for FP8; the vector and block modes on 9.0 only (cuBLAS 13.1)
 // cuBLASLt's heuristic has the last word: prepare() asks it and reports Error(Unsupported) when
 // it offers no algorithm.
@@ -71,6 +72,7 @@
 #include "../../kernels/util/utility_args.cuh"
 #include "qgemm/quant.hpp"
 #include "qgemm/scheme.hpp"
+#include "runtime/device_memory.hpp"
 
 namespace qgemm::runtime {
 
@@ -152,7 +154,8 @@ kernels::QuantizeActivationArgs fp8_quantize_activation_args(const ActivationQua
                                                              std::int64_t k, CUdeviceptr input,
                                                              std::int64_t lda, double static_scale);
 
-// One cuBLASLt handle (per engine / device). cuBLASLt uses the context current on the thread.
+// One cuBLASLt handle (per engine / device). cuBLASLt uses the context current on the thread,
+// which must be current when the handle is made (it allocates a little device memory).
 class CublasLt {
  public:
   CublasLt();  // Error(CudaError) naming the status when the handle cannot be made
@@ -161,11 +164,15 @@ class CublasLt {
   CublasLt& operator=(const CublasLt&) = delete;
 
   void* handle() const { return handle_; }
+  // 256 bytes of device memory that stand in for scale pointers while prepare() asks the
+  // heuristic (it refuses a null one and reads none); run() sets the real ones.
+  const void* placeholder_scales() const { return placeholder_scales_.as<void>(); }
   // "13.1.0": the cuBLASLt this process runs against.
   static std::string version_text();
 
  private:
   void* handle_ = nullptr;
+  DeviceBuffer placeholder_scales_;
 };
 
 // A prepared FP8 product of one shape: cuBLASLt's descriptors and the algorithm its heuristic
