@@ -17,7 +17,10 @@
 //
 // Emit modes:
 //   codes    the canonical packed form (include/qgemm/quant.hpp): codes[m][ceil(k·bits/8)],
-//            the scale grid's codes row-major, NV's tensor scale in tensor_scale[0]
+//            the scale grid's codes row-major, NV's tensor scale in tensor_scale[0]; or, with
+//            other scale strides in the arguments, the scales where cuBLASLt reads them
+//            (src/runtime/cublaslt.hpp: 1x128 scales [cell][m], a per-row scale repeated):
+//              scale(row, cell) -> scales[row · scale_row_stride + cell · scale_cell_stride]
 //   operand  operand[m][ldo] in 16 bits and row_factors[m] such that
 //              A_dequantized[r, c] = operand[r, c] · row_factors[r]
 //            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
@@ -185,14 +188,15 @@ struct ActivationQuantizer {
     }
     __syncthreads();
     const double scale = *shared_scale;
-    if (threadIdx.x == 0) {
-      if constexpr (kEmit == kEmitCodes) {
-        // Static: the 1 x 1 grid's one scale.
-        if (kScaling == kScaleToken || row == 0)
-          store_scale<kScaleFormat>(args.scales, kScaling == kScaleToken ? row : 0, scale);
-      } else {
-        args.row_factors[row] = static_cast<float>(scale);
-      }
+    if constexpr (kEmit == kEmitCodes) {
+      // The row's scale into its scale_copies cells; a row stride of 0 (static, canonical:
+      // the 1 x 1 grid) is written by row 0 alone.
+      if (args.scale_row_stride != 0 || row == 0)
+        for (long long copy = threadIdx.x; copy < args.scale_copies; copy += kThreads)
+          store_scale<kScaleFormat>(
+              args.scales, row * args.scale_row_stride + copy * args.scale_cell_stride, scale);
+    } else {
+      if (threadIdx.x == 0) args.row_factors[row] = static_cast<float>(scale);
     }
     // Whole warps walk the row together (emit pairs 4-bit codes across lanes); operand8 walks
     // its padding too.
@@ -230,7 +234,9 @@ struct ActivationQuantizer {
       const double scale =
           cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, tensor_scale);
       if constexpr (kEmit == kEmitCodes) {
-        if (valid && sub == 0) store_scale<kScaleFormat>(args.scales, row * cells + cell, scale);
+        if (valid && sub == 0)
+          store_scale<kScaleFormat>(
+              args.scales, row * args.scale_row_stride + cell * args.scale_cell_stride, scale);
       }
       const double divisor = scale * tensor_scale;
       const double inverse = 1.0 / divisor;

@@ -39,7 +39,8 @@ struct QuantizeActivationArgs {
   const unsigned short* input;  // [m][lda] bf16 or fp16 bits
   long long lda;
   unsigned char* codes;     // codes: [m][ceil(k · bits / 8)] canonical packed codes
-  unsigned char* scales;    // codes: the scale grid's codes, row-major
+  unsigned char* scales;    // codes: the scale of (row, cell) at scales[row · scale_row_stride
+                            // + cell · scale_cell_stride] (below)
   float* tensor_scale;      // codes, NV: the fp32 tensor scale
   unsigned short* operand;  // operand: [m][ldo] 16-bit values
   unsigned char* operand8;  // operand8: [m][ldo] codes, K permuted (ldo = round_up(k, 16))
@@ -51,6 +52,13 @@ struct QuantizeActivationArgs {
   double nv_denominator;       // NV: element_max · the scale format's largest value
   long long m, k;
   long long group;  // group / MX / NV: values per scale along K
+  // Where codes mode writes scales. Canonical (the grid row-major): static row stride 0 (row 0
+  // writes the one scale), token 1, group / MX / NV the cells per row, cell stride 1. cuBLASLt's
+  // layouts (src/runtime/cublaslt.hpp) differ: 1x128 scales are [cell][m] (row stride 1, cell
+  // stride m), and a static or per-token scale may be repeated per row (row stride 1) and per
+  // K-block of 128 (scale_copies cells, cell stride m).
+  long long scale_row_stride, scale_cell_stride;
+  long long scale_copies;  // static / token: cells the row's scale is written to (≥ 1)
 };
 
 // Canonical packed quantized activations -> the operand and row factors (operand mode above).

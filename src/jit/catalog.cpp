@@ -188,8 +188,9 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
       specs.push_back(dequantize_weight_spec(quant, out, arch));
     }
   }
-  // The activation quantizations of the presets, into the GEMM operand (and e4m3 per token
-  // also into codes); int8 / e4m3 with one scale per row also into the 8-bit mma's operand.
+  // The activation quantizations of the presets, into the GEMM operand; int8 / e4m3 with one
+  // scale per row also into the 8-bit mma's operand; 8-bit float codes with fp32 scales also
+  // into codes, the operand of cuBLASLt FP8 (runtime/cublaslt.hpp: w8a8-fp8, fp8-block).
   for (const auto& preset : presets()) {
     const ActivationQuant& quant = preset.scheme.activation;
     if (!quant.is_quantized()) continue;
@@ -200,14 +201,14 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
                                                 quant.format, arch));
       wanted.push_back(expand_activation_spec(quant, quant.format, arch));
     }
+    const bool fp8_codes = (quant.format == formats::e4m3 || quant.format == formats::e5m2) &&
+                           quant.scale_format == formats::fp32;
+    if (fp8_codes)
+      wanted.push_back(quantize_activation_spec(quant, formats::bf16, ActivationEmit::Codes,
+                                                formats::bf16, arch));
     for (const KernelSpec& spec : wanted)
       if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
   }
-  ActivationQuant per_token;
-  per_token.format = formats::e4m3;
-  per_token.scaling = ActivationScaling::DynamicToken;
-  specs.push_back(quantize_activation_spec(per_token, formats::bf16, ActivationEmit::Codes,
-                                           formats::bf16, arch));
   specs.push_back(tensor_absmax_spec(formats::bf16, arch));
   for (int bits : {2, 3, 4, 8}) specs.push_back(repack_weight_spec(bits, arch));
   return specs;

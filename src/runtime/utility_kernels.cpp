@@ -72,6 +72,11 @@ kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& 
   args.m = m;
   args.k = k;
   args.group = quant.group > 0 ? quant.group : k;
+  // The canonical scale grid, row-major (include/qgemm/quant.hpp).
+  const ScaleGrid grid = activation_scale_grid(quant, m, k);
+  args.scale_row_stride = quant.scaling == ActivationScaling::StaticTensor ? 0 : grid.cols;
+  args.scale_cell_stride = 1;
+  args.scale_copies = 1;
   args.element_max = quant.format.max_finite();
   args.nv_denominator = args.element_max * quant.scale_format.max_finite();
   if (quant.scaling == ActivationScaling::StaticTensor && static_scale > 0)

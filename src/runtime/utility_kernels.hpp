@@ -21,7 +21,8 @@ void launch_dequantize_weight(const LoadedKernel& kernel, const kernels::Dequant
 
 // Quantization of `input` [m, k] (rows `lda` elements apart) as `quant` (quantized) says;
 // the caller sets the outputs of its emit mode (codes, scales, tensor_scale or operand, ldo,
-// row_factors) and, where needs_tensor_absmax(quant, static_scale), tensor_absmax.
+// row_factors) and, where needs_tensor_absmax(quant, static_scale), tensor_absmax. Scales go
+// to the canonical grid (runtime/cublaslt.hpp's fp8_quantize_activation_args: cuBLASLt's).
 // `static_scale`: StaticTensor's given scale (> 0; rounded to fp32 as the host quantizer does),
 // or <= 0 for the tensor's absmax. Codes emission of 4-bit codes pairs neighbouring lanes into a
 // byte: it needs an even group (every preset's); the operand emission has no such rule.
@@ -32,8 +33,8 @@ kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& 
 bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale);
 void launch_quantize_activation(const LoadedKernel& kernel,
                                 const kernels::QuantizeActivationArgs& args, CUstream stream);
-void launch_expand_activation(const LoadedKernel& kernel,
-                              const kernels::ExpandActivationArgs& args, CUstream stream);
+void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandActivationArgs& args,
+                              CUstream stream);
 // *absmax = 0, then the absmax of [m, k] (rows `lda` apart) into it.
 void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::int64_t m,
                           std::int64_t k, std::int64_t lda, CUdeviceptr absmax, CUstream stream);

@@ -7,8 +7,9 @@
 //                        (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1)
 //   cublaslt-fp8-exact   the same with the accumulation promoted to fp32 (FAST_ACCUM = 0)
 //
-// cuBLASLt's FP8 kernels need M (tokens) in multiples of 16: the bench pads the activation rows
-// (workbench.hpp), as serving engines do, and times the padded product.
+// The FP8 baselines pad M (tokens) to a multiple of 16 (workbench.hpp), as serving engines have
+// done for cuBLASLt's FP8 kernels, and time the padded product (runtime/cublaslt.hpp, which
+// runs them, serves any M).
 //
 // Row-major C[m, n] = A[m, k] · W[n, k]ᵀ is, in cuBLAS's column-major terms, Cᵀ (n x m, ld n) =
 // op(W) · A with W seen as a k x n column-major matrix transposed (op T) and A as a k x m one
@@ -20,8 +21,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "runtime/cublaslt.hpp"
 #include "runtime/device_memory.hpp"
 
 namespace qgemm::bench {
@@ -50,12 +53,11 @@ class CublasBf16Gemm {
   runtime::DeviceBuffer workspace_;
 };
 
+// The per-tensor FP8 baseline through the library's cuBLASLt component (runtime/cublaslt.hpp):
+// the bench keeps its own handle and a workspace of kFp8MatmulWorkspaceBytes.
 class CublasLtFp8Gemm {
  public:
   explicit CublasLtFp8Gemm(bool fast_accumulation);
-  ~CublasLtFp8Gemm();
-  CublasLtFp8Gemm(const CublasLtFp8Gemm&) = delete;
-  CublasLtFp8Gemm& operator=(const CublasLtFp8Gemm&) = delete;
 
   // Describes C (bf16, row-major [m, n]) = a_scale · w_scale · A · Wᵀ for e4m3 A [m, k] and
   // W [n, k], the scales device fp32 scalars, and chooses cuBLASLt's first heuristic algorithm
@@ -65,21 +67,17 @@ class CublasLtFp8Gemm {
                const float* w_scale);
   // The prepared product. Asynchronous.
   void gemm(cudaStream_t stream, const void* a, const void* w, void* c);
-  // The call and the chosen algorithm, e.g. "cublasLtMatmul e4m3 -> bf16, fast accumulation,
-  // algo 52 tile 23".
+  // The call and the chosen algorithm, e.g. "cublasLtMatmul e4m3 x e4m3 -> bf16, scales tensor
+  // x tensor, fast accumulation, algo 52 tile 23 stages 8 split-k 1".
   std::string description() const;
 
  private:
-  void release_problem();
-
   bool fast_accumulation_;
-  cublasLtHandle_t handle_ = nullptr;
+  runtime::CublasLt cublaslt_;
   runtime::DeviceBuffer workspace_;
-  cublasLtMatmulDesc_t operation_ = nullptr;
-  cublasLtMatrixLayout_t w_layout_ = nullptr, a_layout_ = nullptr, c_layout_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-  std::int64_t m_ = 0, n_ = 0, k_ = 0;
-  std::string algo_text_;
+  std::optional<runtime::Fp8Matmul> matmul_;
+  const float* a_scale_ = nullptr;
+  const float* w_scale_ = nullptr;
 };
 
 }  // namespace qgemm::bench
