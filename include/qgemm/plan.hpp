@@ -41,6 +41,8 @@ struct GemmProblem {
   // The largest power of two (bytes, up to 16) dividing A's pointer and row stride in bytes:
   // the tensor-core kernels copy A in 16-byte pieces, cuBLAS takes any element alignment.
   int a_alignment = 16;
+  // C's row stride in elements (0: N, rows back to back): cuBLASLt's descriptors fix it.
+  std::int64_t ldc = 0;
   // A candidate forced by name (benches, the tuner; `qgemm explain` lists them); empty: the
   // selector chooses.
   std::string candidate;

@@ -36,6 +36,8 @@
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/cublas.hpp"
+#include "runtime/cublaslt.hpp"
+#include "dispatch/cublaslt_family.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
@@ -58,6 +60,7 @@ struct PreparedWeight {
   PackedWeight canonical_shape;  // the canonical metadata (vectors empty), for its dequantizer
   runtime::DeviceBuffer words, scales, zeros;                      // the mma layout
   runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
+  runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
 
   // gemm()'s plans, by call shape.
   struct PlanKey {
@@ -65,11 +68,12 @@ struct PreparedWeight {
     std::string input, output, candidate;
     bool bias;
     int a_alignment;
+    std::int64_t ldc;
     std::uint64_t table_generation;
     friend bool operator<(const PlanKey& a, const PlanKey& b) {
-      return std::tie(a.m, a.input, a.output, a.candidate, a.bias, a.a_alignment,
+      return std::tie(a.m, a.input, a.output, a.candidate, a.bias, a.a_alignment, a.ldc,
                       a.table_generation) < std::tie(b.m, b.input, b.output, b.candidate, b.bias,
-                                                     b.a_alignment, b.table_generation);
+                                                     b.a_alignment, b.ldc, b.table_generation);
     }
   };
   mutable std::shared_mutex plans_mutex;
@@ -77,7 +81,7 @@ struct PreparedWeight {
 
   std::size_t bytes() const {
     return words.bytes() + scales.bytes() + zeros.bytes() + codes.bytes() +
-           canonical_scales.bytes() + canonical_zeros.bytes();
+           canonical_scales.bytes() + canonical_zeros.bytes() + fp8_scales.bytes();
   }
 };
 
@@ -176,6 +180,9 @@ struct Engine::Impl {
   // are per call).
   std::mutex blas_mutex;
   std::unique_ptr<runtime::Cublas> blas;
+  // cuBLASLt for its FP8 candidate (made at the first plan that takes it).
+  std::mutex lt_mutex;
+  std::unique_ptr<runtime::CublasLt> lt;
 
   // Workspaces per stream: scratch, and the split-K region the kernels leave zero. They only
   // grow, in plan() / warm_up() / a gemm() that plans; an outgrown buffer is kept until the
@@ -252,6 +259,13 @@ struct Engine::Impl {
     return *blas;
   }
 
+  const runtime::CublasLt& cublaslt() {
+    std::lock_guard lock(lt_mutex);
+    make_current();
+    if (!lt) lt = std::make_unique<runtime::CublasLt>();
+    return *lt;
+  }
+
   static const detail::PreparedWeight& prepared(const QuantWeight& weight) {
     if (!weight)
       throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
@@ -273,6 +287,9 @@ struct Engine::Impl {
   void run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
            const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
            void* stream, const float* bias, const Workspace& workspace);
+  void run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
+               const detail::PreparedWeight& weight, const DeviceMatrix* a,
+               const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
@@ -326,8 +343,11 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   // on it; the canonical codes where the mma layout cannot hold it (dequantize + cuBLAS reads
   // them) or where cuBLASLt FP8 would serve some M. The selector is asked over M = 1 .. 64 Ki
   // with the scheme the weight was prepared for.
+  Scheme prepared_scheme;
+  prepared_scheme.weight = weight.quant;
+  prepared_scheme.activation = prepared->activation;
   dispatch::WeightFacts facts =
-      dispatch::WeightFacts::of_scheme(weight.quant, weight.n, weight.k, impl_->arch);
+      dispatch::WeightFacts::of_scheme(prepared_scheme, weight.n, weight.k, impl_->arch);
   bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma;
   if (facts.mma && facts.canonical) {
     GemmProblem probe;
@@ -360,6 +380,11 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     prepared->codes = runtime::DeviceBuffer::from(weight.codes);
     prepared->canonical_scales = runtime::DeviceBuffer::from(weight.scales);
     if (!weight.zeros.empty()) prepared->canonical_zeros = runtime::DeviceBuffer::from(weight.zeros);
+    if (facts.fp8_weight_mode)
+      prepared->fp8_scales = runtime::DeviceBuffer::from(
+          runtime::fp8_weight_scales(weight, *facts.fp8_weight_mode));
+  } else {
+    facts.fp8_weight_mode.reset();
   }
   facts.canonical = want_canonical;
   if (want_mma) {
@@ -419,8 +444,23 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
             take(static_cast<std::size_t>(high * launch.qdq.chunk_n) * sizeof(float));
       s.blas = take(kBlasWorkspaceBytes);
       break;
-    case dispatch::Path::CublasLtFp8:
-      throw Error(ErrorCode::Unsupported, "gemm: the cuBLASLt FP8 path is not wired yet");
+    case dispatch::Path::CublasLtFp8: {
+      const runtime::Fp8ScaleModes modes = *dispatch::cublaslt_modes(p.scheme);
+      const runtime::Fp8MatmulShape shape = dispatch::cublaslt_shape(p, high, modes, arch);
+      make_current();
+      auto matmul = std::make_shared<detail::Fp8Step>();
+      matmul->matmul.emplace(runtime::Fp8Matmul::prepare(cublaslt(), shape));  // Unsupported: no algorithm
+      step.fp8 = std::move(matmul);
+      if (launch.prep == dispatch::ActivationPrep::Quantize) {
+        s.codes = take(static_cast<std::size_t>(high * k));
+        s.code_scales =
+            take(static_cast<std::size_t>(runtime::fp8_scale_layout(modes.activation, high, k).count) *
+                 sizeof(float));
+        s.absmax = take(sizeof(float));
+      }
+      s.blas = take(step.fp8->matmul->workspace_bytes());
+      break;
+    }
   }
   s.bytes = used;
   auto load = [&](const std::optional<jit::KernelSpec>& spec) {
@@ -467,8 +507,24 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
       problem.prequantized ? " pre-quantized" : "", problem.scheme.output.name(),
       problem.bias ? ", bias" : "", jit::arch_name(arch));
   for (const auto& [low, high] : dispatch::m_buckets(problem)) {
-    const dispatch::Selection selection = dispatch::select(problem, high, weight.facts, context);
-    detail::PlanStep step = make_step(problem, low, high, selection.chosen(), weight);
+    dispatch::Selection selection = dispatch::select(problem, high, weight.facts, context);
+    detail::PlanStep step;
+    for (;;) {
+      try {
+        step = make_step(problem, low, high, selection.chosen(), weight);
+        break;
+      } catch (const Error& error) {
+        // cuBLASLt's heuristic has the last word on its candidate: without an algorithm, the
+        // next best serves (unless the caller forced it).
+        const dispatch::Candidate& chosen = *selection.chosen().candidate;
+        if (error.code() != ErrorCode::Unsupported || chosen.path != dispatch::Path::CublasLtFp8 ||
+            !problem.candidate.empty())
+          throw;
+        log(LogLevel::Info, "plan: {} refused M = {}: {}", chosen.name, high, error.what());
+        context.refused[chosen.name] = error.what();
+        selection = dispatch::select(problem, high, weight.facts, context);
+      }
+    }
     GemmPlan::Choice choice;
     choice.m_low = low;
     choice.m_high = high;
@@ -627,10 +683,15 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
   const auto cu_stream = static_cast<CUstream>(stream);
   const ActivationQuant& quant = p.scheme.activation;
 
+  const dispatch::CandidateLaunch& chosen = step->launch;
+  if (chosen.path == dispatch::Path::CublasLtFp8) {
+    run_fp8(plan, *step, weight, a, codes, c, stream, scratch);
+    return;
+  }
+
   // A → the GEMM's operand.
   DeviceMatrix operand = a ? *a : DeviceMatrix{};
   float* row_factors = nullptr;
-  const dispatch::CandidateLaunch& chosen = step->launch;
   if (chosen.prep != dispatch::ActivationPrep::None) {
     void* operand_data = at<void>(scratch, step->scratch.operand);
     row_factors = at<float>(scratch, step->scratch.row_factors);
@@ -667,7 +728,6 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
       run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
       return;
     case dispatch::Path::CublasLtFp8:
-      throw Error(ErrorCode::Unsupported, "gemm run: the cuBLASLt FP8 path is not wired yet");
     case dispatch::Path::MmaStreamed:
     case dispatch::Path::MmaTiled: break;
   }
@@ -703,6 +763,53 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
                          {launch.grid_x, launch.grid_y(*chosen.config, m),
                           static_cast<unsigned>(launch.splits)},
                          params, cu_stream);
+}
+
+// cuBLASLt FP8 on the weight's stored codes: A quantized on the GPU into codes and scales in
+// cuBLASLt's layouts (or pre-quantized codes whose canonical layout is cuBLASLt's), then one
+// cublasLtMatmul with the global scale as alpha.
+void Engine::Impl::run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
+                           const detail::PreparedWeight& weight, const DeviceMatrix* a,
+                           const DeviceActivation* codes, const DeviceMatrix& c, void* stream,
+                           void* scratch) {
+  const GemmProblem& p = plan.problem;
+  const std::int64_t m = a ? a->rows : codes->rows;
+  const runtime::Fp8Matmul& prepared = *step.fp8->matmul;
+  if (m != prepared.shape().m || c.stride != prepared.shape().ldc)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: cuBLASLt was prepared for M = {} and C rows {} apart, not "
+                            "M = {} and {} (rule: plan this exact call)",
+                            prepared.shape().m, prepared.shape().ldc, m, c.stride));
+  const auto cu_stream = static_cast<CUstream>(stream);
+  runtime::Fp8Matmul::Operands operands;
+  if (a) {
+    unsigned char* a_codes = at<unsigned char>(scratch, step.scratch.codes);
+    float* a_scales = at<float>(scratch, step.scratch.code_scales);
+    kernels::QuantizeActivationArgs args = runtime::fp8_quantize_activation_args(
+        p.scheme.activation, prepared.shape().a_scale, m, p.k,
+        reinterpret_cast<CUdeviceptr>(a->data), a->stride, weight.static_activation_scale);
+    args.codes = a_codes;
+    args.scales = reinterpret_cast<unsigned char*>(a_scales);
+    if (step.absmax.function) {
+      float* absmax = at<float>(scratch, step.scratch.absmax);
+      runtime::launch_tensor_absmax(step.absmax, reinterpret_cast<CUdeviceptr>(a->data), m, p.k,
+                                    a->stride, reinterpret_cast<CUdeviceptr>(absmax), cu_stream);
+      args.tensor_absmax = absmax;
+    }
+    runtime::launch_quantize_activation(step.prepare, args, cu_stream);
+    operands.a = a_codes;
+    operands.a_scales = a_scales;
+  } else {
+    operands.a = codes->codes;
+    operands.a_scales = static_cast<const float*>(codes->scales);
+  }
+  operands.w = weight.codes.as<const void>();
+  operands.w_scales = weight.fp8_scales.as<const float>();
+  operands.c = c.data;
+  operands.alpha = static_cast<float>(weight.global_scale);
+  std::lock_guard lock(step.fp8->mutex);
+  step.fp8->matmul->run(operands, at<void>(scratch, step.scratch.blas),
+                        step.fp8->matmul->workspace_bytes(), cu_stream);
 }
 
 // C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to the operand's type, multiply
@@ -789,8 +896,9 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
 namespace {
 
 detail::PreparedWeight::PlanKey plan_key(const GemmProblem& p) {
-  return {p.m, p.input.name(), p.scheme.output.name(), p.candidate, p.bias, p.a_alignment,
-          dispatch::tuning_table_generation()};
+  return {p.m,           p.input.name(), p.scheme.output.name(),
+          p.candidate,   p.bias,         p.a_alignment,
+          p.ldc,         dispatch::tuning_table_generation()};
 }
 
 }  // namespace
@@ -810,6 +918,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   problem.bias = options.bias != nullptr;
   problem.candidate = options.candidate;
   problem.a_alignment = alignment_of(a.data, a.stride * a.dtype.storage_bytes());
+  problem.ldc = c.stride;
   const detail::PreparedWeight::PlanKey key = plan_key(problem);
   GemmPlan plan;
   {
@@ -847,6 +956,7 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   problem.prequantized = true;
   problem.bias = options.bias != nullptr;
   problem.candidate = options.candidate;
+  problem.ldc = c.stride;
   if (a.cols != w.k)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.k));

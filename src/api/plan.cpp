@@ -40,6 +40,7 @@ void validate(const GemmProblem& p) {
                        "unquantized activations)",
                        p.input.name(), a.format.name()));
   }
+  if (p.ldc != 0 && p.ldc < p.n) fail(fmt::format("ldc = {} (rule: 0, or at least N = {})", p.ldc, p.n));
   const Format& out = p.scheme.output;
   if (!(out == formats::bf16 || out == formats::fp16 || out == formats::fp32))
     fail(fmt::format("output = {} (rule: bf16, fp16 or fp32)", out.name()));

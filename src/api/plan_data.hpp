@@ -6,25 +6,32 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dispatch/candidate_launch.hpp"
 #include "qgemm/plan.hpp"
+#include "runtime/cublaslt.hpp"
 #include "runtime/kernel_loader.hpp"
 
-namespace qgemm::runtime {
-class CublasLtFp8Matmul;
-}
-
 namespace qgemm::detail {
+
+// A prepared cuBLASLt FP8 call: its run sets scale pointers on the shared descriptor, so one
+// thread at a time runs it.
+struct Fp8Step {
+  std::optional<runtime::Fp8Matmul> matmul;
+  std::mutex mutex;
+};
 
 // Scratch of one step, as byte offsets into the scratch region (each 256-byte aligned), laid
 // out for the step's largest M.
 struct ScratchLayout {
   std::size_t operand = 0, row_factors = 0, absmax = 0;  // the prepared operand
   std::size_t codes = 0, code_scales = 0;                 // cuBLASLt's FP8 operand
-  std::size_t weight_chunk = 0, chunk_sums = 0, blas = 0; // dequantize + cuBLAS
+  std::size_t weight_chunk = 0, chunk_sums = 0;          // dequantize + cuBLAS
+  std::size_t blas = 0;  // cuBLAS's or cuBLASLt's workspace
   std::size_t bytes = 0;
 };
 
@@ -33,7 +40,7 @@ struct PlanStep {
   dispatch::CandidateLaunch launch;  // what the selector's winner launches (at m_high)
   std::int64_t ldo = 0;              // the prepared operand's row stride (elements)
   runtime::LoadedKernel prepare, absmax, gemm, dequantize, finish;  // of launch's specs
-  std::shared_ptr<const runtime::CublasLtFp8Matmul> fp8;
+  std::shared_ptr<Fp8Step> fp8;  // cuBLASLt FP8
   ScratchLayout scratch;
   std::size_t zeroed_bytes = 0;  // split-K sums and counters
 };

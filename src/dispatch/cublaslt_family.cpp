@@ -6,71 +6,51 @@
 
 namespace qgemm::dispatch {
 
-namespace {
-
-bool is_fp8(const Format& format) { return format == formats::e4m3 || format == formats::e5m2; }
-
-}  // namespace
-
-const char* cublaslt_scaling_name(CublasLtScaling scaling) {
-  switch (scaling) {
-    case CublasLtScaling::Tensor: return "per-tensor scales";
-    case CublasLtScaling::Outer: return "per-row x per-column scales";
-    case CublasLtScaling::Block: return "1x128 x 128x128 block scales";
-  }
-  return "?";
+std::optional<runtime::Fp8ScaleModes> cublaslt_modes(const Scheme& scheme, std::string* why_not) {
+  return runtime::fp8_scale_modes(scheme, why_not);
 }
 
-CublasLtScaling cublaslt_scaling(const Scheme& scheme) {
-  if (scheme.weight.granularity == WeightGranularity::Block) return CublasLtScaling::Block;
-  if (scheme.weight.granularity == WeightGranularity::PerTensor &&
-      scheme.activation.scaling == ActivationScaling::StaticTensor)
-    return CublasLtScaling::Tensor;
-  return CublasLtScaling::Outer;
-}
-
-std::string cublaslt_weight_unsupported_reason(const WeightQuant& w, jit::Arch arch) {
-  if (arch < jit::Arch::sm_89 || arch == jit::Arch::sm_120a)
-    return fmt::format("cuBLASLt FP8 runs on SM89, SM90 and SM100 (not {})", jit::arch_name(arch));
-  if (!is_fp8(w.format))
-    return fmt::format("the weight's codes are {}, not e4m3/e5m2", w.format.name());
-  if (w.zero_point != ZeroPoint::None) return "cuBLASLt FP8 takes no zero points";
-  switch (w.granularity) {
-    case WeightGranularity::PerTensor:
-    case WeightGranularity::PerChannel: break;
-    case WeightGranularity::Block:
-      if (w.block_n == 128 && w.block_k == 128) break;
-      [[fallthrough]];
-    case WeightGranularity::Group:
-      return "cuBLASLt FP8 scales weights per tensor, per channel or in 128x128 blocks";
-  }
-  return {};
+runtime::Fp8MatmulShape cublaslt_shape(const GemmProblem& p, std::int64_t m,
+                                       const runtime::Fp8ScaleModes& modes, jit::Arch arch) {
+  runtime::Fp8MatmulShape shape;
+  shape.m = m;
+  shape.n = p.n;
+  shape.k = p.k;
+  shape.a_format = p.scheme.activation.format;
+  shape.w_format = p.scheme.weight.format;
+  shape.a_scale = modes.activation;
+  shape.w_scale = modes.weight;
+  shape.c_format = p.scheme.output;
+  shape.ldc = p.ldc ? p.ldc : p.n;
+  // Block-scaled kernels promote the accumulation to fp32; the others accumulate fast, as
+  // serving engines run FP8 (the bench's cublaslt-fp8 baseline does too).
+  shape.fast_accumulation = modes.activation != runtime::Fp8ScaleMode::Block1x128;
+  shape.alignment = 16;
+  shape.compute_capability = jit::compute_capability(arch);
+  return shape;
 }
 
 std::string cublaslt_unsupported_reason(const GemmProblem& p, std::int64_t m,
                                         const WeightFacts& weight, jit::Arch arch) {
-  if (std::string why = cublaslt_weight_unsupported_reason(weight.quant, arch); !why.empty())
-    return why;
-  if (!weight.canonical) return "the weight's canonical codes are not on the device";
-  const ActivationQuant& a = p.scheme.activation;
-  if (!a.is_quantized() || !is_fp8(a.format))
-    return fmt::format("the activations are {}, not e4m3/e5m2 codes", a.format.name());
-  if (a.format == formats::e5m2 && weight.quant.format == formats::e5m2)
-    return "cuBLASLt FP8 does not multiply e5m2 by e5m2";
-  const bool block_weight = weight.quant.granularity == WeightGranularity::Block;
-  if (block_weight) {
-    if (a.scaling != ActivationScaling::DynamicGroup || a.group != 128)
-      return "128x128 weight blocks pair with 1x128 activation groups in cuBLASLt";
-    if (arch < jit::Arch::sm_90a) return "cuBLASLt block scaling needs SM90 or later";
-    // Measured on the H200 (CUDA 13.0): cuBLASLt offers no block-scaled algorithm below 16 rows.
-    if (m < 16) return "cuBLASLt offers no 128-block scaled algorithm below M = 16";
-  } else if (a.scaling != ActivationScaling::StaticTensor &&
-             a.scaling != ActivationScaling::DynamicToken) {
-    return "cuBLASLt FP8 scales activations per tensor or per token (with these weight scales)";
-  }
-  if (p.k % 16 != 0 || p.n % 16 != 0)
-    return fmt::format("cuBLASLt FP8 needs N and K in multiples of 16 (N = {}, K = {})", p.n, p.k);
+  std::string why;
+  const auto modes = cublaslt_modes(p.scheme, &why);
+  if (!modes) return why;
+  why = runtime::fp8_matmul_unsupported_reason(cublaslt_shape(p, m, *modes, arch));
+  if (!why.empty()) return why;
+  if (!weight.canonical || weight.fp8_weight_mode != modes->weight)
+    return fmt::format("the weight was not prepared with {} scales for cuBLASLt (prepare it with "
+                       "this activation quantization)",
+                       runtime::fp8_scale_mode_name(modes->weight));
+  if (modes->activation == runtime::Fp8ScaleMode::Block1x128 && m < 16)
+    return "cuBLASLt offers no 128-block scaled algorithm below M = 16 (H200, CUDA 13.0)";
+  if (p.m_max > p.m) return "cuBLASLt's descriptors hold M: it serves plans of one exact M";
   if (p.bias) return "the bias is not wired into the cuBLASLt FP8 call";
+  if (p.prequantized && modes->activation != runtime::Fp8ScaleMode::OuterVector &&
+      !(modes->activation == runtime::Fp8ScaleMode::Tensor &&
+        p.scheme.activation.scaling == ActivationScaling::StaticTensor))
+    return fmt::format("pre-quantized codes carry their scales in the canonical layout, not "
+                       "cuBLASLt's {} layout (pass bf16/fp16 activations)",
+                       runtime::fp8_scale_mode_name(modes->activation));
   return {};
 }
 

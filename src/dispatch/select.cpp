@@ -72,8 +72,9 @@ bool scale_format_exact(const Format& scale, const Format& type, int bits) {
 
 }  // namespace
 
-WeightFacts WeightFacts::of_scheme(const WeightQuant& quant, std::int64_t n, std::int64_t k,
+WeightFacts WeightFacts::of_scheme(const Scheme& scheme, std::int64_t n, std::int64_t k,
                                    jit::Arch arch) {
+  const WeightQuant& quant = scheme.weight;
   WeightFacts facts;
   facts.quant = quant;
   facts.n = n;
@@ -83,11 +84,22 @@ WeightFacts WeightFacts::of_scheme(const WeightQuant& quant, std::int64_t n, std
     facts.canonical = true;
   } else {
     layout::MmaWeight mma = layout::mma_shape(quant, n, k);
-    mma.scales_exact_in_bf16 = scale_format_exact(quant.scale_format, formats::bf16, quant.format.bits);
-    mma.scales_exact_in_fp16 = scale_format_exact(quant.scale_format, formats::fp16, quant.format.bits);
+    mma.scales_exact_in_bf16 =
+        scale_format_exact(quant.scale_format, formats::bf16, quant.format.bits);
+    mma.scales_exact_in_fp16 =
+        scale_format_exact(quant.scale_format, formats::fp16, quant.format.bits);
     facts.mma = mma;
   }
-  if (cublaslt_weight_unsupported_reason(quant, arch).empty()) facts.canonical = true;
+  if (const auto modes = cublaslt_modes(scheme)) {
+    GemmProblem probe;
+    probe.scheme = scheme;
+    probe.n = n;
+    probe.k = k;
+    if (runtime::fp8_matmul_unsupported_reason(cublaslt_shape(probe, 16, *modes, arch)).empty()) {
+      facts.canonical = true;
+      facts.fp8_weight_mode = modes->weight;
+    }
+  }
   return facts;
 }
 
@@ -224,6 +236,11 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
     v.candidate = &candidate;
     v.operand = operand16;
     auto reject = [&](std::string why) { v.rejected = std::move(why); };
+    if (auto refused = context.refused.find(candidate.name); refused != context.refused.end()) {
+      reject(refused->second);
+      selection.verdicts.push_back(std::move(v));
+      continue;
+    }
     switch (candidate.path) {
       case Path::MmaStreamed:
       case Path::MmaTiled: {
@@ -292,20 +309,22 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           break;
         }
         v.operand = quant.format;
-        const CublasLtScaling scaling = cublaslt_scaling(p.scheme);
+        const runtime::Fp8ScaleModes modes = *cublaslt_modes(p.scheme);
         v.cost.fixed_us = r.fp8_fixed_us;
         const double bytes = static_cast<double>(p.n) * p.k + static_cast<double>(m) * p.k +
                              static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
         v.cost.memory_us = gbps_us(bytes, r.copy_gbps * r.fp8_stream);
         v.cost.compute_us = tflops_us(2.0 * m * p.n * p.k, r.fp8_tflops);
         double slowdown = 1.0;
-        if (scaling == CublasLtScaling::Outer && m <= 64) slowdown = r.fp8_outer_small_m;
-        if (scaling == CublasLtScaling::Block) slowdown = r.fp8_block;
+        if (modes.activation == runtime::Fp8ScaleMode::OuterVector && m <= 64)
+          slowdown = r.fp8_outer_small_m;
+        if (modes.activation == runtime::Fp8ScaleMode::Block1x128) slowdown = r.fp8_block;
         v.cost.memory_us *= slowdown;
         v.cost.compute_us *= slowdown;
         const ActivationStep step = activation_step(p, m, v.operand, true);
         if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
-        v.cost.note = cublaslt_scaling_name(scaling);
+        v.cost.note = fmt::format("scales {} x {}", runtime::fp8_scale_mode_name(modes.activation),
+                                  runtime::fp8_scale_mode_name(modes.weight));
         break;
       }
     }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "dispatch/tuning_table.hpp"
 #include "layout/mma_layout.hpp"
 #include "qgemm/plan.hpp"
+#include "runtime/cublaslt.hpp"
 
 namespace qgemm::dispatch {
 
@@ -48,9 +50,12 @@ struct WeightFacts {
   std::optional<layout::MmaWeight> mma;  // metadata of the mma layout, when prepared
   std::string no_mma;                    // why there is none
   bool canonical = false;                // the canonical codes and scales are on the device
-  // Of a scheme alone: the mma layout's metadata with the scale-exactness flags the scale
-  // format implies, canonical codes where cuBLASLt FP8 could use them on `arch`.
-  static WeightFacts of_scheme(const WeightQuant& quant, std::int64_t n, std::int64_t k,
+  // The mode the weight's scales were laid out in for cuBLASLt FP8, when they were.
+  std::optional<runtime::Fp8ScaleMode> fp8_weight_mode;
+  // Of a scheme alone (`qgemm explain`, and what prepare_weight starts from): the mma layout's
+  // metadata with the scale-exactness flags the scale format implies, and the canonical codes
+  // with cuBLASLt's scales where cuBLASLt FP8 can multiply the scheme on `arch`.
+  static WeightFacts of_scheme(const Scheme& scheme, std::int64_t n, std::int64_t k,
                                jit::Arch arch);
 };
 
@@ -75,6 +80,9 @@ struct SelectionContext {
   GpuRates rates;
   const TuningTable* table = nullptr;  // an applicable table (this machine's), or null
   std::string forced;                  // a candidate name (benches, the tuner); empty: choose
+  // Candidates found unable to serve after selection (cuBLASLt's heuristic had no algorithm),
+  // by name, with the reason: rejected with it.
+  std::map<std::string, std::string> refused;
 };
 
 // The choice for `m` rows of `problem` (m within its range). Error(Unsupported) naming every

@@ -42,7 +42,7 @@ SelectionContext context_of(const GpuLimits& gpu) {
 }
 
 Selection select_for(const GemmProblem& p, const GpuLimits& gpu = kH200) {
-  return select(p, p.max_rows(), WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, gpu.arch),
+  return select(p, p.max_rows(), WeightFacts::of_scheme(p.scheme, p.n, p.k, gpu.arch),
                 context_of(gpu));
 }
 
@@ -77,7 +77,7 @@ TEST(Select, EveryCandidateGetsAVerdictAndTheWinnerServes) {
       EXPECT_FALSE(s.reason.empty());
       // The winner's kernels can be described without a GPU.
       const CandidateLaunch launch = candidate_launch(
-          p, m, s.chosen(), WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, kH200.arch), kH200,
+          p, m, s.chosen(), WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch), kH200,
           0.0);
       EXPECT_FALSE(launch.text().empty());
     }
@@ -145,14 +145,14 @@ TEST(Select, CublasLtFp8Rules) {
                                              GpuLimits::of_arch(jit::Arch::sm_80, 108)),
                                   "cublaslt-fp8")
                            .rejected,
-                       "SM89"));
+                       "8.9"));
   EXPECT_TRUE(contains(
       verdict_of(select_for(problem_of("w4a8-fp8", 256, 8192, 8192)), "cublaslt-fp8").rejected,
-      "not e4m3/e5m2"));
+      "weight codes int4"));
   EXPECT_TRUE(contains(
       verdict_of(select_for(problem_of("w=e4m3:ch:s=fp32;a=bf16", 256, 8192, 8192)), "cublaslt-fp8")
           .rejected,
-      "activations are bf16"));
+      "activations bf16"));
   EXPECT_TRUE(contains(verdict_of(select_for(problem_of("w8a8-fp8", 256, 8200, 8192)),
                                   "cublaslt-fp8")
                            .rejected,
@@ -175,7 +175,7 @@ TEST(MmaFamily, LaunchesCoverTheProblemExactlyOnce) {
                         {4000, 10944}})
       for (const MmaConfig& config : mma_configs())
         for (std::int64_t m : {1, 3, 16, 17, 64, 128}) {
-          const layout::MmaWeight w = *WeightFacts::of_scheme(parse_scheme(scheme).weight, n, k,
+          const layout::MmaWeight w = *WeightFacts::of_scheme(parse_scheme(scheme), n, k,
                                                               kH200.arch)
                                            .mma;
           if (config.unsupported_reason(m, w, formats::bf16, kH200)) continue;
@@ -214,7 +214,7 @@ TEST(MmaFamily, StreamedSplitsKeepWarpRangesLongAndFillTheGpu) {
                         {5472, 2880}}) {
       SCOPED_TRACE(std::string(scheme) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
       const layout::MmaWeight w =
-          *WeightFacts::of_scheme(parse_scheme(scheme).weight, n, k, kH200.arch).mma;
+          *WeightFacts::of_scheme(parse_scheme(scheme), n, k, kH200.arch).mma;
       const MmaLaunch launch = mma_launch(*find_mma_config("decode"), 1, w, kH200);
       if (launch.splits > 1) EXPECT_GE(launch.blocks_per_warp * 16, 512);
       if (n >= 8192 && k >= 8192) EXPECT_GT(launch.splits, 1);
@@ -235,7 +235,7 @@ TEST(QdqFamily, ChunksAreBoundedWholeSlices) {
                      " K=" + std::to_string(k));
         const GemmProblem p = problem_of(scheme, m, n, k);
         const QdqLaunch launch =
-            qdq_launch(p, m, WeightFacts::of_scheme(p.scheme.weight, n, k, kH200.arch));
+            qdq_launch(p, m, WeightFacts::of_scheme(p.scheme, n, k, kH200.arch));
         const std::int64_t unit = p.scheme.weight.granularity == WeightGranularity::Block ? 128 : 64;
         EXPECT_EQ(launch.chunk_n % unit, 0);
         EXPECT_GE(launch.chunk_n, unit);
@@ -261,7 +261,7 @@ TEST(Select, WeightsNoKernelHoldsFallBackToQdq) {
   }
   GemmProblem p = problem_of("w=uint4:g48:s=bf16:zp=int;a=bf16", 1, 640, 2880);
   SelectionContext context = context_of(kH200);
-  const WeightFacts facts = WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, kH200.arch);
+  const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
   context.forced = "decode";
   try {
     select(p, 1, facts, context);
@@ -314,7 +314,7 @@ TEST(QdqFamily, KernelsCompileWithoutSpills) {
        {"w4a16", "w=uint4:g128:s=bf16:zp=int;a=bf16", "w=uint6:g128:s=fp16:zp=float;a=fp16",
         "w=e3m2:g32:s=e8m0;a=bf16", "w8a16", "w=uint4:g48:s=bf16:zp=int;a=bf16"}) {
     const Scheme s = parse_scheme(scheme);
-    specs.push_back(qdq_dequantize_spec(WeightFacts::of_scheme(s.weight, 640, 1024, kH200.arch),
+    specs.push_back(qdq_dequantize_spec(WeightFacts::of_scheme(s, 640, 1024, kH200.arch),
                                         s.activation.format, jit::Arch::sm_90a));
   }
   for (const Format& out : {formats::fp16, formats::bf16, formats::fp32})

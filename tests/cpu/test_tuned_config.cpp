@@ -52,7 +52,7 @@ Selection select_with(const GemmProblem& p, const TuningTable* table) {
   context.gpu = kH200;
   context.rates = GpuRates::of(kH200);
   context.table = table;
-  return select(p, p.m, WeightFacts::of_scheme(p.scheme.weight, p.n, p.k, kH200.arch), context);
+  return select(p, p.m, WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch), context);
 }
 
 // A table entry decides exactly when its candidate can serve the bucket; else the model does.

@@ -75,7 +75,7 @@ int run(const ExplainOptions& options) {
   context.rates = dispatch::GpuRates::of(context.gpu);
   context.table = table.get();
   const dispatch::WeightFacts weight =
-      dispatch::WeightFacts::of_scheme(problem.scheme.weight, problem.n, problem.k, context.gpu.arch);
+      dispatch::WeightFacts::of_scheme(problem.scheme, problem.n, problem.k, context.gpu.arch);
 
   nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
   if (!options.json)
