@@ -124,6 +124,11 @@ class Engine {
   void gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
             void* stream, const GemmOptions& options = {});
 
+  // The weight dequantized into `out` (N x K, bf16 or fp16, rows back to back), by the kernel
+  // dequantize + cuBLAS uses. Error(Unsupported) for a weight with a global scale held in the
+  // mma layout (NVFP4: the GEMM applies it).
+  void dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream);
+
   // For deployments: compiles every kernel `problem` can select over its M range (all M
   // buckets), on a pool of threads with a progress bar on stderr when `progress`, and sizes the
   // workspace of `stream`. Returns the plan.

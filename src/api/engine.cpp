@@ -290,6 +290,8 @@ struct Engine::Impl {
   void run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
                const detail::PreparedWeight& weight, const DeviceMatrix* a,
                const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
+  void launch_dequantize(const detail::PreparedWeight& weight, const runtime::LoadedKernel& kernel,
+                         std::int64_t n0, std::int64_t rows, unsigned short* out, CUstream stream);
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
@@ -584,6 +586,27 @@ GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, 
   return plan(problem, weight, stream);
 }
 
+void Engine::dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream) {
+  const detail::PreparedWeight& w = Impl::prepared(weight);
+  check_matrix(out, "dequantize: out", w.n, w.k);
+  if (!(out.dtype == formats::bf16 || out.dtype == formats::fp16))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("dequantize: out is {} (rule: bf16 or fp16)", out.dtype.name()));
+  if (out.stride != w.k)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("dequantize: out's stride {} (rule: K = {}, rows back to back)",
+                            out.stride, w.k));
+  if (w.facts.mma && w.global_scale != 1.0)
+    throw Error(ErrorCode::Unsupported,
+                "dequantize: the mma layout leaves the global scale to the GEMM (NVFP4): not "
+                "applied here");
+  const runtime::LoadedKernel kernel =
+      impl_->kernel(dispatch::qdq_dequantize_spec(w.facts, out.dtype, impl_->arch));
+  impl_->make_current();
+  impl_->launch_dequantize(w, kernel, 0, w.n, static_cast<unsigned short*>(out.data),
+                           static_cast<CUstream>(stream));
+}
+
 void Engine::run(const GemmPlan& plan, const DeviceMatrix& a, const QuantWeight& weight,
                  const DeviceMatrix& c, void* stream, const float* bias,
                  const Workspace& workspace) {
@@ -812,6 +835,53 @@ void Engine::Impl::run_fp8(const detail::PlanData& plan, const detail::PlanStep&
                         step.fp8->matmul->workspace_bytes(), cu_stream);
 }
 
+// Rows [n0, n0 + rows) of the weight dequantized into out[rows][K] (16-bit), by the weight's
+// dequantization kernel (dispatch::qdq_dequantize_spec): from the mma layout without the global
+// scale (n0 a multiple of 64), or from the canonical form with it (n0 on a scale row).
+void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
+                                     const runtime::LoadedKernel& kernel, std::int64_t n0,
+                                     std::int64_t rows, unsigned short* out, CUstream stream) {
+  auto grid_for = [](std::int64_t items) {
+    return runtime::LaunchGrid{
+        static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65536)), 1, 1};
+  };
+  if (!weight.facts.mma) {
+    // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
+    const PackedWeight& shape = weight.canonical_shape;
+    const ScaleGrid grid = shape.scale_grid();
+    PackedWeight part = shape;
+    part.n = rows;
+    const std::int64_t scale_row = n0 / grid.rows_per;
+    const std::int64_t scale_bytes = shape.quant.scale_format.storage_bytes();
+    const std::int64_t zero_row_bytes = shape.quant.zero_point == ZeroPoint::Integer
+                                            ? (grid.cols * shape.quant.format.bits + 7) / 8
+                                            : grid.cols * scale_bytes;
+    const CUdeviceptr zeros = weight.canonical_zeros.bytes()
+                                  ? weight.canonical_zeros.address() + scale_row * zero_row_bytes
+                                  : 0;
+    const kernels::DequantizeWeightArgs args = runtime::dequantize_weight_args(
+        part, weight.codes.address() + n0 * shape.row_bytes(),
+        weight.canonical_scales.address() + scale_row * grid.cols * scale_bytes, zeros,
+        reinterpret_cast<CUdeviceptr>(out));
+    runtime::launch_dequantize_weight(kernel, args, stream);
+    return;
+  }
+  const layout::MmaWeight& w = *weight.facts.mma;
+  kernels::MmaDequantizeArgs d{};
+  d.words = weight.words.as<const unsigned>();
+  d.scales = weight.scales.as<const float>();
+  d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+  d.out = out;
+  d.n_begin = n0;
+  d.rows = rows;
+  d.k = w.k;
+  d.k_blocks = w.k_blocks;
+  d.n_padded = w.n_padded;
+  d.group_size = w.group_size;
+  // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
+  runtime::launch_kernel(kernel, grid_for((rows + 63) / 64 * w.k_blocks * 32), d, stream);
+}
+
 // C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to the operand's type, multiply
 // with cuBLAS (global scale as alpha) into C directly, or into fp32 sums that finish_gemm adds
 // the row factors and bias to and converts.
@@ -830,44 +900,9 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
   };
   for (std::int64_t n0 = 0; n0 < n; n0 += launch.chunk_n) {
     const std::int64_t rows = std::min(launch.chunk_n, n - n0);
-    float alpha = static_cast<float>(weight.global_scale);
-    if (!weight.facts.mma) {
-      // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
-      const PackedWeight& shape = weight.canonical_shape;
-      const ScaleGrid grid = shape.scale_grid();
-      PackedWeight part = shape;
-      part.n = rows;
-      const std::int64_t scale_row = n0 / grid.rows_per;
-      const std::int64_t scale_bytes = shape.quant.scale_format.storage_bytes();
-      const std::int64_t zero_row_bytes = shape.quant.zero_point == ZeroPoint::Integer
-                                              ? (grid.cols * shape.quant.format.bits + 7) / 8
-                                              : grid.cols * scale_bytes;
-      const CUdeviceptr zeros = weight.canonical_zeros.bytes()
-                                    ? weight.canonical_zeros.address() + scale_row * zero_row_bytes
-                                    : 0;
-      const kernels::DequantizeWeightArgs args = runtime::dequantize_weight_args(
-          part, weight.codes.address() + n0 * shape.row_bytes(),
-          weight.canonical_scales.address() + scale_row * grid.cols * scale_bytes, zeros,
-          reinterpret_cast<CUdeviceptr>(w16));
-      runtime::launch_dequantize_weight(step.dequantize, args, cu_stream);
-      alpha = 1.0f;  // the canonical dequantization applies the global scale
-    } else {
-      const layout::MmaWeight& w = *weight.facts.mma;
-      kernels::MmaDequantizeArgs d{};
-      d.words = weight.words.as<const unsigned>();
-      d.scales = weight.scales.as<const float>();
-      d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
-      d.out = w16;
-      d.n_begin = n0;
-      d.rows = rows;
-      d.k = w.k;
-      d.k_blocks = w.k_blocks;
-      d.n_padded = w.n_padded;
-      d.group_size = w.group_size;
-      // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
-      runtime::launch_kernel(step.dequantize, grid_for((rows + 63) / 64 * w.k_blocks * 32), d,
-                             cu_stream);
-    }
+    // The canonical dequantization applies the global scale itself; cuBLAS's alpha otherwise.
+    const float alpha = weight.facts.mma ? static_cast<float>(weight.global_scale) : 1.0f;
+    launch_dequantize(weight, step.dequantize, n0, rows, w16, cu_stream);
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     {
       std::lock_guard lock(blas_mutex);

@@ -22,21 +22,13 @@ json or_null(const std::optional<T>& value) {
 
 json text_or_null(const std::string& text) { return text.empty() ? json(nullptr) : json(text); }
 
-// The cublas-bf16 run of every (case, M), to compute speedups against.
-std::map<std::pair<std::size_t, std::int64_t>, const RunResult*> cublas_bf16_runs(
-    const BenchDocument& document) {
-  std::map<std::pair<std::size_t, std::int64_t>, const RunResult*> out;
-  for (const RunResult& run : document.runs) {
-    if (run.backend == Backend::CublasBf16) out[{run.case_index, run.m}] = &run;
-  }
-  return out;
-}
-
-const RunResult* baseline_for(
-    const std::map<std::pair<std::size_t, std::int64_t>, const RunResult*>& baselines,
-    const RunResult& run) {
-  const auto found = baselines.find({run.case_index, run.m});
-  return found == baselines.end() ? nullptr : found->second;
+// The ok run of `backend` for the same case and M as `run`, or null.
+const RunResult* same_call(const BenchDocument& document, const RunResult& run, Backend backend) {
+  for (const RunResult& other : document.runs)
+    if (other.backend == backend && other.case_index == run.case_index && other.m == run.m &&
+        other.status == RunStatus::Ok && other.time)
+      return &other;
+  return nullptr;
 }
 
 std::optional<double> ratio(std::optional<double> numerator, std::optional<double> denominator) {
@@ -93,7 +85,13 @@ RunResult make_run_result(const ExpandedRun& run) {
   return result;
 }
 
-DerivedFigures derive(const RunResult& run, const PeakRates& peaks, const RunResult* cublas_bf16) {
+bool fp8_is_an_alternative(const Scheme& scheme) {
+  const Format& w = scheme.weight.format;
+  return w.is_float() && w.bits == 8;
+}
+
+DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
+  const PeakRates& peaks = document.peaks;
   DerivedFigures figures;
   figures.flops =
       2.0 * static_cast<double>(run.m) * static_cast<double>(run.n) * static_cast<double>(run.k);
@@ -108,8 +106,26 @@ DerivedFigures derive(const RunResult& run, const PeakRates& peaks, const RunRes
   figures.share_copy_bandwidth = ratio(figures.memory_gbps, peaks.copy_gbps);
   figures.share_bf16_peak = ratio(figures.tflops, peaks.bf16_tflops);
   figures.share_fp8_peak = ratio(figures.tflops, peaks.fp8_tflops);
-  if (cublas_bf16 && cublas_bf16->status == RunStatus::Ok && cublas_bf16->time)
+  if (const RunResult* cublas_bf16 = same_call(document, run, Backend::CublasBf16))
     figures.speedup_vs_cublas_bf16 = cublas_bf16->time->median_us / run.time->median_us;
+  if (run.backend == Backend::Qgemm) {
+    std::vector<Backend> alternatives = {Backend::Qdq};
+    if (fp8_is_an_alternative(parse_scheme(run.scheme_text)))
+      alternatives.push_back(Backend::CublasLtFp8);
+    for (Backend backend : alternatives) {
+      const RunResult* other = same_call(document, run, backend);
+      if (!other) continue;
+      const double ratio = run.time->median_us / other->time->median_us;
+      if (!figures.vs_alternative || ratio > *figures.vs_alternative) {
+        figures.vs_alternative = ratio;
+        figures.alternative = backend;
+      }
+    }
+  }
+  if (run.dequant_us && *run.dequant_us > 0 && run.weight_device_bytes)
+    figures.dequant_tbps =
+        (static_cast<double>(*run.weight_device_bytes) + 2.0 * run.n * run.k) / *run.dequant_us *
+        1e-6;
   return figures;
 }
 
@@ -165,10 +181,9 @@ std::string to_json_text(const BenchDocument& document) {
                   {"gemm_size", p.gemm_size},
                   {"problems", p.problems}};
 
-  const auto baselines = cublas_bf16_runs(document);
   json runs = json::array();
   for (const RunResult& run : document.runs) {
-    const DerivedFigures f = derive(run, document.peaks, baseline_for(baselines, run));
+    const DerivedFigures f = derive(run, document);
     json row = {{"case", run.case_index},
                 {"label", run.label},
                 {"scheme", run.scheme},
@@ -196,6 +211,10 @@ std::string to_json_text(const BenchDocument& document) {
                     {"bf16_peak", or_null(f.share_bf16_peak)},
                     {"fp8_peak", or_null(f.share_fp8_peak)}};
     row["speedup_vs_cublas_bf16"] = or_null(f.speedup_vs_cublas_bf16);
+    row["vs_alternative"] = or_null(f.vs_alternative);
+    row["alternative"] = f.alternative ? json(to_string(*f.alternative)) : json(nullptr);
+    row["dequant_us"] = or_null(run.dequant_us);
+    row["dequant_tbps"] = or_null(f.dequant_tbps);
     row["error"] = {{"rel_frobenius", or_null(run.error)},
                     {"tolerance", or_null(run.tolerance)},
                     {"rows", run.error_rows},
@@ -223,11 +242,11 @@ std::string to_csv(const BenchDocument& document) {
   std::string out =
       "case,label,scheme,kind,m,n,k,backend,status,reason,kernel,median_us,min_us,max_us,"
       "samples,tflops,weight_gbps,memory_gbps,share_copy_bandwidth,share_bf16_peak,"
-      "share_fp8_peak,speedup_vs_cublas_bf16,error,tolerance,first_call_ms,warm_call_ms,"
-      "weight_bytes,weight_device_bytes\n";
-  const auto baselines = cublas_bf16_runs(document);
+      "share_fp8_peak,speedup_vs_cublas_bf16,vs_alternative,alternative,dequant_us,"
+      "dequant_tbps,error,tolerance,first_call_ms,warm_call_ms,weight_bytes,"
+      "weight_device_bytes\n";
   for (const RunResult& run : document.runs) {
-    const DerivedFigures f = derive(run, document.peaks, baseline_for(baselines, run));
+    const DerivedFigures f = derive(run, document);
     const std::optional<double> median =
         run.time ? std::optional<double>(run.time->median_us) : std::nullopt;
     const std::optional<double> min =
@@ -235,13 +254,16 @@ std::string to_csv(const BenchDocument& document) {
     const std::optional<double> max =
         run.time ? std::optional<double>(run.time->max_us) : std::nullopt;
     out += fmt::format(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},"
+        "{}\n",
         run.case_index, quoted(run.label), quoted(run.scheme), to_string(run.kind), run.m, run.n,
         run.k, to_string(run.backend), to_string(run.status), quoted(run.reason),
         quoted(run.kernel), cell(median), cell(min), cell(max),
         run.time ? std::to_string(run.time->samples) : std::string(), cell(f.tflops),
         cell(f.weight_gbps), cell(f.memory_gbps), cell(f.share_copy_bandwidth),
         cell(f.share_bf16_peak), cell(f.share_fp8_peak), cell(f.speedup_vs_cublas_bf16),
+        cell(f.vs_alternative), f.alternative ? to_string(*f.alternative) : std::string(),
+        cell(run.dequant_us), cell(f.dequant_tbps),
         cell(run.error), cell(run.tolerance), cell(run.first_call_ms), cell(run.warm_call_ms),
         run.weight_bytes,
         run.weight_device_bytes ? std::to_string(*run.weight_device_bytes) : std::string());
@@ -252,12 +274,14 @@ std::string to_csv(const BenchDocument& document) {
 std::vector<std::vector<std::string>> summary_rows(const BenchDocument& document) {
   std::vector<std::vector<std::string>> rows = {{"case", "M", "backend", "median us", "min", "max",
                                                  "TFLOPS", "weight GB/s", "% copy BW",
-                                                 "x cublas-bf16", "error", "status"}};
-  const auto baselines = cublas_bf16_runs(document);
+                                                 "x cublas-bf16", "vs alt", "error", "status"}};
   for (const RunResult& run : document.runs) {
-    const DerivedFigures f = derive(run, document.peaks, baseline_for(baselines, run));
+    const DerivedFigures f = derive(run, document);
     std::string status = to_string(run.status);
     if (!run.reason.empty()) status += ": " + run.reason;
+    if (run.dequant_us)
+      status += fmt::format(" (dequant {:.1f} us, {} TB/s)", *run.dequant_us,
+                            short_number(f.dequant_tbps, "{:.2f}"));
     const std::optional<double> share = f.share_copy_bandwidth
                                             ? std::optional<double>(100 * *f.share_copy_bandwidth)
                                             : std::nullopt;
@@ -267,9 +291,24 @@ std::vector<std::vector<std::string>> summary_rows(const BenchDocument& document
                     run.time ? fmt::format("{:.2f}", run.time->max_us) : "-",
                     short_number(f.tflops), short_number(f.weight_gbps, "{:.0f}"),
                     short_number(share, "{:.0f}"), short_number(f.speedup_vs_cublas_bf16, "{:.2f}"),
-                    short_number(run.error, "{:.1e}"), status});
+                    short_number(f.vs_alternative, "{:.2f}"), short_number(run.error, "{:.1e}"),
+                    status});
   }
   return rows;
+}
+
+std::vector<std::string> gate_violations(const BenchDocument& document, double ratio) {
+  std::vector<std::string> lines;
+  for (const RunResult& run : document.runs) {
+    if (run.backend != Backend::Qgemm) continue;
+    const DerivedFigures f = derive(run, document);
+    if (!f.vs_alternative || *f.vs_alternative <= ratio) continue;
+    const RunResult* other = same_call(document, run, *f.alternative);
+    lines.push_back(fmt::format("{} M={}: qgemm {:.2f} us = {:.2f} x {} {:.2f} us ({})", run.label,
+                                run.m, run.time->median_us, *f.vs_alternative,
+                                to_string(*f.alternative), other->time->median_us, run.kernel));
+  }
+  return lines;
 }
 
 }  // namespace qgemm::bench

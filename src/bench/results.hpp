@@ -18,7 +18,8 @@
 //              "kernel", "us": {"median", "min", "max", "samples"}, "tflops", "weight_gbps",
 //              "memory_gbps", "flops", "min_bytes", "arithmetic_intensity",
 //              "share": {"copy_bandwidth", "bf16_peak", "fp8_peak"},
-//              "speedup_vs_cublas_bf16",
+//              "speedup_vs_cublas_bf16", "vs_alternative", "alternative",
+//              "dequant_us", "dequant_tbps",
 //              "error": {"rel_frobenius", "tolerance", "rows", "cols"},
 //              "first_call_ms", "warm_call_ms", "weight_bytes", "weight_device_bytes",
 //              "activation_seed"}, ...]}
@@ -35,6 +36,14 @@
 //   share           memory_gbps / peaks.copy_gbps, tflops / peaks.bf16_tflops and
 //                   / peaks.fp8_tflops
 //   speedup_vs_cublas_bf16   the cublas-bf16 median of the same case and M / this median
+//   vs_alternative  (qgemm runs) this median / the fastest alternative of the same case and M:
+//                   qdq (the Engine's dequantize + cuBLAS candidate on the same call), and
+//                   cublaslt-fp8 where the weight is stored as an 8-bit float (what a user of
+//                   such a checkpoint runs without qgemm); "alternative" names it. The gate
+//                   (`qgemm bench --gate RATIO`) fails a run whose vs_alternative > RATIO.
+//   dequant_us      (qdq runs) the median of the dequantization alone, over the whole weight
+//                   (Engine::dequantize); dequant_tbps = (the prepared weight's bytes + the
+//                   16-bit weight's 2·N·K) / dequant_us
 #pragma once
 
 #include <cstdint>
@@ -102,6 +111,7 @@ struct RunResult {
   std::optional<std::int64_t> weight_device_bytes;    // the prepared weight's device memory
   std::int64_t activation_bytes = 0, output_bytes = 0;
   std::uint64_t activation_seed = 0;
+  std::optional<double> dequant_us;  // qdq: the dequantization alone (median)
 };
 
 // A run of `run.recipe_case` on `run.backend`, with the identity fields filled and nothing else.
@@ -114,9 +124,19 @@ struct DerivedFigures {
   std::optional<double> tflops, weight_gbps, memory_gbps;
   std::optional<double> share_copy_bandwidth, share_bf16_peak, share_fp8_peak;
   std::optional<double> speedup_vs_cublas_bf16;
+  std::optional<double> vs_alternative;  // qgemm runs
+  std::optional<Backend> alternative;    // the backend vs_alternative compares with
+  std::optional<double> dequant_tbps;    // qdq runs
 };
-// `cublas_bf16`: the cublas-bf16 run of the same case and M, or null.
-DerivedFigures derive(const RunResult& run, const PeakRates& peaks, const RunResult* cublas_bf16);
+
+struct BenchDocument;
+// The figures of `run`, derived from its own fields, the document's peaks and the other runs of
+// the same case and M.
+DerivedFigures derive(const RunResult& run, const BenchDocument& document);
+
+// Whether a weight of this scheme is stored as an 8-bit float, so that cuBLASLt FP8 on its
+// codes is an alternative a user has.
+bool fp8_is_an_alternative(const Scheme& scheme);
 
 struct BenchDocument {
   std::string recipe_name, recipe_source;
@@ -140,5 +160,9 @@ std::string to_json_text(const BenchDocument& document);
 std::string to_csv(const BenchDocument& document);
 // A table for people: a header row, then one row per run (print with cli::print_text_table).
 std::vector<std::vector<std::string>> summary_rows(const BenchDocument& document);
+
+// The qgemm runs slower than `ratio` × their fastest alternative (the never-slower gate), as
+// lines "label M=..: qgemm X µs = R × alternative Y µs".
+std::vector<std::string> gate_violations(const BenchDocument& document, double ratio);
 
 }  // namespace qgemm::bench

@@ -1,6 +1,7 @@
 // qgemm bench: the bake-off of a recipe (bench/recipes/*.yaml, format in src/bench/recipe.hpp).
 //
-//   qgemm bench RECIPE.yaml [--json OUT] [--csv OUT] [--plot OUT.png] [--seed S] [--dry-run]
+//   qgemm bench RECIPE.yaml [--json OUT] [--csv OUT] [--plot OUT.png] [--seed S] [--gate RATIO]
+//               [--dry-run]
 //
 // Times every run (case × M × backend) of the recipe on GPU 0 (gpu_bench/bench_run.hpp), checks
 // each output against the CPU reference, and writes the result document (src/bench/results.hpp)
@@ -8,8 +9,13 @@
 // stderr. --plot runs bench/plot.py on the JSON (python3 with matplotlib). --dry-run validates
 // the recipe and lists its runs without a GPU (--json / --csv then write that list).
 //
-// Exit status: 0 every run ok, unsupported or skipped; 1 a run failed (an error or a wrong
-// result); 2 bad arguments or an invalid recipe; 3 no usable GPU, or --plot could not run.
+// --gate RATIO: the never-slower gate. Every qgemm run must take at most RATIO × its fastest
+// alternative of the same case and M (qdq, and cublaslt-fp8 for 8-bit float weights; the
+// "vs alt" column, results.hpp); the runs that do not are listed and the exit status is 1.
+//
+// Exit status: 0 every run ok, unsupported or skipped (and within the gate); 1 a run failed (an
+// error or a wrong result) or the gate did; 2 bad arguments or an invalid recipe; 3 no usable
+// GPU, or --plot could not run.
 #include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -42,6 +48,7 @@ struct BenchOptions {
   std::string recipe;
   std::string json_out, csv_out, plot_out;
   std::optional<std::uint64_t> seed;
+  std::optional<double> gate;
   bool dry_run = false;
 };
 
@@ -159,6 +166,14 @@ int run(const BenchOptions& options) {
   for (const bench::RunResult& result : document.runs) {
     if (result.status == bench::RunStatus::Failed) status = kExitFailed;
   }
+  if (options.gate) {
+    const std::vector<std::string> violations = bench::gate_violations(document, *options.gate);
+    for (const std::string& line : violations)
+      std::fprintf(stderr, "qgemm bench: gate %.2f: %s\n", *options.gate, line.c_str());
+    std::fprintf(stderr, "qgemm bench: gate %.2f: %zu run%s slower than allowed\n", *options.gate,
+                 violations.size(), violations.size() == 1 ? "" : "s");
+    if (!violations.empty()) status = kExitFailed;
+  }
   if (!options.plot_out.empty()) {
     // The plot reads the JSON: the one written, or a temporary copy.
     std::string json_path = options.json_out;
@@ -190,6 +205,9 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
                       "Write plots (PNG): OUT (speedup against M) and OUT's stem + "
                       "'_roofline.png' (needs python3 with matplotlib)");
   command->add_option("--seed", options->seed, "Seed of the random inputs (default: fresh)");
+  command->add_option("--gate", options->gate,
+                      "Exit 1 if a qgemm run takes more than RATIO x its fastest alternative")
+      ->check(CLI::PositiveNumber);
   command->add_flag("--dry-run", options->dry_run, "Validate and list the runs; no GPU needed");
   command->callback([options, &status] {
     try {

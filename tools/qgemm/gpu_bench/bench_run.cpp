@@ -56,6 +56,21 @@ void run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResul
   result.warm_call_ms = measured.warm_call_ms;
   result.time = measured.time;
   result.status = RunStatus::Ok;
+  if (call.dequantize) {
+    // Timed apart, in the recipe's mode: what the dequantization pass of qdq costs. A weight
+    // whose dequantization the Engine cannot give alone (a global scale left to the GEMM) has
+    // none.
+    try {
+      call.dequantize(gpu.stream());
+      check_cuda(cudaStreamSynchronize(gpu.stream()), "cudaStreamSynchronize (dequantize)");
+      result.dequant_us = summarize(time_call(call.dequantize,
+                                              {recipe.timing, recipe.warmup, recipe.repeats},
+                                              gpu.stream(), gpu.flusher()))
+                              .median_us;
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::Unsupported) throw;
+    }
+  }
 }
 
 }  // namespace

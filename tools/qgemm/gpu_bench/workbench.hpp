@@ -96,6 +96,8 @@ struct BackendCall {
   std::int64_t weight_bytes = 0;
   std::optional<std::int64_t> weight_device_bytes;
   std::int64_t activation_bytes = 0;
+  // qdq: the dequantization alone (the whole weight into 16 bits), timed apart; else empty.
+  GpuCall dequantize;
 };
 
 // One case at one M: activations for every backend, an output buffer, the sample of the
@@ -130,6 +132,7 @@ class Problem {
   PackedActivation bf16_;   // the baselines' bf16 activations (empty unless needed)
   PackedActivation fp8_;    // per-tensor e4m3, M rows (empty unless needed)
   runtime::DeviceBuffer input_device_, bf16_device_, fp8_device_, fp8_scale_device_, output_;
+  runtime::DeviceBuffer dequantized_;  // qdq's 16-bit weight, for its dequantization timed apart
   OutputSample sample_;
   std::optional<std::vector<double>> qgemm_expected_, bf16_expected_, fp8_expected_;
 };
