@@ -92,6 +92,8 @@ std::optional<std::string> DenseGemmConfig::unsupported_reason(std::int64_t m,
     std::string why;
     if (!layout::byte_dequant(weight, activation, &why)) return why;
   }
+  // Groups tile K from 0 whether or not G divides K (the last group, the only short one, ends at
+  // K inside its tile), so this is the whole rule.
   if (group_size != 0 && group_size % block_k != 0 && block_k % group_size != 0)
     return fmt::format("group {} neither divides nor is a multiple of BK {}", group_size, block_k);
   const int rows =
