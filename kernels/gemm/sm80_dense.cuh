@@ -147,7 +147,8 @@ struct DenseGemm {
     }
     // Scales (then zeros): kScaleRows rows of kBlockN floats. Groups start at multiples of G
     // even when the last one is partial (K % G != 0), so a stage's groups are first_group + row;
-    // rows past the last group (a tile that runs past K) are zero-filled, never read.
+    // rows past the last group (a tile that runs past K) are zero-filled instead of read past
+    // [groups][n_padded], and only k16 blocks past K (zero codes, zero activations) use them.
     char* s_stage = b_stage + Shape::kBBytes;
     const int first_group = kGroup == 0 ? 0 : k0 / kGroup;
     constexpr int kChunksPerScaleRow = kBlockN * 4 / 16;

@@ -30,6 +30,9 @@ std::vector<std::string> split(std::string_view text, char separator) {
   return parts;
 }
 
+// Cells along an edge of `size` values, `per` to a cell; the last cell may be partial.
+std::int64_t ceil_div(std::int64_t size, std::int64_t per) { return (size + per - 1) / per; }
+
 bool is_one_of(const Format& f, std::initializer_list<Format> allowed) {
   return std::find(allowed.begin(), allowed.end(), f) != allowed.end();
 }
@@ -383,13 +386,6 @@ const std::vector<Preset>& presets() {
   }();
   return table;
 }
-
-namespace {
-
-// Cells along an edge of `size` values, `per` to a cell; the last cell may be partial.
-std::int64_t ceil_div(std::int64_t size, std::int64_t per) { return (size + per - 1) / per; }
-
-}  // namespace
 
 ScaleGrid weight_scale_grid(const WeightQuant& w, std::int64_t n, std::int64_t k) {
   switch (w.granularity) {
