@@ -11,14 +11,16 @@
 //     bits = 3, row "a b c":     byte 0 = c[1:0]<<6 | b<<3 | a,  byte 1 = c[2]
 //
 // Scales: the scale grid (scheme.hpp) row-major, each scale stored as its code in the scale
-// format, format.storage_bytes() bytes little-endian. Integer zero points: the same grid, each
-// grid row packed like a row of codes (weight's width, ceil(grid.cols · bits / 8) bytes per
-// grid row); float zero points: like scales, in the scale format. Midpoint zeros are implied
-// (2^(b−1)), not stored.
+// format, format.storage_bytes() bytes little-endian. K need not be a multiple of the group:
+// a row of groups of G has ceil(K / G) scales, the last one covering the values that remain.
+// Integer zero points: the same grid, each grid row packed like a row of codes (weight's width,
+// ceil(grid.cols · bits / 8) bytes per grid row); float zero points: like scales, in the scale
+// format. Midpoint zeros are implied (2^(b−1)), not stored.
 //
 // Round-to-nearest quantization (ties to even, through the format codec). Every cell of the
-// scale grid gets its scale from its own values, the scale is rounded to the scale format,
-// and the codes are computed with the ROUNDED scale, so that dequantization is exactly
+// scale grid gets its scale from its own values (a partial last cell: from the values it has), the
+// scale is rounded to the scale format, and the codes are computed with the ROUNDED scale, so that
+// dequantization is exactly
 //   (decode(code) − zero) · scale · global_scale.
 // Values that land outside the element range saturate to it (never Inf, never wrap).
 //   zp=none   scale = amax / element max (absmax maps the largest |w| onto the largest value)
@@ -78,7 +80,8 @@ void unpack_codes(const std::uint8_t* packed, std::int64_t count, int bits, std:
 std::uint32_t read_code(const std::uint8_t* row, std::int64_t index, int bits);
 
 // Round-to-nearest quantization of w[n, k] (row-major fp32). Rejects NaN/Inf weights, zero
-// sizes and K that the group size does not divide, with an Error naming them. Multithreaded.
+// sizes and invalid schemes, with an Error naming them; any K suits any group (the last group
+// is shorter). Multithreaded.
 PackedWeight quantize_weight(const WeightQuant& quant, const float* weight, std::int64_t n,
                              std::int64_t k);
 // Exact dequantization to double, row-major [n, k].

@@ -76,7 +76,8 @@ Scheme parse_scheme(std::string_view text);
 std::string to_string(const Scheme& scheme);
 // Throws qgemm::Error (InvalidArgument) naming the field, its value and the rule.
 void validate(const Scheme& scheme);
-// Checks a problem shape against the scheme (group sizes that must divide K, sizes ≥ 1).
+// Checks a problem shape against the scheme: sizes ≥ 1. Any K suits any group size (the last
+// group of a row is then shorter; see ScaleGrid).
 void validate_shape(const Scheme& scheme, std::int64_t m, std::int64_t n, std::int64_t k);
 
 struct Preset {
@@ -87,7 +88,13 @@ struct Preset {
 const std::vector<Preset>& presets();
 
 // The scale grid of a weight [n, k]: rows × cols scales, each covering rows_per × cols_per
-// weights (the last row / column of blocks may be partial for Block granularity).
+// weights. Cells start at multiples of rows_per / cols_per and the last row / column of cells
+// may be partial: groups of G along K give ceil(K / G) columns, the last one covering the
+// K − (cols − 1)·G values that remain (K = 2880, G = 128: 23 columns, the last of 64 values),
+// the way GPTQ/AWQ checkpoints store it; 2-D blocks alike in both directions.
+//
+//   k:     0 ........ G ........ 2G ...... (cols−1)·G ..... K
+//   cell:  [   col 0   |   col 1   | ...   |  col cols−1  ]   (the last one shorter)
 struct ScaleGrid {
   std::int64_t rows = 1, cols = 1;
   std::int64_t rows_per = 1, cols_per = 1;

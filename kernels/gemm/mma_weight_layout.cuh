@@ -33,6 +33,9 @@
 // (per-channel and per-tensor: one row), with the columns of a slice permuted so that a lane
 // reads its 8 scales (j = 0..7 at column j · 8 + lane / 4) as 8 consecutive floats:
 //   column n is stored at  slice · 64 + (n % 8) · 8 + (n % 64) / 8
+// groups = ceil(K / G): when G does not divide K the last group is shorter. G is a multiple of
+// 16, so a k16 block lies in one group, group = kb · 16 / G, and the last block (K padding
+// included) still belongs to the last group: kb · 16 ≤ K − 1 for every kb < k_blocks.
 #pragma once
 
 #include "common/host_device.cuh"

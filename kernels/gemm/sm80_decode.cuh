@@ -399,6 +399,8 @@ struct DecodeGemm {
       }
 #endif
 
+      // A group ends at a multiple of G, or at the range's end (a split, or K: where a partial
+      // last group ends, kb_end = k_blocks).
       if constexpr (kGroupBlocks < kStageBlocks) {  // groups end inside the stage
         if ((kb + 1) % kGroupBlocks == 0 || kb + 1 == kb_end)
           flush_group(s_stage + scale_row * 64, z_stage + scale_row * 64, lane, acc, part, rowsum);

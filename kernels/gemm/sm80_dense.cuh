@@ -141,7 +141,10 @@ struct DenseGemm {
       ptx::cp_async_16(b_stage + i * 16, valid ? src : reinterpret_cast<const char*>(p.b),
                        valid ? 16 : 0);
     }
-    // Scales (then zeros): kScaleRows rows of kBlockN floats.
+    // Scales (then zeros): kScaleRows rows of kBlockN floats. Groups start at multiples of G
+    // even when the last one is partial (K % G != 0), so a stage's groups are first_group + row;
+    // rows past the last group (a tile that runs past K) are zero-filled instead of read past
+    // [groups][n_padded], and only k16 blocks past K (zero codes, zero activations) use them.
     char* s_stage = b_stage + Shape::kBBytes;
     const int first_group = kGroup == 0 ? 0 : k0 / kGroup;
     constexpr int kChunksPerScaleRow = kBlockN * 4 / 16;
@@ -345,6 +348,8 @@ struct DenseGemm {
         if ((step + 1) * 32 % kGroup == 0) flush_group(s_stage, r, wn, lane, acc, part, rowsum);
       }
     }
+    // A partial last group ends at K, inside the last tile: for G < BK the tile ends on a
+    // multiple of G past K (the padding adds zero sums), for G >= BK it is the range's end.
     if constexpr (kGroup == 0 || kGroup >= kBlockK) {
       const bool group_ends = kGroup != 0 && (tile + 1) * kBlockK % kGroup == 0;
       if (group_ends || range_end) flush_group(s_stage, 0, wn, lane, acc, part, rowsum);

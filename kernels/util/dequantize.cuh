@@ -4,6 +4,9 @@
 //                                                                               once to out)
 //   codes   [n][row_bytes]            LSB-first bit stream per row (util/packed_codes.cuh)
 //   scales  [scale_rows][scale_cols]  scale(r, c) = scales[r / rows_per][c / cols_per]
+//                                     scale_cols = ceil(k / cols_per): when a group does not
+//                                     divide k the last column covers the values that remain,
+//                                     and c < k keeps c / cols_per < scale_cols
 //   zeros   same grid: packed like codes (integer zero) or stored like scales (float zero)
 //   out     [n][k] row-major
 //

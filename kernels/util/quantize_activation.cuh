@@ -9,6 +9,9 @@
 //   mx       32 values of a row        2^(⌊log2 absmax⌋ − ⌊log2 max⌋)   e8m0   1
 //   nv       16 values of a row        absmax/max/t, t = absmax(A)/(max·448) ue4m3   t
 //
+// Group, mx and nv rows have ceil(k / G) cells; when G does not divide k the last one holds
+// the k − (cells − 1)·G values that remain and takes its absmax over those alone.
+//
 //   code = round_nearest_even(clamp(x / (scale · t), −max, max))      (t = 1 except NV)
 //
 // Scales are computed in double from the fp32 absmax and rounded once into the scale format,
@@ -211,6 +214,10 @@ struct ActivationQuantizer {
     __syncthreads();  // shared_scale and warp_absmax are reused by the next row
   }
 
+  // Cells of G values: ceil(k / G) per row, the last one partial when G does not divide k
+  // (its scale from the values it has, as on the host). A lane walks its elements of the cell
+  // whether or not they exist, so that the warp stays together for the shuffles; elements at
+  // col >= k are neither read nor written (emit pairs a 4-bit code with col + 1 only below k).
   template <int kThreads>
   __device__ static void short_cells(const QuantizeActivationArgs& args, long long row,
                                      const unsigned short* input, double tensor_scale) {
@@ -219,22 +226,28 @@ struct ActivationQuantizer {
     const long long per_lane = group / lanes;
     const int cells_per_warp = 32 / lanes;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sub = lane % lanes;
-    const long long cells = args.k / group;
+    const long long cells = (args.k + group - 1) / group;
     for (long long first = static_cast<long long>(warp) * cells_per_warp; first < cells;
          first += static_cast<long long>(kThreads / 32) * cells_per_warp) {
       const long long cell = first + lane / lanes;
-      const bool valid = cell < cells;
       const long long begin = cell * group + sub;
+      // The lane's elements begin + i · lanes exist (col < k) for i < present: all per_lane of
+      // them but in the last cell, none past it (it starts at or past k). Counted once per cell
+      // (a 64-bit compare per element made ptxas spill 8-12 bytes for sm_90a).
+      const long long ahead = args.k - begin;
+      const int present = ahead >= group ? static_cast<int>(per_lane)
+                          : ahead <= 0   ? 0
+                                         : static_cast<int>((ahead + lanes - 1) / lanes);
       float absmax = 0.0f;
 #pragma unroll 4
       for (long long i = 0; i < per_lane; ++i)
-        if (valid) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * lanes)));
+        if (i < present) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * lanes)));
       for (int offset = lanes / 2; offset > 0; offset >>= 1)
         absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
       const double scale =
           cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, tensor_scale);
       if constexpr (kEmit == kEmitCodes) {
-        if (valid && sub == 0)
+        if (cell < cells && sub == 0)
           store_scale<kScaleFormat>(
               args.scales, row * args.scale_row_stride + cell * args.scale_cell_stride, scale);
       }
@@ -242,6 +255,7 @@ struct ActivationQuantizer {
       const double inverse = 1.0 / divisor;
       for (long long i = 0; i < per_lane; ++i) {
         const long long col = begin + i * lanes;
+        const bool valid = i < present;
         const float x = valid ? load_half<kInput>(input, col) : 0.0f;
         emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale));
       }
@@ -296,8 +310,10 @@ __global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActiv
   const long long columns = kBytes ? (args.k + 15) / 16 * 16 : args.k;
   const long long total = args.m * columns;
   const long long row_bytes = (args.k * code_format.bits + 7) / 8;
-  const long long cells =
-      kScaling == kScaleStatic || kScaling == kScaleToken ? 1 : args.k / args.group;
+  // Scale cells per row: ceil(k / group), the last one partial when the group does not divide k.
+  const long long cells = kScaling == kScaleStatic || kScaling == kScaleToken
+                              ? 1
+                              : (args.k + args.group - 1) / args.group;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {

@@ -219,7 +219,7 @@ class RecipeParser {
       c.label = fmt::format("{} {}x{}", c.scheme_text, c.n, c.k);
     }
 
-    // The shape rules (group sizes dividing K, ...) live with the scheme: ask it for each M.
+    // The shape rules live with the scheme: ask it for each M.
     for (std::size_t i = 0; i < c.m.size(); ++i) {
       try {
         validate_shape(c.scheme, c.m[i], c.n, c.k);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "qgemm/error.hpp"
+#include "qgemm/reference.hpp"
 #include "quant/parallel.hpp"  // the quantizer's row-parallel loop, reused
 
 namespace qgemm::check {
@@ -136,6 +137,47 @@ double output_rounding_bound(const Format& output, const std::vector<double>& ro
     sum += half_step * half_step;
   }
   return std::sqrt(sum);
+}
+
+std::vector<double> backend_error_bounds(const std::vector<double>& a, const std::vector<double>& w,
+                                         const std::vector<double>& accumulated_w, std::int64_t m,
+                                         std::int64_t n, std::int64_t k,
+                                         const OperandRounding& rounding, const Format& output,
+                                         const std::vector<double>& reference) {
+  require(m >= 1 && n >= 1 && k >= 1, "backend_error_bounds: m = {}, n = {}, k = {} (rule: >= 1)",
+          m, n, k);
+  auto require_count = [](const char* what, std::size_t size, std::int64_t expected) {
+    require(static_cast<std::int64_t>(size) == expected,
+            "backend_error_bounds: {} holds {} values (rule: {})", what, size, expected);
+  };
+  require_count("a", a.size(), m * k);
+  require_count("w", w.size(), n * k);
+  require_count("accumulated_w", accumulated_w.size(), n * k);
+  require_count("reference", reference.size(), m * n);
+  constexpr double kLambda = 8.0;
+  // The sums of squares are products too: Σ_k a_k²·w_k² = (A∘A)·(W∘W)ᵀ.
+  auto squares = [](const std::vector<double>& x) {
+    std::vector<double> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = x[i] * x[i];
+    return out;
+  };
+  const std::vector<double> a2 = squares(a);
+  const std::vector<double> operand = reference::matmul_nt(a2.data(), squares(w).data(), m, n, k);
+  const std::vector<double> accumulated =
+      reference::matmul_nt(a2.data(), squares(accumulated_w).data(), m, n, k);
+  const double operand_u2 =
+      rounding.activation * rounding.activation + rounding.weight * rounding.weight;
+  const double accumulated_u2 =
+      static_cast<double>(k) * rounding.accumulator * rounding.accumulator;
+  std::vector<double> bounds(reference.size());
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    const double magnitude = std::fabs(reference[i]);
+    const double arithmetic =
+        kLambda * std::sqrt(operand[i] * operand_u2 + accumulated[i] * accumulated_u2) +
+        4.0 * rounding.accumulator * magnitude;
+    bounds[i] = arithmetic + 2.0 * half_ulp(output, magnitude + arithmetic);
+  }
+  return bounds;
 }
 
 double frobenius_norm(const std::vector<double>& values) {

@@ -30,6 +30,9 @@ std::vector<std::string> split(std::string_view text, char separator) {
   return parts;
 }
 
+// Cells along an edge of `size` values, `per` to a cell; the last cell may be partial.
+std::int64_t ceil_div(std::int64_t size, std::int64_t per) { return (size + per - 1) / per; }
+
 bool is_one_of(const Format& f, std::initializer_list<Format> allowed) {
   return std::find(allowed.begin(), allowed.end(), f) != allowed.end();
 }
@@ -323,17 +326,10 @@ void validate_shape(const Scheme& s, std::int64_t m, std::int64_t n, std::int64_
   auto fail = [&](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("scheme '{}': {}", where, message));
   };
+  // Groups need not divide K: the last group of a row is shorter (ceil(K / G) scale columns,
+  // as GPTQ/AWQ checkpoints store it), so only the sizes themselves can be wrong here.
   if (m < 1 || n < 1 || k < 1)
     fail(fmt::format("shape M={} N={} K={}: every size must be at least 1", m, n, k));
-  if (s.weight.granularity == WeightGranularity::Group && k % s.weight.group != 0)
-    fail(fmt::format("weight group size {} does not divide K = {} (rule: K % group == 0)",
-                     s.weight.group, k));
-  const ActivationQuant& a = s.activation;
-  if ((a.scaling == ActivationScaling::DynamicGroup || a.scaling == ActivationScaling::MX ||
-       a.scaling == ActivationScaling::NV) &&
-      k % a.group != 0)
-    fail(fmt::format("activation group size {} does not divide K = {} (rule: K % group == 0)",
-                     a.group, k));
 }
 
 const std::vector<Preset>& presets() {
@@ -395,10 +391,9 @@ ScaleGrid weight_scale_grid(const WeightQuant& w, std::int64_t n, std::int64_t k
   switch (w.granularity) {
     case WeightGranularity::PerTensor: return {1, 1, n, k};
     case WeightGranularity::PerChannel: return {n, 1, 1, k};
-    case WeightGranularity::Group: return {n, k / w.group, 1, w.group};
+    case WeightGranularity::Group: return {n, ceil_div(k, w.group), 1, w.group};
     case WeightGranularity::Block:
-      return {(n + w.block_n - 1) / w.block_n, (k + w.block_k - 1) / w.block_k, w.block_n,
-              w.block_k};
+      return {ceil_div(n, w.block_n), ceil_div(k, w.block_k), w.block_n, w.block_k};
   }
   return {};
 }
@@ -410,7 +405,7 @@ ScaleGrid activation_scale_grid(const ActivationQuant& a, std::int64_t m, std::i
     case ActivationScaling::DynamicToken: return {m, 1, 1, k};
     case ActivationScaling::DynamicGroup:
     case ActivationScaling::MX:
-    case ActivationScaling::NV: return {m, k / a.group, 1, a.group};
+    case ActivationScaling::NV: return {m, ceil_div(k, a.group), 1, a.group};
   }
   return {};
 }

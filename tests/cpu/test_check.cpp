@@ -96,6 +96,59 @@ TEST(CheckErrorBounds, OutputRoundingBoundIsTheRootSumOfHalfSteps) {
   EXPECT_DOUBLE_EQ(qgemm::check::output_rounding_bound(qgemm::formats::bf16, values), expected);
 }
 
+// backend_error_bounds: a faithful emulation of a bf16-operand, fp32-accumulating kernel stays
+// inside every element's bound; one that loses or mis-scales the partial last group (the bugs
+// the GPU partial-group tests look for) leaves it at most elements.
+TEST(CheckErrorBounds, BackendBoundsHoldForFaithfulArithmeticAndCatchALostGroup) {
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  const qgemm::Scheme scheme = qgemm::parse_scheme("w4a16");
+  const std::int64_t m = 7, n = 96, k = 2880, last_group = 2816;  // 22.5 groups of 128
+  const auto w = llm_like_weight(rng, n * k);
+  const auto a = qgemm_test::random_floats(rng, m * k, 1.0);
+  const auto packed_a = qgemm::quantize_activation(scheme.activation, a.data(), m, k);
+  const auto packed_w = qgemm::quantize_weight(scheme.weight, w.data(), n, k);
+  const auto a_values = qgemm::dequantize_activation(packed_a);
+  const auto w_values = qgemm::dequantize_weight(packed_w);
+  const auto reference = qgemm::reference::gemm(scheme, packed_a, packed_w);
+  std::vector<double> magnitude(w_values.size());
+  for (std::size_t i = 0; i < w_values.size(); ++i) magnitude[i] = std::fabs(w_values[i]);
+  qgemm::check::OperandRounding rounding;
+  rounding.weight = 0x1p-9;  // bf16
+  const auto bounds = qgemm::check::backend_error_bounds(a_values, w_values, magnitude, m, n, k,
+                                                         rounding, scheme.output, reference);
+  // The emulated kernel: weights rounded to bf16, products summed in float in K order, the
+  // sum rounded to bf16. `weight_factor(c)` scales weight column c (1: faithful).
+  auto emulate = [&](auto weight_factor) {
+    std::vector<double> out(static_cast<std::size_t>(m * n));
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (std::int64_t c = 0; c < k; ++c) {
+          const double weight =
+              qgemm::round_to(qgemm::formats::bf16, w_values[j * k + c]) * weight_factor(c);
+          sum += static_cast<float>(a_values[r * k + c] * weight);
+        }
+        out[r * n + j] = qgemm::round_to(qgemm::formats::bf16, sum);
+      }
+    return out;
+  };
+  auto outside = [&](const std::vector<double>& got) {
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      count += !(std::fabs(got[i] - reference[i]) <= bounds[i]);
+    return count;
+  };
+  EXPECT_EQ(outside(emulate([](std::int64_t) { return 1.0; })), 0u);
+  const std::size_t lost =
+      outside(emulate([&](std::int64_t c) { return c < last_group ? 1.0 : 0.0; }));
+  const std::size_t doubled =
+      outside(emulate([&](std::int64_t c) { return c < last_group ? 1.0 : 2.0; }));
+  EXPECT_GT(lost, reference.size() / 2) << "a lost last group must leave the bounds";
+  EXPECT_GT(doubled, reference.size() / 2) << "a wrong last-group scale must leave the bounds";
+}
+
 // --- every preset on the CPU backend -----------------------------------------------------------
 
 TEST(Check, EveryPresetPassesOnTheCpuBackend) {
@@ -128,8 +181,10 @@ TEST(Check, SameSeedSameResultOtherSeedOtherInputs) {
 TEST(Check, RejectsShapesTheSchemeCannotServeAndUnknownBackends) {
   auto backend = qgemm::check::make_cpu_backend();
   const std::string message = qgemm_test::error_message_of(
-      [&] { qgemm::check::run_check(qgemm::parse_scheme("w4a16"), 4, 64, 200, *backend, 1); });
-  EXPECT_NE(message.find("200"), std::string::npos) << message;
+      [&] { qgemm::check::run_check(qgemm::parse_scheme("w4a16"), 4, 64, 0, *backend, 1); });
+  EXPECT_NE(message.find("K=0"), std::string::npos) << message;
+  // A group that does not divide K is served (a shorter last group), not refused.
+  EXPECT_TRUE(qgemm::check::run_check(qgemm::parse_scheme("w4a16"), 4, 64, 200, *backend, 1).pass);
   const std::string backend_message =
       qgemm_test::error_message_of([] { qgemm::check::parse_backend_choice("tpu"); });
   EXPECT_NE(backend_message.find("'tpu'"), std::string::npos) << backend_message;
@@ -350,8 +405,19 @@ TEST(CheckCli, SeedIsHonouredAndBadArgumentsAreRefused) {
   EXPECT_EQ(a.at("seed"), 99);
   EXPECT_EQ(a.at("errors"), b.at("errors"));
   EXPECT_EQ(run_cli("check --scheme no-such-scheme --m 4 --n 128 --k 128").status, 2);
-  EXPECT_EQ(run_cli("check --scheme w4a16 --m 4 --n 128 --k 100").status, 2);
+  EXPECT_EQ(run_cli("check --scheme w4a16 --m 0 --n 128 --k 128").status, 2);
   EXPECT_NE(run_cli("check --scheme w4a16 --m 4 --n 128 --k 128 --backend tpu").status, 0);
+}
+
+// Issue #14, item 5: K = 2880 = 22.5 groups of 128, the last group of 64 values.
+TEST(CheckCli, PartialLastGroupPassesOnTheCpuBackend) {
+  const CommandOutput r =
+      run_cli("check --scheme w4a16 --m 7 --n 640 --k 2880 --backend cpu --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json.at("k"), 2880);
+  EXPECT_TRUE(json.at("pass").get<bool>());
+  EXPECT_GT(json.at("errors").at("vs_exact").get<double>(), 0.0);  // 4-bit: never exact
 }
 
 TEST(CheckCli, GpuBackendWithoutAGpuExitsWithStatus3) {

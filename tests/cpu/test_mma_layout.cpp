@@ -94,6 +94,70 @@ TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
   }
 }
 
+// Partial last groups (K % G != 0), and K that is not a multiple of 16 on top: groups =
+// ceil(K / G) scale (and zero) rows, the last group's own values, and the K padding of the last
+// k16 block inside the last group's row (never past [groups][n_padded]).
+TEST(MmaLayout, PartialLastGroupsReproduceTheDequantizedWeight) {
+  const std::uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Case {
+    const char* scheme;
+    std::int64_t k;
+    int groups;  // ceil(k / group), written out
+  };
+  for (const Case& c :
+       {Case{"w4a16", 2880, 23}, Case{"gptq-w4a16-g128", 2880, 23}, Case{"w8a16", 2888, 23},
+        Case{"mxfp4-a16", 2896, 91}, Case{"nvfp4-a16", 2904, 182}, Case{"fp8-block", 2880, 23},
+        Case{"w=uint6:g64:s=fp16:zp=float;a=fp16", 2888, 46},
+        Case{"w=int3:g32:s=bf16;a=bf16", 2890, 91},
+        Case{"w=uint1:g64:s=bf16:zp=int;a=bf16", 100, 2}}) {
+    SCOPED_TRACE(std::string(c.scheme) + " K=" + std::to_string(c.k) + " seed " +
+                 std::to_string(seed));
+    const Scheme scheme = parse_scheme(c.scheme);
+    const std::int64_t n = 64 + 37, k = c.k;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    // The last group an order of magnitude smaller: its scales differ from the others'.
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t d = (k - 1) / 16 * 16 - 16; d < k; ++d) w[r * k + d] *= 0.01f;
+    const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+    const std::vector<double> expected = dequantize_weight(packed);
+    const layout::MmaWeight prepared = layout::repack_for_mma(packed);
+    EXPECT_EQ(prepared.groups, c.groups);
+    EXPECT_EQ(prepared.scales.size(), static_cast<std::size_t>(c.groups) * prepared.n_padded);
+    if (prepared.stores_zeros()) EXPECT_EQ(prepared.zeros.size(), prepared.scales.size());
+    // The last k16 block, padding included, maps to the last scale row.
+    EXPECT_EQ((prepared.k_blocks * 16 - 1) / prepared.group_size, c.groups - 1);
+    double tolerance = 0.0;  // float zeros: see RepackReproducesTheDequantizedWeight...
+    if (prepared.zero_mode == layout::MmaZeroMode::Float) {
+      float largest_zero = 0.0f, largest_scale = 0.0f;
+      for (float z : prepared.zeros) largest_zero = std::max(largest_zero, std::abs(z));
+      for (float s : prepared.scales) largest_scale = std::max(largest_scale, std::abs(s));
+      tolerance = std::ldexp(double{largest_zero} * largest_scale * packed.global_scale, -23);
+    }
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t d = 0; d < k; ++d)
+        ASSERT_NEAR(layout::mma_weight_value(prepared, r, d) * packed.global_scale,
+                    expected[static_cast<std::size_t>(r * k + d)], tolerance)
+            << "at n=" << r << " k=" << d;
+    // Padding columns hold code 0 (k_blocks · 16 > K where K % 16 != 0).
+    for (std::int64_t d = k; d < prepared.k_blocks * 16; ++d) {
+      const double scale = prepared.scales[static_cast<std::size_t>(
+          (prepared.groups - 1) * prepared.n_padded + MmaWeightLayout::scale_column(5))];
+      double code_zero = 0.0;  // the value code 0 stands for, before the scale
+      if (prepared.format.is_float())
+        code_zero = decode(prepared.format, 0);
+      else if (prepared.zero_mode == layout::MmaZeroMode::Constant)
+        code_zero = -std::ldexp(1.0, prepared.format.bits - 1);
+      else if (prepared.stores_zeros())
+        code_zero = -prepared.zeros[static_cast<std::size_t>(
+            (prepared.groups - 1) * prepared.n_padded + MmaWeightLayout::scale_column(5))];
+      EXPECT_EQ(layout::mma_weight_value(prepared, 5, d), code_zero * scale) << "k=" << d;
+    }
+  }
+}
+
 TEST(MmaLayout, UnservableGroupsAreReported) {
   WeightQuant q = parse_scheme("w=uint4:g8:s=bf16;a=bf16").weight;
   EXPECT_TRUE(layout::mma_unsupported_reason(q).has_value());
@@ -130,8 +194,8 @@ TEST(MmaLayout, MalformedPackedWeightsAreRejectedByName) {
   bad.global_scale = 0.0;
   expect_refused(bad, "global_scale");
   bad = good;
-  bad.k = 200;  // groups of 128 no longer divide K
-  expect_refused(bad, "128");
+  bad.k = 200;  // a K the arrays were not packed for (rows of 100 bytes, 2 groups: fine alone)
+  expect_refused(bad, "codes");
 }
 
 // `spec` compiles to a kernel with registers and no local memory (spills or stack).

@@ -558,6 +558,128 @@ TEST(QuantWeight, LargeTensorsAreQuantizedByThreadsExactly) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Partial last groups: K that the group does not divide (issue #14, item 5). The row has
+// ceil(K / G) cells and the last one takes its scale from the values it has.
+
+std::int64_t cells_along_k(std::int64_t k, std::int64_t per) { return (k + per - 1) / per; }
+
+// Scales the values of every row's last cell along K (columns from `first`) by `factor`: the
+// short cell's range then differs from its neighbours' by orders of magnitude, so a scale
+// taken from anything but its own values misses its elements' bounds.
+void shrink_tail(std::vector<float>& x, std::int64_t rows, std::int64_t cols, std::int64_t first,
+                 float factor) {
+  for (std::int64_t r = 0; r < rows; r += 2)
+    for (std::int64_t c = first; c < cols; ++c) x[static_cast<std::size_t>(r * cols + c)] *= factor;
+}
+
+// [rows, cols] -> [rows, cells · per]: the partial last cell of every row filled up with its
+// own values, repeated in order. Its min, max and absmax (and the tensor's) are unchanged, so
+// every absmax or range rule must give the filled-up matrix the same scales and zeros, and the
+// same codes on the first `cols` columns.
+std::vector<float> fill_up_last_cell(const std::vector<float>& x, std::int64_t rows,
+                                     std::int64_t cols, std::int64_t per) {
+  const std::int64_t full = cells_along_k(cols, per) * per, first = (cols - 1) / per * per;
+  std::vector<float> out(static_cast<std::size_t>(rows * full));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < full; ++c) {
+      const std::int64_t from = c < cols ? c : first + (c - cols) % (cols - first);
+      out[static_cast<std::size_t>(r * full + c)] = x[static_cast<std::size_t>(r * cols + from)];
+    }
+  return out;
+}
+
+// `partial` (K = k) against `full` (the filled-up K): identical scale and zero bytes, and the
+// same codes and dequantized values on the first k columns of every row.
+template <class Packed, class Dequantize>
+void expect_same_cells(const Packed& partial, const Packed& full, int bits, Dequantize dequantize) {
+  const std::int64_t rows = static_cast<std::int64_t>(partial.codes.size()) / partial.row_bytes();
+  const std::int64_t k = partial.k;
+  EXPECT_EQ(partial.scales, full.scales) << "the short cell's scale is not its own range's";
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < k; ++c)
+      ASSERT_EQ(read_code(partial.codes.data() + r * partial.row_bytes(), c, bits),
+                read_code(full.codes.data() + r * full.row_bytes(), c, bits))
+          << "row " << r << " column " << c;
+  const std::vector<double> partial_values = dequantize(partial), full_values = dequantize(full);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < k; ++c)
+      ASSERT_EQ(partial_values[static_cast<std::size_t>(r * k + c)],
+                full_values[static_cast<std::size_t>(r * full.k + c)])
+          << "row " << r << " column " << c;
+}
+
+TEST(QuantWeight, PartialLastGroupTakesItsScaleFromItsOwnValues) {
+  SeededRandom random;
+  SCOPED_TRACE(random.trace());
+  using G = WeightGranularity;
+  struct Case {
+    WeightQuant quant;
+    std::int64_t k;
+  };
+  WeightQuant nvfp4 = weight_quant(formats::e2m1, G::Group, formats::ue4m3, ZeroPoint::None, 16);
+  nvfp4.global_scale = true;
+  WeightQuant block = weight_quant(formats::e4m3, G::Block, formats::fp32);
+  block.block_n = 16;
+  block.block_k = 128;
+  const std::vector<Case> cases = {
+      // w4a16 and GPTQ/AWQ at the issue's K = 2880 = 22.5 x 128.
+      {weight_quant(formats::uint4, G::Group, formats::bf16, ZeroPoint::Midpoint), 2880},
+      {weight_quant(formats::uint4, G::Group, formats::fp16, ZeroPoint::Integer), 2880},
+      {weight_quant(formats::uint8, G::Group, formats::bf16, ZeroPoint::Midpoint), 2880},
+      {weight_quant(formats::uint_(6), G::Group, formats::fp16, ZeroPoint::Float, 64), 2888},
+      {weight_quant(formats::uint_(3), G::Group, formats::bf16, ZeroPoint::Integer, 96), 2890},
+      {weight_quant(formats::uint_(1), G::Group, formats::bf16, ZeroPoint::Integer, 64), 2888},
+      {weight_quant(formats::int4, G::Group, formats::bf16, ZeroPoint::None, 32), 2888},
+      {weight_quant(formats::e5m2, G::Group, formats::bf16, ZeroPoint::None, 64), 2888},
+      {weight_quant(formats::e2m1, G::Group, formats::e8m0, ZeroPoint::None, 32), 2896},  // MX
+      {nvfp4, 2904},  // 181.5 groups of 16
+      {block, 2880},
+      {weight_quant(formats::uint4, G::Group, formats::bf16, ZeroPoint::Midpoint), 100},  // < G
+  };
+  const std::int64_t n = 13;
+  for (const Case& c : cases) {
+    Scheme shown;
+    shown.weight = c.quant;
+    SCOPED_TRACE(to_string(shown) + " K=" + std::to_string(c.k));
+    const std::int64_t per = c.quant.granularity == G::Block ? c.quant.block_k : c.quant.group;
+    ASSERT_NE(c.k % per, 0) << "the case must have a partial last group";
+    std::vector<float> w = random_matrix(random.engine, n, c.k);
+    shrink_tail(w, n, c.k, (c.k - 1) / per * per, 1e-3f);
+    const PackedWeight packed = quantize_weight(c.quant, w.data(), n, c.k);
+    // ceil(K / G) scales per row of cells, written out rather than taken from the grid.
+    const std::int64_t cell_rows = c.quant.granularity == G::Block ? cells_along_k(n, 16) : n;
+    EXPECT_EQ(packed.scales.size(),
+              cell_rows * cells_along_k(c.k, per) * c.quant.scale_format.storage_bytes());
+    check_weight(packed, w, expect_quantized(rule_of(c.quant, n, c.k), w, n, c.k));
+    const std::vector<float> filled = fill_up_last_cell(w, n, c.k, per);
+    const PackedWeight full =
+        quantize_weight(c.quant, filled.data(), n, static_cast<std::int64_t>(filled.size()) / n);
+    EXPECT_EQ(packed.zeros, full.zeros);
+    EXPECT_EQ(packed.global_scale, full.global_scale);
+    expect_same_cells(packed, full, c.quant.format.bits,
+                      [](const PackedWeight& p) { return dequantize_weight(p); });
+  }
+}
+
+// Ternary (absmean) takes the mean |w| over the values the short group has, not over G.
+TEST(QuantWeight, PartialLastGroupAbsmeanCountsOnlyItsValues) {
+  SeededRandom random;
+  SCOPED_TRACE(random.trace());
+  const WeightQuant q =
+      weight_quant(formats::ternary(), WeightGranularity::Group, formats::fp32, ZeroPoint::None);
+  const std::int64_t n = 3, k = 2880;
+  const std::vector<float> w = random_matrix(random.engine, n, k);
+  const PackedWeight packed = quantize_weight(q, w.data(), n, k);
+  check_weight(packed, w, expect_quantized(rule_of(q, n, k), w, n, k));
+  for (std::int64_t r = 0; r < n; ++r) {
+    double sum = 0;
+    for (std::int64_t c = 2816; c < k; ++c) sum += std::fabs(double{w[r * k + c]});
+    EXPECT_EQ(stored_value(formats::fp32, packed.scales, r * 23 + 22), static_cast<float>(sum / 64))
+        << "row " << r;
+  }
+}
+
 TEST(QuantWeight, BadInputIsRejectedByName) {
   SeededRandom random;
   SCOPED_TRACE(random.trace());
@@ -579,10 +701,9 @@ TEST(QuantWeight, BadInputIsRejectedByName) {
   expect_error([&] { quantize_weight(q, w.data(), n, 0); }, {"k = 0", "k >= 1"});
   expect_error([&] { quantize_weight(q, w.data(), -3, k); }, {"n = -3"});
   expect_error([&] { quantize_weight(q, nullptr, n, k); }, {"weight is null"});
-  WeightQuant g96 = q;
-  g96.group = 96;
-  expect_error([&] { quantize_weight(g96, w.data(), 1, 200); },
-               {"group size 96", "K = 200", "K % group == 0"});
+  WeightQuant g0 = q;
+  g0.group = 0;
+  expect_error([&] { quantize_weight(g0, w.data(), n, k); }, {"weight group 0", "positive"});
   WeightQuant signed_mid = q;
   signed_mid.format = formats::int4;
   expect_error([&] { quantize_weight(signed_mid, w.data(), n, k); }, {"zero point", "int4"});
@@ -650,6 +771,48 @@ TEST(QuantActivation, EveryScalingFollowsItsRule) {
     const PackedActivation packed = quantize_activation(q, a.data(), m, k);
     EXPECT_EQ(packed.codes.size(), m * ((k * q.format.bits + 7) / 8));
     check_activation(packed, a, expect_quantized(rule_of(q, m, k, 0.0), a, m, k));
+  }
+}
+
+TEST(QuantActivation, PartialLastGroupTakesItsScaleFromItsOwnValues) {
+  SeededRandom random;
+  SCOPED_TRACE(random.trace());
+  using S = ActivationScaling;
+  struct Case {
+    ActivationQuant quant;
+    std::int64_t k;
+  };
+  const std::vector<Case> cases = {
+      {activation_quant(formats::e4m3, S::DynamicGroup, 128), 2880},  // fp8-block's 1x128
+      {activation_quant(formats::int8, S::DynamicGroup, 48), 2890},
+      {activation_quant(formats::int4, S::DynamicGroup, 32), 2891},  // odd K: a half byte
+      {activation_quant(formats::e4m3, S::MX, 32), 2896},
+      {activation_quant(formats::e2m1, S::MX, 32), 2901},
+      {activation_quant(formats::int8, S::MX, 32), 2900},
+      {activation_quant(formats::e2m1, S::NV, 16), 2904},
+      {activation_quant(formats::e2m1, S::NV, 16), 2890},
+      {activation_quant(formats::e4m3, S::DynamicGroup, 128), 72},  // one group, shorter than G
+  };
+  const std::int64_t m = 5;
+  for (const Case& c : cases) {
+    Scheme shown;
+    shown.activation = c.quant;
+    SCOPED_TRACE(to_string(shown) + " K=" + std::to_string(c.k));
+    const std::int64_t group = c.quant.group;
+    ASSERT_NE(c.k % group, 0) << "the case must have a partial last group";
+    std::vector<float> a = random_matrix(random.engine, m, c.k);
+    shrink_tail(a, m, c.k, (c.k - 1) / group * group, 1e-3f);
+    const PackedActivation packed = quantize_activation(c.quant, a.data(), m, c.k);
+    EXPECT_EQ(packed.scales.size(),
+              m * cells_along_k(c.k, group) * c.quant.scale_format.storage_bytes());
+    EXPECT_EQ(packed.codes.size(), m * ((c.k * c.quant.format.bits + 7) / 8));
+    check_activation(packed, a, expect_quantized(rule_of(c.quant, m, c.k, 0.0), a, m, c.k));
+    const std::vector<float> filled = fill_up_last_cell(a, m, c.k, group);
+    const PackedActivation full = quantize_activation(c.quant, filled.data(), m,
+                                                      static_cast<std::int64_t>(filled.size()) / m);
+    EXPECT_EQ(packed.tensor_scale, full.tensor_scale);
+    expect_same_cells(packed, full, c.quant.format.bits,
+                      [](const PackedActivation& p) { return dequantize_activation(p); });
   }
 }
 
@@ -740,8 +903,9 @@ TEST(QuantActivation, BadInputIsRejectedByName) {
                {"activation[1, 2]", "fp16", "65504"});
   expect_error([&] { quantize_activation(tok, a.data(), 0, k); }, {"m = 0", "m >= 1"});
   expect_error([&] { quantize_activation(tok, a.data(), m, -1); }, {"k = -1"});
-  expect_error([&] { quantize_activation(mx, a.data(), 2, 48); },
-               {"group size 32", "K = 48", "K % group == 0"});
+  ActivationQuant mx48 = mx;
+  mx48.group = 48;  // MX blocks are 1x32 by definition
+  expect_error([&] { quantize_activation(mx48, a.data(), m, k); }, {"MX activation scaling"});
 }
 
 }  // namespace

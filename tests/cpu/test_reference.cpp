@@ -1,6 +1,7 @@
 // reference::matmul_nt and reference::gemm against independent loops written here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -163,6 +164,61 @@ TEST(ReferenceGemm, EqualsRoundedDirectLoopWithBias) {
           magnitude += std::fabs(p.a_values[i * k + d] * p.w_values[j * k + d]);
         }
         expect_rounded_value(p.scheme.output, sum, 4.0 * k * 0x1p-53 * magnitude, c[i * n + j],
+                             "C[" + std::to_string(i) + ", " + std::to_string(j) + "]", reported);
+      }
+  }
+}
+
+// K that the groups do not divide (a shorter last group, issue #14, item 5): the reference
+// equals the same problem with every row's last group filled up to G, the weight with copies of
+// the group's own values (same scales and codes) and the activations with zeros (same scales,
+// products 0), exactly; and it is the rounded direct loop over the dequantized operands.
+TEST(ReferenceGemm, PartialLastGroupsEqualTheFilledUpProblem) {
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  struct Case {
+    const char* scheme;
+    std::int64_t k, group;  // the group of both operands' cells along K
+  };
+  for (const Case& c :
+       {Case{"w4a16", 2880, 128}, Case{"gptq-w4a16-g128", 2880, 128}, Case{"fp8-block", 2880, 128},
+        Case{"w4a8-fp8", 2880, 128}, Case{"mxfp4-a16", 2896, 32}, Case{"mxfp8-mxfp4", 2896, 32},
+        Case{"nvfp4", 2904, 16}}) {
+    SCOPED_TRACE(testing::Message() << c.scheme << " K=" << c.k);
+    const qgemm::Scheme scheme = qgemm::parse_scheme(c.scheme);
+    const std::int64_t m = 3, n = 37, k = c.k;
+    const std::int64_t full_k = (k + c.group - 1) / c.group * c.group, last = full_k - c.group;
+    ASSERT_NE(full_k, k);
+    const auto a = random_floats(rng, m * k, 1.0);
+    const auto w = random_floats(rng, n * k, 0.05);
+    std::vector<float> a_full(m * full_k, 0.0f), w_full(n * full_k);
+    for (std::int64_t r = 0; r < m; ++r)
+      std::copy(a.begin() + r * k, a.begin() + (r + 1) * k, a_full.begin() + r * full_k);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t d = 0; d < full_k; ++d)
+        w_full[j * full_k + d] = w[j * k + (d < k ? d : last + (d - k) % (k - last))];
+    const auto qa = qgemm::quantize_activation(scheme.activation, a.data(), m, k);
+    const auto qw = qgemm::quantize_weight(scheme.weight, w.data(), n, k);
+    const auto c_partial = qgemm::reference::gemm(scheme, qa, qw);
+    const auto c_full = qgemm::reference::gemm(
+        scheme, qgemm::quantize_activation(scheme.activation, a_full.data(), m, full_k),
+        qgemm::quantize_weight(scheme.weight, w_full.data(), n, full_k));
+    ASSERT_EQ(c_partial.size(), c_full.size());
+    for (std::size_t i = 0; i < c_partial.size(); ++i)
+      ASSERT_EQ(c_partial[i], c_full[i]) << "C[" << i / n << ", " << i % n << "]";
+    const auto a_values = qgemm::dequantize_activation(qa);
+    const auto w_values = qgemm::dequantize_weight(qw);
+    int reported = 0;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double sum = 0, magnitude = 0;
+        for (std::int64_t d = 0; d < k; ++d) {
+          sum += a_values[i * k + d] * w_values[j * k + d];
+          magnitude += std::fabs(a_values[i * k + d] * w_values[j * k + d]);
+        }
+        expect_rounded_value(scheme.output, sum, 4.0 * k * 0x1p-53 * magnitude,
+                             c_partial[i * n + j],
                              "C[" + std::to_string(i) + ", " + std::to_string(j) + "]", reported);
       }
   }

@@ -127,21 +127,40 @@ TEST(Scheme, ValidationNamesFieldValueAndRule) {
 TEST(Scheme, ShapeRules) {
   Scheme w4 = parse_scheme("w4a16");
   EXPECT_NO_THROW(validate_shape(w4, 1, 640, 1024));
+  // Groups that do not divide K are served with a shorter last group (issue #14, item 5), for
+  // weights and every activation grouping alike.
+  EXPECT_NO_THROW(validate_shape(w4, 7, 640, 2880));
+  EXPECT_NO_THROW(validate_shape(w4, 1, 640, 1000));
+  EXPECT_NO_THROW(validate_shape(w4, 1, 640, 1));  // one group shorter than G
+  EXPECT_NO_THROW(validate_shape(parse_scheme("fp8-block"), 3, 5472, 2880));  // 1x128 groups
+  EXPECT_NO_THROW(validate_shape(parse_scheme("nvfp4"), 3, 64, 24));          // 1x16, weight g16
+  EXPECT_NO_THROW(validate_shape(parse_scheme("mxfp8-mxfp4"), 3, 64, 2896));  // 1x32
+  EXPECT_NO_THROW(validate_shape(parse_scheme("w=e4m3:ch:s=fp32;a=int8:g48;o=bf16"), 2, 8, 50));
+  // What remains an error: sizes below 1, named with the shape.
   try {
-    validate_shape(w4, 1, 640, 1000);
-    ADD_FAILURE() << "K = 1000 accepted for group 128";
+    validate_shape(w4, 0, 640, 1024);
+    ADD_FAILURE() << "M = 0 accepted";
   } catch (const Error& error) {
-    std::string message = error.what();
-    EXPECT_NE(message.find("128"), std::string::npos) << message;
-    EXPECT_NE(message.find("K = 1000"), std::string::npos) << message;
+    EXPECT_NE(std::string(error.what()).find("M=0"), std::string::npos) << error.what();
   }
-  EXPECT_THROW(validate_shape(w4, 0, 640, 1024), Error);
   EXPECT_THROW(validate_shape(w4, 4, 0, 1024), Error);
-  // 2-D blocks cover partial edges (K = 2880 is not a multiple of 128): legal.
-  EXPECT_NO_THROW(validate_shape(parse_scheme("fp8-block"), 3, 5472, 2944));
-  EXPECT_THROW(validate_shape(parse_scheme("fp8-block"), 3, 5472, 2880), Error)
-      << "the 1x128 activation groups must divide K";
-  EXPECT_THROW(validate_shape(parse_scheme("nvfp4"), 3, 64, 24), Error);
+  EXPECT_THROW(validate_shape(w4, 4, 64, 0), Error);
+  EXPECT_THROW(validate_shape(w4, 4, 64, -128), Error);
+}
+
+// A scheme that contradicts itself is still refused, whatever K is: partial groups did not
+// loosen validate().
+TEST(Scheme, SelfContradictorySchemesStillFail) {
+  expect_rejected("w=e2m1:g32:s=e8m0;a=e4m3:mx:s=fp32", {"MX activation scaling", "e8m0"});
+  expect_rejected("w=e4m3:g128:s=bf16:zp=int;a=bf16", {"zero point 'int'", "e4m3"});
+  expect_rejected("w=uint4:g0;a=bf16", {"weight group '0'"});
+  expect_rejected("w=uint4:g128;a=e2m1:nv:s=e8m0", {"NV activation scaling"});
+  Scheme bad_group = parse_scheme("w4a16");
+  bad_group.weight.group = 0;
+  EXPECT_THROW(validate(bad_group), Error);
+  Scheme bad_mx = parse_scheme("mxfp8-mxfp4");
+  bad_mx.activation.group = 48;  // MX is 1x32 by definition
+  EXPECT_THROW(validate(bad_mx), Error);
 }
 
 TEST(Scheme, ScaleGrids) {
@@ -155,6 +174,13 @@ TEST(Scheme, ScaleGrids) {
   EXPECT_EQ(group.rows, 10);
   EXPECT_EQ(group.cols, 4);
   EXPECT_EQ(group.cols_per, 128);
+  // Partial last groups: ceil(K / G) columns (2880 = 22.5 x 128; 2896 = 90.5 x 32).
+  EXPECT_EQ(weight_scale_grid(parse_scheme("w4a16").weight, 10, 2880).cols, 23);
+  EXPECT_EQ(weight_scale_grid(parse_scheme("w4a16").weight, 10, 2880).cols_per, 128);
+  EXPECT_EQ(weight_scale_grid(parse_scheme("mxfp4-a16").weight, 3, 2896).cols, 91);
+  EXPECT_EQ(weight_scale_grid(parse_scheme("nvfp4").weight, 3, 2904).cols, 182);  // 181.5
+  EXPECT_EQ(weight_scale_grid(parse_scheme("w4a16").weight, 10, 1).cols, 1);
+  EXPECT_EQ(weight_scale_grid(parse_scheme("w4a16").weight, 10, 129).count(), 20);
 
   ScaleGrid channel = weight_scale_grid(parse_scheme("w8a8-int8").weight, 7, 33);
   EXPECT_EQ(channel.count(), 7);
@@ -163,6 +189,9 @@ TEST(Scheme, ScaleGrids) {
   ScaleGrid nv = activation_scale_grid(parse_scheme("nvfp4").activation, 5, 64);
   EXPECT_EQ(nv.rows, 5);
   EXPECT_EQ(nv.cols, 4);
+  EXPECT_EQ(activation_scale_grid(parse_scheme("nvfp4").activation, 5, 2904).cols, 182);
+  EXPECT_EQ(activation_scale_grid(parse_scheme("fp8-block").activation, 5, 2880).cols, 23);
+  EXPECT_EQ(activation_scale_grid(parse_scheme("mxfp8-mxfp4").activation, 5, 2896).count(), 5 * 91);
   EXPECT_EQ(activation_scale_grid(parse_scheme("w8a8-fp8").activation, 5, 64).count(), 5);
   EXPECT_EQ(activation_scale_grid(parse_scheme("w4a16").activation, 5, 64).count(), 0);
 }

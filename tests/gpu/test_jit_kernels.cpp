@@ -92,24 +92,27 @@ TEST(JitKernelsGpu, DequantizeWeightMatchesTheHostDequantizer) {
   };
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 random(seed);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.scheme + " -> " + c.out.name() + ", seed " + std::to_string(seed));
-    const Scheme scheme = parse_scheme(c.scheme);
-    const std::int64_t n = 67, k = 256;  // rows not a multiple of any block
-    const auto host = random_matrix(random, n, k);
-    const PackedWeight weight = quantize_weight(scheme.weight, host.data(), n, k);
-    DeviceWeight device(weight);
-    DeviceBuffer out(static_cast<std::size_t>(n * k) * 2);
-    out.fill_bytes(0xff);  // NaN in both bf16 and fp16
-    const auto kernel = load(jit::dequantize_weight_spec(scheme.weight, c.out, arch));
-    runtime::launch_dequantize_weight(
-        kernel,
-        runtime::dequantize_weight_args(weight, device.codes.address(), device.scales.address(),
-                                        device.zeros.address(), out.address()),
-        nullptr);
-    synchronize();
-    expect_dequantized(weight, c.out, out.to_vector<std::uint16_t>(n * k), seed);
-  }
+  // K = 200: a partial last group of every scheme (72 of 128, 8 of 32, 8 of 16).
+  for (const std::int64_t k : {256, 200})
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.scheme + " -> " + c.out.name() + " K=" + std::to_string(k) + ", seed " +
+                   std::to_string(seed));
+      const Scheme scheme = parse_scheme(c.scheme);
+      const std::int64_t n = 67;  // rows not a multiple of any block
+      const auto host = random_matrix(random, n, k);
+      const PackedWeight weight = quantize_weight(scheme.weight, host.data(), n, k);
+      DeviceWeight device(weight);
+      DeviceBuffer out(static_cast<std::size_t>(n * k) * 2);
+      out.fill_bytes(0xff);  // NaN in both bf16 and fp16
+      const auto kernel = load(jit::dequantize_weight_spec(scheme.weight, c.out, arch));
+      runtime::launch_dequantize_weight(
+          kernel,
+          runtime::dequantize_weight_args(weight, device.codes.address(), device.scales.address(),
+                                          device.zeros.address(), out.address()),
+          nullptr);
+      synchronize();
+      expect_dequantized(weight, c.out, out.to_vector<std::uint16_t>(n * k), seed);
+    }
 }
 
 struct ActivationCase {
@@ -161,6 +164,9 @@ void expect_operand(const PackedActivation& expected, const Format& type,
 
 // quantize_activation against the host quantizer, every scaling: codes and scales bit for bit;
 // the GEMM operand (fused, and expanded from the host's codes) equal to the dequantized values.
+// K = 1152 divides every group; K = 1160 leaves a partial last cell of every grouping (8 of
+// 128, 8 of 48, 8 of 32, 8 of 16), and K = 1137 an odd one (113, 33, 17, 1 values; 4-bit
+// codes end in half a byte).
 TEST(JitKernelsGpu, QuantizeActivationMatchesTheHostQuantizer) {
   QGEMM_REQUIRE_GPU();
   const jit::Arch arch = test::device_arch();
@@ -172,84 +178,88 @@ TEST(JitKernelsGpu, QuantizeActivationMatchesTheHostQuantizer) {
       {"a=int8:t"},          {"a=e4m3:mx:s=e8m0"}, {"a=e2m1:mx:s=e8m0"}, {"a=int8:mx:s=e8m0"},
       {"a=e2m1:nv:s=ue4m3"},
   };
-  const std::int64_t m = 9, k = 1152, lda = k + 8;  // K divides every group; strided rows
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.quant + ", seed " + std::to_string(seed));
-    const ActivationQuant quant =
-        parse_scheme("w=int8:ch:s=fp32;" + c.quant + ";o=bf16").activation;
-    std::vector<std::uint16_t> bits;
-    const auto host = activation_values(random, m, k, lda, bits);
-    const PackedActivation expected = quantize_activation(quant, host.data(), m, k, c.static_scale);
-    DeviceBuffer input = DeviceBuffer::from(bits), absmax(sizeof(float));
-    const bool tensor_absmax = runtime::needs_tensor_absmax(quant, c.static_scale);
-    if (tensor_absmax)
-      runtime::launch_tensor_absmax(load(jit::tensor_absmax_spec(formats::bf16, arch)),
-                                    input.address(), m, k, lda, absmax.address(), nullptr);
+  const std::int64_t m = 9;
+  for (const std::int64_t k : {1152, 1160, 1137})
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.quant + " K=" + std::to_string(k) + ", seed " + std::to_string(seed));
+      const std::int64_t lda = k + 8;  // strided rows
+      const ActivationQuant quant =
+          parse_scheme("w=int8:ch:s=fp32;" + c.quant + ";o=bf16").activation;
+      std::vector<std::uint16_t> bits;
+      const auto host = activation_values(random, m, k, lda, bits);
+      const PackedActivation expected =
+          quantize_activation(quant, host.data(), m, k, c.static_scale);
+      DeviceBuffer input = DeviceBuffer::from(bits), absmax(sizeof(float));
+      const bool tensor_absmax = runtime::needs_tensor_absmax(quant, c.static_scale);
+      if (tensor_absmax)
+        runtime::launch_tensor_absmax(load(jit::tensor_absmax_spec(formats::bf16, arch)),
+                                      input.address(), m, k, lda, absmax.address(), nullptr);
 
-    // Codes and scales.
-    DeviceBuffer codes(expected.codes.size()), scales(expected.scales.size()), tensor(4);
-    codes.fill_bytes(0x5a);
-    scales.fill_bytes(0xff);
-    tensor.fill_bytes(0xff);
-    auto args =
-        runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
-    args.codes = codes.as<unsigned char>();
-    args.scales = scales.as<unsigned char>();
-    args.tensor_scale = tensor.as<float>();
-    args.tensor_absmax = absmax.as<const float>();
-    runtime::launch_quantize_activation(
-        load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Codes,
-                                           formats::bf16, arch)),
-        args, nullptr);
-    synchronize();
-    EXPECT_EQ(scales.to_vector<std::uint8_t>(expected.scales.size()), expected.scales);
-    const auto gpu_codes = codes.to_vector<std::uint8_t>(expected.codes.size());
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < gpu_codes.size(); ++i) differ += gpu_codes[i] != expected.codes[i];
-    EXPECT_EQ(differ, 0u) << "code bytes differ from the host's";
-    if (quant.scaling == ActivationScaling::NV)
-      EXPECT_EQ(tensor.to_vector<float>(1)[0], static_cast<float>(expected.tensor_scale));
+      // Codes and scales.
+      DeviceBuffer codes(expected.codes.size()), scales(expected.scales.size()), tensor(4);
+      codes.fill_bytes(0x5a);
+      scales.fill_bytes(0xff);
+      tensor.fill_bytes(0xff);
+      auto args =
+          runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
+      args.codes = codes.as<unsigned char>();
+      args.scales = scales.as<unsigned char>();
+      args.tensor_scale = tensor.as<float>();
+      args.tensor_absmax = absmax.as<const float>();
+      runtime::launch_quantize_activation(
+          load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Codes,
+                                             formats::bf16, arch)),
+          args, nullptr);
+      synchronize();
+      EXPECT_EQ(scales.to_vector<std::uint8_t>(expected.scales.size()), expected.scales);
+      const auto gpu_codes = codes.to_vector<std::uint8_t>(expected.codes.size());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < gpu_codes.size(); ++i)
+        differ += gpu_codes[i] != expected.codes[i];
+      EXPECT_EQ(differ, 0u) << "code bytes differ from the host's";
+      if (quant.scaling == ActivationScaling::NV)
+        EXPECT_EQ(tensor.to_vector<float>(1)[0], static_cast<float>(expected.tensor_scale));
 
-    // The GEMM operand, fused from bf16 and expanded from the host's codes.
-    const Format type = jit::activation_operand_format(quant);
-    const std::int64_t ldo = k + 8;
-    DeviceBuffer operand(static_cast<std::size_t>(m * ldo) * 2),
-        factors(static_cast<std::size_t>(m) * 4);
-    operand.fill_bytes(0xff);
-    factors.fill_bytes(0xff);
-    args = runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
-    args.operand = operand.as<unsigned short>();
-    args.ldo = ldo;
-    args.row_factors = factors.as<float>();
-    args.tensor_absmax = absmax.as<const float>();
-    runtime::launch_quantize_activation(
-        load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Operand, type,
-                                           arch)),
-        args, nullptr);
-    synchronize();
-    expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
-                   factors.to_vector<float>(m), "fused");
+      // The GEMM operand, fused from bf16 and expanded from the host's codes.
+      const Format type = jit::activation_operand_format(quant);
+      const std::int64_t ldo = k + 8;
+      DeviceBuffer operand(static_cast<std::size_t>(m * ldo) * 2),
+          factors(static_cast<std::size_t>(m) * 4);
+      operand.fill_bytes(0xff);
+      factors.fill_bytes(0xff);
+      args = runtime::quantize_activation_args(quant, m, k, input.address(), lda, c.static_scale);
+      args.operand = operand.as<unsigned short>();
+      args.ldo = ldo;
+      args.row_factors = factors.as<float>();
+      args.tensor_absmax = absmax.as<const float>();
+      runtime::launch_quantize_activation(
+          load(jit::quantize_activation_spec(quant, formats::bf16, jit::ActivationEmit::Operand,
+                                             type, arch)),
+          args, nullptr);
+      synchronize();
+      expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
+                     factors.to_vector<float>(m), "fused");
 
-    DeviceBuffer host_codes = DeviceBuffer::from(expected.codes),
-                 host_scales = DeviceBuffer::from(expected.scales);
-    operand.fill_bytes(0xff);
-    factors.fill_bytes(0xff);
-    kernels::ExpandActivationArgs expand{};
-    expand.codes = host_codes.as<const unsigned char>();
-    expand.scales = host_scales.as<const unsigned char>();
-    expand.tensor_scale = static_cast<float>(expected.tensor_scale);
-    expand.operand = operand.as<unsigned short>();
-    expand.ldo = ldo;
-    expand.row_factors = factors.as<float>();
-    expand.m = m;
-    expand.k = k;
-    expand.group = quant.group > 0 ? quant.group : k;
-    runtime::launch_expand_activation(load(jit::expand_activation_spec(quant, type, arch)), expand,
-                                      nullptr);
-    synchronize();
-    expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
-                   factors.to_vector<float>(m), "expanded");
-  }
+      DeviceBuffer host_codes = DeviceBuffer::from(expected.codes),
+                   host_scales = DeviceBuffer::from(expected.scales);
+      operand.fill_bytes(0xff);
+      factors.fill_bytes(0xff);
+      kernels::ExpandActivationArgs expand{};
+      expand.codes = host_codes.as<const unsigned char>();
+      expand.scales = host_scales.as<const unsigned char>();
+      expand.tensor_scale = static_cast<float>(expected.tensor_scale);
+      expand.operand = operand.as<unsigned short>();
+      expand.ldo = ldo;
+      expand.row_factors = factors.as<float>();
+      expand.m = m;
+      expand.k = k;
+      expand.group = quant.group > 0 ? quant.group : k;
+      runtime::launch_expand_activation(load(jit::expand_activation_spec(quant, type, arch)),
+                                        expand, nullptr);
+      synchronize();
+      expect_operand(expected, type, operand.to_vector<std::uint16_t>(m * ldo), ldo,
+                     factors.to_vector<float>(m), "expanded");
+    }
 }
 
 // CPU twin of kernels/util/repack.cuh.
