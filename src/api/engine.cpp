@@ -13,6 +13,7 @@
 #include "dispatch/tuned_config.hpp"
 #include "gemm/dense_gemm_params.cuh"
 #include "gemm/dequant_cublas_args.cuh"
+#include "gemm/mma_dequantize_shape.cuh"
 #include "gemm/mma_weight_layout.cuh"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
@@ -23,6 +24,7 @@
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/mma_dequantize_launch.hpp"
 #include "runtime/utility_kernels.hpp"
 
 namespace qgemm {
@@ -289,8 +291,12 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
   chunk = (chunk + grid.rows_per - 1) / grid.rows_per * grid.rows_per;
   const bool direct =
       !options.bias && !row_factors && (c.dtype == a.dtype || c.dtype == formats::fp32);
+  // The mma dequantization writes 16-byte aligned rows (ld K rounded up to 8); the canonical one
+  // dense rows of K.
+  const std::int64_t ld_w16 =
+      weight.canonical ? w.k : kernels::MmaDequantizeShape::ld_out(w.k);
   Workspace& ws = workspaces[stream];
-  grow(ws.weight_chunk, static_cast<std::size_t>(chunk * w.k) * 2);
+  grow(ws.weight_chunk, static_cast<std::size_t>(chunk * ld_w16) * 2);
   if (!direct) grow(ws.chunk_sums, static_cast<std::size_t>(m * chunk) * sizeof(float));
   const runtime::LoadedKernel& dequantize = launch.kernel;
   runtime::LoadedKernel finish;
@@ -336,20 +342,18 @@ void Engine::Impl::dequant_cublas(const DeviceMatrix& a, const detail::PreparedW
       d.n_begin = n0;
       d.rows = rows;
       d.k = w.k;
+      d.ld_out = ld_w16;
       d.k_blocks = w.k_blocks;
       d.n_padded = w.n_padded;
-      d.group_size = w.group_size;
-      // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
-      runtime::launch_kernel(dequantize, grid_for((rows + 63) / 64 * w.k_blocks * 32), d,
-                             cu_stream);
+      runtime::launch_mma_dequantize(dequantize, launch.spec, d, info.sm_count, cu_stream);
     }
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     if (direct) {
-      blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype, c_chunk,
+      blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, ld_w16, a.dtype, c_chunk,
                    c.stride, c.dtype);
       continue;
     }
-    blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, w.k, a.dtype,
+    blas.gemm_nt(stream, m, rows, w.k, alpha, a.data, a.stride, w16, ld_w16, a.dtype,
                  ws.chunk_sums.as<void>(), rows, formats::fp32);
     kernels::FinishGemmArgs f{};
     f.sums = ws.chunk_sums.as<const float>();

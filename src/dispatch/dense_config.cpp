@@ -301,15 +301,7 @@ jit::KernelSpec dense_gemm_spec(const DensePlan& plan, const layout::MmaWeight& 
   const auto& c = plan.config;
   jit::KernelSpec spec;
   spec.arch = arch;
-  if (c.kernel == DenseKernel::DequantCublas) {
-    spec.family = "mma_dequantize";
-    spec.params = {jit::SpecParam::number_format("weight", weight.format),
-                   jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
-                   jit::SpecParam::chosen("out", activation.name())};
-    spec.launch.threads_per_block = 256;
-    spec.launch.dynamic_smem_bytes = 0;
-    return spec;
-  }
+  if (c.kernel == DenseKernel::DequantCublas) return jit::mma_dequantize_spec(weight, activation, arch);
   if (c.kernel == DenseKernel::Streamed) {
     const auto dequant = layout::unscaled_dequant(weight, activation);
     if (!dequant)

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "gemm/mma_dequantize_shape.cuh"
 #include "qgemm/error.hpp"
 
 namespace qgemm::jit {
@@ -147,6 +148,22 @@ KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
 
 KernelSpec repack_weight_spec(int bits, Arch arch) {
   return utility_spec("repack_weight", arch, {SpecParam::integer("bits", bits)});
+}
+
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch) {
+  using Shape = kernels::MmaDequantizeShape;
+  KernelSpec spec{
+      "mma_dequantize",
+      {SpecParam::number_format("weight", weight.format),
+       SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+       SpecParam::integer("group", weight.group_size),
+       SpecParam::chosen("dequant",
+                         layout::packed16_dequant_applies(weight, output) ? "packed16" : "fp32"),
+       SpecParam::chosen("out", half_type_choice(output, "mma_dequantize output"))},
+      arch,
+      {Shape::kThreads, Shape::kSmemBytes}};
+  validate(spec);
+  return spec;
 }
 
 std::vector<KernelSpec> catalog_specs(Arch arch) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm::jit {
@@ -36,6 +37,11 @@ KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& op
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
+// A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit
+// `output` (bf16 or fp16) rows, for the dequantize + cuBLAS path (kernels/gemm/mma_dequantize.cuh;
+// launch shape kernels/gemm/mma_dequantize_shape.cuh). packed16 math where
+// layout::packed16_dequant_applies, else fp32; both round each value once.
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch);
 
 std::vector<KernelSpec> catalog_specs(Arch arch);
 
