@@ -27,6 +27,7 @@
 #pragma once
 
 #include "gemm/mma_weight_layout.cuh"
+#include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
 #include "util/format_code.cuh"
 #include "util/number_codec.cuh"
@@ -101,7 +102,8 @@ enum ValueRounding {
 // when the product is.
 __device__ __forceinline__ float multiply_round_to_odd(float a, float b) {
   const float truncated = __fmul_rz(a, b);
-  const unsigned inexact = min(__float_as_uint(__fmaf_rn(a, b, -truncated)), 1u);
+  unsigned inexact;  // min(remainder bits, 1): one VIMNMX (the compiler's != 0 takes two)
+  asm("min.u32 %0, %1, 1;" : "=r"(inexact) : "r"(__float_as_uint(__fmaf_rn(a, b, -truncated))));
   return __uint_as_float(__float_as_uint(truncated) | inexact);
 }
 
@@ -246,7 +248,27 @@ __device__ __forceinline__ void lift_lane_int16(
 }
 
 // offsets[j]: −(base + zero of column j · 8 + lane / 4) in both halves (int16), or the float
-// 2^23 + zero (int_f32, low word only); unused for floats.
+// 2^23 + zero (int_f32, low word only); unused for floats. unscaled_offsets makes them.
+template <unsigned long long kFormat, int kZeroMode, int kDequant, bool kBf16>
+__device__ __forceinline__ void unscaled_offsets(const float (&zeros)[8], unsigned (&offsets)[8]) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  static_assert(kZeroMode != kZeroFloat, "a float zero makes u − zero inexact in 16 bits");
+  constexpr float kBase = kDequant == kDequantIntF32 ? 8388608.0f : (kBf16 ? 128.0f : 1024.0f);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float zero = 0.0f;
+    if constexpr (kZeroMode == kZeroConstant) zero = static_cast<float>(1 << (f.bits - 1));
+    if constexpr (kZeroMode == kZeroInteger) zero = zeros[j];
+    if constexpr (kDequant == kDequantIntF32) {
+      offsets[j] = __float_as_uint(kBase + zero);
+    } else if constexpr (kDequant == kDequantInt16) {
+      offsets[j] = ptx::pack_pair<kBf16>(-(kBase + zero), -(kBase + zero));
+    } else {
+      offsets[j] = 0u;
+    }
+  }
+}
+
 template <unsigned long long kFormat, int kDequant, bool kBf16>
 __device__ __forceinline__ void dequantize_lane_unscaled(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
@@ -346,6 +368,36 @@ __device__ __forceinline__ void lane_bytes(
       out[j] = __byte_perm(ptx::e4m3x2_from_f16x2(pairs[j][0]), ptx::e4m3x2_from_f16x2(pairs[j][1]),
                            0x5140);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scaling the exact 16-bit values of dequantize_lane_unscaled (mma_dequantize, the weight itself):
+// each value times its column's scale, rounded once to 16 bits.
+//
+//   scale_pair_exact      the scale is exact in the 16-bit type (host-checked): one fma.rn per
+//                         pair rounds the exact product once
+//   scale_pair_to_odd     any fp32 scale: both values back to fp32 (exact), the products rounded
+//                         to odd, then to 16 bits (rounded once: see multiply_round_to_odd)
+// ---------------------------------------------------------------------------------------------
+
+// `scale_pair`: the scale in both halves.
+template <bool kBf16>
+__device__ __forceinline__ unsigned scale_pair_exact(unsigned pair, unsigned scale_pair) {
+  return fma_pair<kBf16>(pair, scale_pair, 0x80008000u);  // + (−0): the product itself
+}
+
+template <bool kBf16>
+__device__ __forceinline__ unsigned scale_pair_to_odd(unsigned pair, float scale) {
+  float low, high;
+  if constexpr (kBf16) {
+    low = __uint_as_float(pair << 16);
+    high = __uint_as_float(pair & 0xffff0000u);
+  } else {
+    low = ptx::fp16_bits_to_float(static_cast<unsigned short>(pair & 0xffffu));
+    high = ptx::fp16_bits_to_float(static_cast<unsigned short>(pair >> 16));
+  }
+  return ptx::pack_pair<kBf16>(multiply_round_to_odd(low, scale),
+                               multiply_round_to_odd(high, scale));
 }
 
 }  // namespace qgemm::kernels

@@ -26,7 +26,7 @@ struct FinishGemmArgs {
   const float* sums;
   const float* row_factors;  // [m] factors of A's rows (quantized activations), or null
   const float* bias;         // [N] fp32, or null (indexed from n_begin)
-  void* c;            // C[m][ldc], already offset to column n_begin
+  void* c;                   // C[m][ldc], already offset to column n_begin
   long long m, cols, ldc, n_begin;
 };
 

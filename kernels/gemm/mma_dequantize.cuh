@@ -14,9 +14,12 @@
 //
 //   1. load       every word and scale (zero) the tile needs, before the first use: 4 · bits
 //                 words per lane (16-byte loads where bits allows), 1–4 scale rows
-//   2. dequantize per k16 block in registers (dequant/mma_dequant.cuh): packed16 pairs, or fp32
-//                 math with the product rounded to odd, so that the value is rounded to 16 bits
-//                 once, bit for bit as layout::mma_weight_value rounded to the output type
+//   2. dequantize per k16 block in registers (dequant/mma_dequant.cuh): the exact value in 16
+//                 bits (the decode kernel's unscaled pairs: int16, int_f32, float16) times the
+//                 scale, in 16 bits where it is exact there (one fma per pair) or in fp32 rounded
+//                 to odd; formats without an exact 16-bit value (float zeros) in fp32 math
+//                 rounded to odd. Each value is rounded to 16 bits once, bit for bit as
+//                 layout::mma_weight_value rounded to the output type
 //   3. stage      each pair (one 32-bit word) into the warp's swizzled 8 KiB region
 //   4. store      16-byte chunks, 4 rows × 128 bytes per warp instruction (whole lines);
 //                 columns in [k, round_up(k, 8)) as zero, rows past the chunk not at all
@@ -33,8 +36,17 @@
 
 namespace qgemm::kernels {
 
-// The dequantization math (the JIT family's "dequant" choice).
-enum MmaDequantizeMath { kMathFp32 = 0, kMathPacked16 = 1 };
+// How the exact value of a code is made (the JIT family's "dequant" choice): fp32 math
+// (dequantize_lane), or an unscaled 16-bit dequantization of the decode kernel, kUnscaled + 1.
+enum MmaDequantizeValue {
+  kValueFp32 = 0,
+  kValueInt16 = 1 + kDequantInt16,
+  kValueIntF32 = 1 + kDequantIntF32,
+  kValueFloat16 = 1 + kDequantFloat16,
+};
+// How the scale is applied to a 16-bit exact value (the "scale" choice): in fp32 rounded to odd,
+// or in the 16-bit type, where the host has checked that every scale is exact.
+enum MmaDequantizeScale { kScaleFp32 = 0, kScaleHalf = 1 };
 
 // A lane's `bits` words (consecutive; 16- or 8-byte aligned when bits is a multiple of 4 or 2).
 template <int kBits>
@@ -75,19 +87,19 @@ __device__ __forceinline__ uint4 first_values_mask(unsigned valid) {
 }
 
 // kGroup: K values per scale row (a multiple of 16), 0 for one row for all of K.
-template <unsigned long long kWeightFormat, int kZeroMode, int kGroup, int kMath, int kOutput,
-          int kThreads, int kDynamicSmemBytes>
-__global__ void __launch_bounds__(kThreads, MmaDequantizeShape::blocks_per_sm(
-                                                FormatCode::unpack(kWeightFormat).bits,
-                                                kZeroMode == kZeroInteger ||
-                                                    kZeroMode == kZeroFloat,
-                                                kZeroMode == kZeroFloat, kGroup))
+template <unsigned long long kWeightFormat, int kZeroMode, int kGroup, int kValue, int kScale,
+          int kOutput, int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(
+    kThreads,
+    MmaDequantizeShape::blocks_per_sm(FormatCode::unpack(kWeightFormat).bits,
+                                      kZeroMode == kZeroInteger || kZeroMode == kZeroFloat,
+                                      kZeroMode == kZeroFloat, kGroup))
     mma_dequantize_kernel(MmaDequantizeArgs args) {
   using Shape = MmaDequantizeShape;
   constexpr FormatCode kFormat = FormatCode::unpack(kWeightFormat);
   constexpr int kBits = kFormat.bits;
   constexpr bool kBf16 = kOutput == kOutBf16;
-  constexpr bool kPacked16 = kMath == kMathPacked16;
+  constexpr int kUnscaled = kValue - 1;  // the UnscaledDequant of kValue > kValueFp32
   constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
   constexpr int kScaleRows = Shape::scale_rows(kGroup);
   constexpr int kBlocks = Shape::kTileBlocks;
@@ -96,6 +108,9 @@ __global__ void __launch_bounds__(kThreads, MmaDequantizeShape::blocks_per_sm(
   static_assert(kOutput == kOutBf16 || kOutput == kOutFp16, "16-bit output");
   static_assert(kGroup >= 0 && kGroup % MmaWeightLayout::kBlockK == 0,
                 "groups are multiples of 16 (a k16 block never straddles two)");
+  static_assert(kValue != kValueFp32 || kScale == kScaleFp32, "fp32 values take fp32 scales");
+  static_assert(kValue == kValueFp32 || kZeroMode != kZeroFloat,
+                "float zeros make u − zero inexact in 16 bits: fp32 values");
 
   extern __shared__ uint4 shared_chunks[];
   // Unsigned lane arithmetic: the compiler then sees q < 8 and t < 4 and folds the staging
@@ -146,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, MmaDequantizeShape::blocks_per_sm(
 
     // 2-3. Dequantize each k16 block and stage its pairs: pair h of n8 block j is word
     // 8b + 4h + t of row 8j + q (k = 16b + 8h + 2t, 2t + 1).
-    auto stage = [&](const unsigned (&pairs)[8][2], unsigned b) {
+    auto stage = [&](const unsigned(&pairs)[8][2], unsigned b) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -154,19 +169,30 @@ __global__ void __launch_bounds__(kThreads, MmaDequantizeShape::blocks_per_sm(
           *reinterpret_cast<unsigned*>(staging + j * 8 * Shape::kRowBytes +
                                        Shape::write_base(2 * b + h, lane)) = pairs[j][h];
     };
-    if constexpr (kPacked16) {
-      unsigned scale_pairs[kScaleRows][8], offset_pairs[kScaleRows][8];
+    if constexpr (kValue != kValueFp32) {
+      // The exact value in 16 bits, then the scale: one rounding either way.
+      unsigned offsets[kScaleRows][8], scale_pairs[kScaleRows][8];
 #pragma unroll
-      for (int s = 0; s < kScaleRows; ++s)
-        packed16_factors<kWeightFormat, kZeroMode, kBf16>(scales[s], zeros[s], scale_pairs[s],
-                                                          offset_pairs[s]);
+      for (int s = 0; s < kScaleRows; ++s) {
+        unscaled_offsets<kWeightFormat, kZeroMode, kUnscaled, kBf16>(zeros[s], offsets[s]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          scale_pairs[s][j] =
+              kScale == kScaleHalf ? ptx::pack_pair<kBf16>(scales[s][j], scales[s][j]) : 0u;
+      }
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         if (b >= blocks) break;  // past K: those columns are never stored
         const int s = Shape::scale_row_of_block(kGroup, b);
         unsigned pairs[8][2];
-        dequantize_lane_packed16<kWeightFormat, kBf16>(words[b], scale_pairs[s], offset_pairs[s],
-                                                       pairs);
+        dequantize_lane_unscaled<kWeightFormat, kUnscaled, kBf16>(words[b], offsets[s], pairs);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            pairs[j][h] = kScale == kScaleHalf
+                              ? scale_pair_exact<kBf16>(pairs[j][h], scale_pairs[s][j])
+                              : scale_pair_to_odd<kBf16>(pairs[j][h], scales[s][j]);
         stage(pairs, b);
       }
     } else {
@@ -228,14 +254,15 @@ __global__ void __launch_bounds__(kThreads, MmaDequantizeShape::blocks_per_sm(
       for (int i = 0; i < Shape::kTileRows / 4; ++i)
         *reinterpret_cast<uint4*>(to + i * 4 * ld_out) = staged(i);
     } else if (chunk_k < k) {
-      const int rows = rows_left < Shape::kTileRows ? static_cast<int>(rows_left) : Shape::kTileRows;
+      const int rows =
+          rows_left < Shape::kTileRows ? static_cast<int>(rows_left) : Shape::kTileRows;
       const uint4 mask = first_values_mask(min(k - chunk_k, 8u));
 #pragma unroll
       for (int i = 0; i < Shape::kTileRows / 4; ++i) {
         if (static_cast<int>(4 * i + first_row) >= rows) break;
         const uint4 chunk = staged(i);
-        *reinterpret_cast<uint4*>(to + i * 4 * ld_out) = make_uint4(
-            chunk.x & mask.x, chunk.y & mask.y, chunk.z & mask.z, chunk.w & mask.w);
+        *reinterpret_cast<uint4*>(to + i * 4 * ld_out) =
+            make_uint4(chunk.x & mask.x, chunk.y & mask.y, chunk.z & mask.z, chunk.w & mask.w);
       }
     }
     __syncwarp();  // the next tile's staging overwrites what this one read

@@ -28,14 +28,14 @@ namespace qgemm::kernels {
 struct MmaDequantizeShape {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kTileRows = MmaWeightLayout::kSliceN;  // 64
-  static constexpr int kTileBlocks = 4;                        // k16 blocks per warp tile
+  static constexpr int kTileRows = MmaWeightLayout::kSliceN;             // 64
+  static constexpr int kTileBlocks = 4;                                  // k16 blocks per warp tile
   static constexpr int kTileK = kTileBlocks * MmaWeightLayout::kBlockK;  // 64
-  static constexpr int kChunkValues = 8;                       // one 16-byte store
-  static constexpr int kChunksPerRow = kTileK / kChunkValues;  // 8
-  static constexpr int kRowBytes = kTileK * 2;                 // 128: one cache line
-  static constexpr int kWarpSmemBytes = kTileRows * kRowBytes;  // 8 KiB
-  static constexpr int kSmemBytes = kWarps * kWarpSmemBytes;    // 64 KiB
+  static constexpr int kChunkValues = 8;                                 // one 16-byte store
+  static constexpr int kChunksPerRow = kTileK / kChunkValues;            // 8
+  static constexpr int kRowBytes = kTileK * 2;                           // 128: one cache line
+  static constexpr int kWarpSmemBytes = kTileRows * kRowBytes;           // 8 KiB
+  static constexpr int kSmemBytes = kWarps * kWarpSmemBytes;             // 64 KiB
   // Output rows are 16-byte aligned: ld_out a multiple of 8 values.
   static constexpr int kLdOutMultiple = kChunkValues;
 
@@ -80,7 +80,7 @@ struct MmaDequantizeShape {
                                                        bool float_zeros, int group) {
     return tile_operand_registers(bits, stored_zeros, float_zeros, group) <= 48   ? 3
            : tile_operand_registers(bits, stored_zeros, float_zeros, group) <= 96 ? 2
-                                                                                   : 1;
+                                                                                  : 1;
   }
   // Blocks to launch: enough for every tile, at most the resident ones (persistent loop).
   QGEMM_HOST_DEVICE static constexpr long long grid_blocks(long long tiles, int sm_count,

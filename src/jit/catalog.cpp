@@ -152,14 +152,25 @@ KernelSpec repack_weight_spec(int bits, Arch arch) {
 
 KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch) {
   using Shape = kernels::MmaDequantizeShape;
+  const std::string out = half_type_choice(output, "mma_dequantize output");
+  // The exact value in 16 bits where the decode kernel's unscaled dequantization makes one (not
+  // with float zeros: u − zero is not exact there), times the scale in 16 bits where every scale
+  // is exact in the output type; else fp32 math. Each rounds the value once.
+  std::string value = "fp32", scale = "fp32";
+  if (weight.zero_mode != layout::MmaZeroMode::Float) {
+    if (auto unscaled = layout::unscaled_dequant(weight, output)) {
+      value = *unscaled;
+      const bool exact =
+          output == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
+      if (exact) scale = "half";
+    }
+  }
   KernelSpec spec{
       "mma_dequantize",
       {SpecParam::number_format("weight", weight.format),
        SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
-       SpecParam::integer("group", weight.group_size),
-       SpecParam::chosen("dequant",
-                         layout::packed16_dequant_applies(weight, output) ? "packed16" : "fp32"),
-       SpecParam::chosen("out", half_type_choice(output, "mma_dequantize output"))},
+       SpecParam::integer("group", weight.group_size), SpecParam::chosen("dequant", value),
+       SpecParam::chosen("scale", scale), SpecParam::chosen("out", out)},
       arch,
       {Shape::kThreads, Shape::kSmemBytes}};
   validate(spec);

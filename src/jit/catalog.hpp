@@ -39,8 +39,9 @@ KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 KernelSpec repack_weight_spec(int bits, Arch arch);
 // A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit
 // `output` (bf16 or fp16) rows, for the dequantize + cuBLAS path (kernels/gemm/mma_dequantize.cuh;
-// launch shape kernels/gemm/mma_dequantize_shape.cuh). packed16 math where
-// layout::packed16_dequant_applies, else fp32; both round each value once.
+// launch shape kernels/gemm/mma_dequantize_shape.cuh): the exact value in 16 bits where
+// layout::unscaled_dequant makes one, scaled in 16 bits where the scales are exact there, else
+// fp32 math. Every value is rounded once, as layout::mma_weight_value rounded to `output`.
 KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch);
 
 std::vector<KernelSpec> catalog_specs(Arch arch);

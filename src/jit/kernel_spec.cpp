@@ -219,8 +219,12 @@ const std::vector<KernelFamily>& kernel_families() {
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
         // K values per scale row (a multiple of 16), 0: one row for all of K.
         {"group", ParamKind::Int, {}},
-        // Order = kernels::MmaDequantizeMath.
-        {"dequant", ParamKind::Choice, {"fp32", "packed16"}},
+        // How the exact value is made, order = kernels::MmaDequantizeValue: fp32 math, or an
+        // unscaled 16-bit dequantization of the decode kernel (kernels::UnscaledDequant).
+        {"dequant", ParamKind::Choice, {"fp32", "int16", "int_f32", "float16"}},
+        // How the scale is applied, order = kernels::MmaDequantizeScale: in fp32 rounded to odd,
+        // or in the 16-bit type (every scale exact there).
+        {"scale", ParamKind::Choice, {"fp32", "half"}},
         // Order = kernels::OutputType (16-bit only).
         {"out", ParamKind::Choice, {"fp16", "bf16"}}},
        false},
@@ -372,6 +376,15 @@ void validate(const KernelSpec& spec) {
     const auto group = spec.param("group").value;
     require(group >= 0 && group % 16 == 0 && group <= 0x7fffffff,
             "kernel spec mma_dequantize: group = {} (rule: 0 or a positive multiple of 16)", group);
+    const std::string& dequant = spec.param("dequant").choice;
+    require(dequant != "fp32" || spec.param("scale").choice == "fp32",
+            "kernel spec mma_dequantize: dequant = fp32 with scale = {} (rule: fp32 values take "
+            "fp32 scales)",
+            spec.param("scale").choice);
+    require(dequant == "fp32" || spec.param("zero").choice != "float",
+            "kernel spec mma_dequantize: dequant = {} with float zeros (rule: dequant = fp32, "
+            "u - zero is not exact in 16 bits)",
+            dequant);
   }
   if (spec.family == "repack_weight") {
     const auto bits = spec.param("bits").value;

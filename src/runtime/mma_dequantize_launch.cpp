@@ -32,9 +32,10 @@ void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args) {
     fail(fmt::format("k = {} with k_blocks = {} (rule: k >= 1, k_blocks = ceil(k / 16))", args.k,
                      args.k_blocks));
   if (Shape::tiles(args.rows, args.k_blocks) > 0x7fffffff)
-    fail(fmt::format("rows = {} × k = {} make {} warp tiles (rule: at most 2^31 - 1 per launch; "
-                     "split the rows into chunks)",
-                     args.rows, args.k, Shape::tiles(args.rows, args.k_blocks)));
+    fail(
+        fmt::format("rows = {} × k = {} make {} warp tiles (rule: at most 2^31 - 1 per launch; "
+                    "split the rows into chunks)",
+                    args.rows, args.k, Shape::tiles(args.rows, args.k_blocks)));
   if (args.ld_out < args.k || args.ld_out % Shape::kLdOutMultiple != 0)
     fail(fmt::format("ld_out = {} for k = {} (rule: >= k and a multiple of {}, e.g. {})",
                      args.ld_out, args.k, Shape::kLdOutMultiple, Shape::ld_out(args.k)));

@@ -146,18 +146,30 @@ TEST(MmaDequantizeSpec, ChoosesTheMathTheScalesAllow) {
     std::string text;  // the spec's parameter list
   };
   const Case cases[] = {
-      {"w4a16", formats::bf16, "weight=uint4,zero=constant,group=128,dequant=packed16,out=bf16"},
+      {"w4a16", formats::bf16,
+       "weight=uint4,zero=constant,group=128,dequant=int16,scale=half,out=bf16"},
       {"gptq-w4a16-g128", formats::fp16,
-       "weight=uint4,zero=int,group=128,dequant=packed16,out=fp16"},
-      // fp16 scales are not exact in bf16: fp32 math.
-      {"gptq-w4a16-g128", formats::bf16, "weight=uint4,zero=int,group=128,dequant=fp32,out=bf16"},
-      {"w8a16", formats::bf16, "weight=uint8,zero=constant,group=128,dequant=fp32,out=bf16"},
+       "weight=uint4,zero=int,group=128,dequant=int16,scale=half,out=fp16"},
+      // fp16 scales are not exact in bf16: the scale in fp32.
+      {"gptq-w4a16-g128", formats::bf16,
+       "weight=uint4,zero=int,group=128,dequant=int16,scale=fp32,out=bf16"},
+      {"w8a16", formats::bf16,
+       "weight=uint8,zero=constant,group=128,dequant=int_f32,scale=half,out=bf16"},
+      // bf16 scales of ordinary magnitude are exact in fp16 too; 8-bit codes lift into fp16.
+      {"w8a16", formats::fp16,
+       "weight=uint8,zero=constant,group=128,dequant=int16,scale=half,out=fp16"},
+      {"w=int8:ch:s=fp32;a=bf16", formats::bf16,
+       "weight=int8,zero=constant,group=0,dequant=int_f32,scale=fp32,out=bf16"},
       {"w=e4m3:ch:s=fp32;a=bf16", formats::bf16,
-       "weight=e4m3,zero=none,group=0,dequant=fp32,out=bf16"},
-      {"fp8-block", formats::fp16, "weight=e4m3,zero=none,group=128,dequant=fp32,out=fp16"},
-      {"mxfp4-a16", formats::bf16, "weight=e2m1,zero=none,group=32,dequant=fp32,out=bf16"},
+       "weight=e4m3,zero=none,group=0,dequant=float16,scale=fp32,out=bf16"},
+      {"fp8-block", formats::fp16,
+       "weight=e4m3,zero=none,group=128,dequant=float16,scale=fp32,out=fp16"},
+      {"mxfp4-a16", formats::bf16,
+       "weight=e2m1,zero=none,group=32,dequant=float16,scale=half,out=bf16"},
+      {"nvfp4-a16", formats::bf16,
+       "weight=e2m1,zero=none,group=16,dequant=float16,scale=half,out=bf16"},
       {"w=uint6:g64:s=fp16:zp=float;a=fp16", formats::fp16,
-       "weight=uint6,zero=float,group=64,dequant=fp32,out=fp16"},
+       "weight=uint6,zero=float,group=64,dequant=fp32,scale=fp32,out=fp16"},
   };
   for (const Case& c : cases) {
     const jit::KernelSpec spec =
@@ -175,11 +187,23 @@ TEST(MmaDequantizeSpec, ChoosesTheMathTheScalesAllow) {
   }
   try {
     jit::parse_kernel_spec(
-        "mma_dequantize<weight=uint4,zero=constant,group=40,dequant=fp32,out=bf16>"
+        "mma_dequantize<weight=uint4,zero=constant,group=40,dequant=fp32,scale=fp32,out=bf16>"
         "[threads=256,smem=65536]@sm_90a");
     ADD_FAILURE() << "group 40 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("group = 40"), std::string::npos) << e.what();
+  }
+  for (const char* text :
+       {"mma_dequantize<weight=uint4,zero=constant,group=0,dequant=fp32,scale=half,out=bf16>"
+        "[threads=256,smem=65536]@sm_90a",
+        "mma_dequantize<weight=uint4,zero=float,group=0,dequant=int16,scale=fp32,out=bf16>"
+        "[threads=256,smem=65536]@sm_90a"}) {
+    try {
+      jit::parse_kernel_spec(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rule"), std::string::npos) << e.what();
+    }
   }
 }
 
