@@ -124,8 +124,8 @@ class Engine {
   void gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
             void* stream, const GemmOptions& options = {});
 
-  // The weight dequantized into `out` (N x K, bf16 or fp16, rows back to back), by the kernel
-  // dequantize + cuBLAS uses. Error(Unsupported) for a weight with a global scale held in the
+  // The weight dequantized into `out` (N x K, bf16 or fp16; its row stride a multiple of 8
+  // elements, or K for a weight kept canonical), by the kernel dequantize + cuBLAS uses. Error(Unsupported) for a weight with a global scale held in the
   // mma layout (NVFP4: the GEMM applies it).
   void dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream);
 

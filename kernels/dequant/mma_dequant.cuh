@@ -11,6 +11,14 @@
 // Extracting code c costs a shift and an AND (two of each and an OR when it crosses a word);
 // c and bits are compile-time constants after unrolling, so all of it folds.
 //
+// Rounding: (u − zero) and the placed float code are exact in fp32, so × scale is the only
+// rounding before the conversion to 16 bits. Where that product is not exact in fp32 (fp32
+// scales times codes of more than one significant bit) the value is rounded twice; kRoundOnce
+// rounds the product to odd instead (multiply_round_to_odd), which makes the conversion round
+// the exact product once, as the host twin (layout::mma_weight_value) does. The GEMM kernels
+// keep the plain product (kRoundFp32: their sums round anyway); mma_dequantize, whose output is
+// the weight itself, rounds once.
+//
 // packed16 (integers of ≤ 7 bits whose scales are exact in the activation type): a whole pair
 // of codes is lifted out at once into the two 16-bit halves, ORed into the exponent of 128
 // (bf16 0x4300) or 1024 (fp16 0x6400), giving base + u exactly; then two fma.rn.{bf16,f16}x2:
@@ -19,6 +27,7 @@
 #pragma once
 
 #include "gemm/mma_weight_layout.cuh"
+#include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
 #include "util/format_code.cuh"
 #include "util/number_codec.cuh"
@@ -79,31 +88,73 @@ __device__ __forceinline__ unsigned fma_pair(unsigned a, unsigned b, unsigned c)
   return d;
 }
 
-template <unsigned long long kFormat, int kZeroMode>
+// How dequantize_value rounds the value (u − zero) · scale, or decode(u) · scale.
+enum ValueRounding {
+  kRoundFp32 = 0,        // the fp32 product (the GEMMs: their sums round anyway)
+  kRoundOnce = 1,        // rounded to odd, so that the 16-bit conversion rounds the exact product
+                         // once; needs u − zero exact in fp32 (float zeros: zero_exact_in_fp32)
+  kRoundOnceDouble = 2,  // as kRoundOnce, from the host twin's own double arithmetic (any zero)
+};
+
+// a · b rounded to odd: truncated, with the last significand bit set when anything was cut off.
+// Rounding that to nearest in a format of at most 22 significand bits (bf16: 8, fp16: 11) gives
+// a · b rounded once. The remainder a · b − truncated is exact (one FFMA), and it is zero only
+// when the product is.
+__device__ __forceinline__ float multiply_round_to_odd(float a, float b) {
+  const float truncated = __fmul_rz(a, b);
+  unsigned inexact;  // min(remainder bits, 1): one VIMNMX (the compiler's != 0 takes two)
+  asm("min.u32 %0, %1, 1;" : "=r"(inexact) : "r"(__float_as_uint(__fmaf_rn(a, b, -truncated))));
+  return __uint_as_float(__float_as_uint(truncated) | inexact);
+}
+
+// The same for a double: its value rounded to an fp32 that rounds to 16 bits as it would.
+__device__ __forceinline__ float double_round_to_odd(double value) {
+  const float truncated = __double2float_rz(value);
+  return __uint_as_float(__float_as_uint(truncated) |
+                         (static_cast<double>(truncated) != value ? 1u : 0u));
+}
+
+// Whether u − zero is exact in fp32 for every code u < 2^8: a multiple of 2^-15 below 2^8 in
+// magnitude (24 bits then hold the difference), as the quantizer's float zeros almost always are.
+__device__ __forceinline__ bool zero_exact_in_fp32(float zero) {
+  return fabsf(zero) < 256.0f && rintf(zero * 32768.0f) == zero * 32768.0f;
+}
+
+template <unsigned long long kFormat, int kZeroMode, int kRounding = kRoundFp32>
 __device__ __forceinline__ float dequantize_value(unsigned code, float scale, float zero) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
+  auto times_scale = [scale](float exact) {
+    if constexpr (kRounding == kRoundFp32) {
+      return exact * scale;
+    } else {
+      return multiply_round_to_odd(exact, scale);
+    }
+  };
   if constexpr (f.is_float()) {
     constexpr int m = f.mantissa_bits;
     constexpr unsigned magnitude_mask = (1u << (f.exponent_bits + m)) - 1u;
     unsigned bits = (code & magnitude_mask) << (23 - m);
     if constexpr (f.is_signed) bits |= (code >> (f.bits - 1)) << 31;
     constexpr float rebias = power_of_two(127 - f.bias);  // exact: a power of two
-    return __uint_as_float(bits) * rebias * scale;
+    return times_scale(__uint_as_float(bits) * rebias);
   } else {
     const float magic = __uint_as_float(0x4B000000u | code);
     if constexpr (kZeroMode == kZeroNone) {
-      return (magic - 8388608.0f) * scale;
+      return times_scale(magic - 8388608.0f);
     } else if constexpr (kZeroMode == kZeroConstant) {
-      return (magic - (8388608.0f + static_cast<float>(1 << (f.bits - 1)))) * scale;
-    } else {  // stored zeros, integer or float
-      return (magic - 8388608.0f - zero) * scale;
+      return times_scale(magic - (8388608.0f + static_cast<float>(1 << (f.bits - 1))));
+    } else if constexpr (kRounding == kRoundOnceDouble) {
+      return double_round_to_odd((static_cast<double>(magic - 8388608.0f) - zero) *
+                                 static_cast<double>(scale));
+    } else {  // stored zeros: integer (u − zero exact), or float
+      return times_scale(magic - 8388608.0f - zero);
     }
   }
 }
 
 // words: the lane's codes; scales/zeros: the lane's 8 column values (j = 0..7).
 // out[j][0] = (k 2t, 2t+1) and out[j][1] = (k 2t+8, 2t+9) of column j · 8 + lane / 4.
-template <unsigned long long kFormat, int kZeroMode, bool kBf16>
+template <unsigned long long kFormat, int kZeroMode, bool kBf16, int kRounding = kRoundFp32>
 __device__ __forceinline__ void dequantize_lane(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], const float (&scales)[8],
     const float (&zeros)[8], unsigned (&out)[8][2]) {
@@ -114,7 +165,7 @@ __device__ __forceinline__ void dequantize_lane(
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const unsigned code = extract_code<kBits>(words, j * 4 + t);
-      v[t] = dequantize_value<kFormat, kZeroMode>(code, scales[j], zeros[j]);
+      v[t] = dequantize_value<kFormat, kZeroMode, kRounding>(code, scales[j], zeros[j]);
     }
     out[j][0] = ptx::pack_pair<kBf16>(v[0], v[1]);
     out[j][1] = ptx::pack_pair<kBf16>(v[2], v[3]);
@@ -197,7 +248,27 @@ __device__ __forceinline__ void lift_lane_int16(
 }
 
 // offsets[j]: −(base + zero of column j · 8 + lane / 4) in both halves (int16), or the float
-// 2^23 + zero (int_f32, low word only); unused for floats.
+// 2^23 + zero (int_f32, low word only); unused for floats. unscaled_offsets makes them.
+template <unsigned long long kFormat, int kZeroMode, int kDequant, bool kBf16>
+__device__ __forceinline__ void unscaled_offsets(const float (&zeros)[8], unsigned (&offsets)[8]) {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  static_assert(kZeroMode != kZeroFloat, "a float zero makes u − zero inexact in 16 bits");
+  constexpr float kBase = kDequant == kDequantIntF32 ? 8388608.0f : (kBf16 ? 128.0f : 1024.0f);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float zero = 0.0f;
+    if constexpr (kZeroMode == kZeroConstant) zero = static_cast<float>(1 << (f.bits - 1));
+    if constexpr (kZeroMode == kZeroInteger) zero = zeros[j];
+    if constexpr (kDequant == kDequantIntF32) {
+      offsets[j] = __float_as_uint(kBase + zero);
+    } else if constexpr (kDequant == kDequantInt16) {
+      offsets[j] = ptx::pack_pair<kBf16>(-(kBase + zero), -(kBase + zero));
+    } else {
+      offsets[j] = 0u;
+    }
+  }
+}
+
 template <unsigned long long kFormat, int kDequant, bool kBf16>
 __device__ __forceinline__ void dequantize_lane_unscaled(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
@@ -297,6 +368,36 @@ __device__ __forceinline__ void lane_bytes(
       out[j] = __byte_perm(ptx::e4m3x2_from_f16x2(pairs[j][0]), ptx::e4m3x2_from_f16x2(pairs[j][1]),
                            0x5140);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scaling the exact 16-bit values of dequantize_lane_unscaled (mma_dequantize, the weight itself):
+// each value times its column's scale, rounded once to 16 bits.
+//
+//   scale_pair_exact      the scale is exact in the 16-bit type (host-checked): one fma.rn per
+//                         pair rounds the exact product once
+//   scale_pair_to_odd     any fp32 scale: both values back to fp32 (exact), the products rounded
+//                         to odd, then to 16 bits (rounded once: see multiply_round_to_odd)
+// ---------------------------------------------------------------------------------------------
+
+// `scale_pair`: the scale in both halves.
+template <bool kBf16>
+__device__ __forceinline__ unsigned scale_pair_exact(unsigned pair, unsigned scale_pair) {
+  return fma_pair<kBf16>(pair, scale_pair, 0x80008000u);  // + (−0): the product itself
+}
+
+template <bool kBf16>
+__device__ __forceinline__ unsigned scale_pair_to_odd(unsigned pair, float scale) {
+  float low, high;
+  if constexpr (kBf16) {
+    low = __uint_as_float(pair << 16);
+    high = __uint_as_float(pair & 0xffff0000u);
+  } else {
+    low = ptx::fp16_bits_to_float(static_cast<unsigned short>(pair & 0xffffu));
+    high = ptx::fp16_bits_to_float(static_cast<unsigned short>(pair >> 16));
+  }
+  return ptx::pack_pair<kBf16>(multiply_round_to_odd(low, scale),
+                               multiply_round_to_odd(high, scale));
 }
 
 }  // namespace qgemm::kernels

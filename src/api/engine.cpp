@@ -41,6 +41,7 @@
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/mma_dequantize_launch.hpp"
 #include "runtime/utility_kernels.hpp"
 
 namespace qgemm {
@@ -291,7 +292,8 @@ struct Engine::Impl {
                const detail::PreparedWeight& weight, const DeviceMatrix* a,
                const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
   void launch_dequantize(const detail::PreparedWeight& weight, const runtime::LoadedKernel& kernel,
-                         std::int64_t n0, std::int64_t rows, unsigned short* out, CUstream stream);
+                         const jit::KernelSpec& spec, std::int64_t n0, std::int64_t rows,
+                         unsigned short* out, std::int64_t ld, CUstream stream);
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
@@ -440,7 +442,9 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
           dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high, *weight.facts.mma);
       break;
     case dispatch::Path::Qdq:
-      s.weight_chunk = take(static_cast<std::size_t>(launch.qdq.chunk_n * k) * 2);
+      s.weight_chunk = take(static_cast<std::size_t>(
+                                launch.qdq.chunk_n * dispatch::qdq_weight_ld(weight.facts)) *
+                            2);
       if (launch.qdq.finish)
         s.chunk_sums =
             take(static_cast<std::size_t>(high * launch.qdq.chunk_n) * sizeof(float));
@@ -592,18 +596,22 @@ void Engine::dequantize(const QuantWeight& weight, const DeviceMatrix& out, void
   if (!(out.dtype == formats::bf16 || out.dtype == formats::fp16))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("dequantize: out is {} (rule: bf16 or fp16)", out.dtype.name()));
-  if (out.stride != w.k)
+  // The mma layout's kernel stores whole 16-byte pieces; the canonical one dense rows.
+  const bool dense = !w.facts.mma;
+  if (dense ? out.stride != w.k : out.stride % 8 != 0)
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("dequantize: out's stride {} (rule: K = {}, rows back to back)",
-                            out.stride, w.k));
+                fmt::format("dequantize: out's stride {} (rule: {})", out.stride,
+                            dense ? fmt::format("K = {} for a weight kept canonical", w.k)
+                                  : std::string("a multiple of 8 elements")));
+  const std::int64_t ld = out.stride;
   if (w.facts.mma && w.global_scale != 1.0)
     throw Error(ErrorCode::Unsupported,
                 "dequantize: the mma layout leaves the global scale to the GEMM (NVFP4): not "
                 "applied here");
-  const runtime::LoadedKernel kernel =
-      impl_->kernel(dispatch::qdq_dequantize_spec(w.facts, out.dtype, impl_->arch));
+  const jit::KernelSpec spec = dispatch::qdq_dequantize_spec(w.facts, out.dtype, impl_->arch);
+  const runtime::LoadedKernel kernel = impl_->kernel(spec);
   impl_->make_current();
-  impl_->launch_dequantize(w, kernel, 0, w.n, static_cast<unsigned short*>(out.data),
+  impl_->launch_dequantize(w, kernel, spec, 0, w.n, static_cast<unsigned short*>(out.data), ld,
                            static_cast<CUstream>(stream));
 }
 
@@ -835,16 +843,15 @@ void Engine::Impl::run_fp8(const detail::PlanData& plan, const detail::PlanStep&
                         step.fp8->matmul->workspace_bytes(), cu_stream);
 }
 
-// Rows [n0, n0 + rows) of the weight dequantized into out[rows][K] (16-bit), by the weight's
-// dequantization kernel (dispatch::qdq_dequantize_spec): from the mma layout without the global
-// scale (n0 a multiple of 64), or from the canonical form with it (n0 on a scale row).
+// Rows [n0, n0 + rows) of the weight dequantized into out[rows][ld] (16-bit), by the weight's
+// dequantization kernel `kernel` of `spec` (dispatch::qdq_dequantize_spec): from the mma layout
+// without the global scale (n0 a multiple of 64, ld dispatch::qdq_weight_ld), or from the
+// canonical form with it (n0 on a scale row, ld = K).
 void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
-                                     const runtime::LoadedKernel& kernel, std::int64_t n0,
-                                     std::int64_t rows, unsigned short* out, CUstream stream) {
-  auto grid_for = [](std::int64_t items) {
-    return runtime::LaunchGrid{
-        static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65536)), 1, 1};
-  };
+                                     const runtime::LoadedKernel& kernel,
+                                     const jit::KernelSpec& spec, std::int64_t n0,
+                                     std::int64_t rows, unsigned short* out, std::int64_t ld,
+                                     CUstream stream) {
   if (!weight.facts.mma) {
     // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
     const PackedWeight& shape = weight.canonical_shape;
@@ -875,11 +882,10 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
   d.n_begin = n0;
   d.rows = rows;
   d.k = w.k;
+  d.ld_out = ld;
   d.k_blocks = w.k_blocks;
   d.n_padded = w.n_padded;
-  d.group_size = w.group_size;
-  // One thread per lane of each (64-row slice, k16 block) of the chunk (n0 % 64 == 0).
-  runtime::launch_kernel(kernel, grid_for((rows + 63) / 64 * w.k_blocks * 32), d, stream);
+  runtime::launch_mma_dequantize(kernel, spec, d, info.sm_count, stream);
 }
 
 // C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to the operand's type, multiply
@@ -894,6 +900,7 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
   float* sums = at<float>(scratch, step.scratch.chunk_sums);
   void* blas_workspace = at<void>(scratch, step.scratch.blas);
   const dispatch::QdqLaunch& launch = step.launch.qdq;
+  const std::int64_t ld = dispatch::qdq_weight_ld(weight.facts);
   auto grid_for = [](std::int64_t items) {
     return runtime::LaunchGrid{
         static_cast<unsigned>(std::clamp<std::int64_t>((items + 255) / 256, 1, 65536)), 1, 1};
@@ -902,17 +909,17 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
     const std::int64_t rows = std::min(launch.chunk_n, n - n0);
     // The canonical dequantization applies the global scale itself; cuBLAS's alpha otherwise.
     const float alpha = weight.facts.mma ? static_cast<float>(weight.global_scale) : 1.0f;
-    launch_dequantize(weight, step.dequantize, n0, rows, w16, cu_stream);
+    launch_dequantize(weight, step.dequantize, *step.launch.dequantize, n0, rows, w16, ld, cu_stream);
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     {
       std::lock_guard lock(blas_mutex);
       runtime::Cublas& blas = cublas();
       if (!launch.finish) {
-        blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, k, a.dtype, c_chunk,
+        blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, ld, a.dtype, c_chunk,
                      c.stride, c.dtype, blas_workspace, kBlasWorkspaceBytes);
         continue;
       }
-      blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, k, a.dtype, sums, rows,
+      blas.gemm_nt(stream, m, rows, k, alpha, a.data, a.stride, w16, ld, a.dtype, sums, rows,
                    formats::fp32, blas_workspace, kBlasWorkspaceBytes);
     }
     kernels::FinishGemmArgs f{};

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dispatch/select.hpp"
+#include "gemm/mma_dequantize_shape.cuh"
 #include "jit/catalog.hpp"
 
 namespace qgemm::dispatch {
@@ -36,11 +37,8 @@ QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& we
   return launch;
 }
 
-std::size_t qdq_scratch_bytes(const QdqLaunch& launch, std::int64_t m, std::int64_t k) {
-  auto round = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
-  std::size_t bytes = round(static_cast<std::size_t>(launch.chunk_n * k) * 2);
-  if (launch.finish) bytes += round(static_cast<std::size_t>(m * launch.chunk_n) * sizeof(float));
-  return bytes;
+std::int64_t qdq_weight_ld(const WeightFacts& weight) {
+  return weight.mma ? kernels::MmaDequantizeShape::ld_out(weight.k) : weight.k;
 }
 
 jit::KernelSpec qdq_dequantize_spec(const WeightFacts& weight, const Format& operand,

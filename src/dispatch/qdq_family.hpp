@@ -37,8 +37,9 @@ QdqLaunch qdq_launch(const GemmProblem& problem, std::int64_t m, const WeightFac
 // directly; else the finish applies them.
 bool qdq_folds_row_factors();
 
-// Scratch of a launch at M rows: the 16-bit weight chunk and, with `finish`, its fp32 sums.
-std::size_t qdq_scratch_bytes(const QdqLaunch& launch, std::int64_t m, std::int64_t k);
+// The row stride of the dequantized 16-bit weight: K rounded up to 8 from the mma layout (whole
+// 16-byte stores, kernels/gemm/mma_dequantize_shape.cuh), K from the canonical form.
+std::int64_t qdq_weight_ld(const WeightFacts& weight);
 
 // The dequantization kernel of the weight into `operand` (bf16 / fp16).
 jit::KernelSpec qdq_dequantize_spec(const WeightFacts& weight, const Format& operand,

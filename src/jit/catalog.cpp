@@ -8,6 +8,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "gemm/mma_dequantize_shape.cuh"
 #include "qgemm/error.hpp"
 
 namespace qgemm::jit {
@@ -57,13 +58,6 @@ std::string scaling_choice(const ActivationQuant& quant) {
 }
 
 }  // namespace
-
-KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch) {
-  return utility_spec("mma_dequantize", arch,
-                      {SpecParam::number_format("weight", weight.format),
-                       SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
-                       SpecParam::chosen("out", half_type_choice(output, "dequantize output"))});
-}
 
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch) {
   return utility_spec("dequantize_weight", arch,
@@ -159,6 +153,33 @@ KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
 
 KernelSpec repack_weight_spec(int bits, Arch arch) {
   return utility_spec("repack_weight", arch, {SpecParam::integer("bits", bits)});
+}
+
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch) {
+  using Shape = kernels::MmaDequantizeShape;
+  const std::string out = half_type_choice(output, "mma_dequantize output");
+  // The exact value in 16 bits where the decode kernel's unscaled dequantization makes one (not
+  // with float zeros: u − zero is not exact there), times the scale in 16 bits where every scale
+  // is exact in the output type; else fp32 math. Each rounds the value once.
+  std::string value = "fp32", scale = "fp32";
+  if (weight.zero_mode != layout::MmaZeroMode::Float) {
+    if (auto unscaled = layout::unscaled_dequant(weight, output)) {
+      value = *unscaled;
+      const bool exact =
+          output == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
+      if (exact) scale = "half";
+    }
+  }
+  KernelSpec spec{
+      "mma_dequantize",
+      {SpecParam::number_format("weight", weight.format),
+       SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+       SpecParam::integer("group", weight.group_size), SpecParam::chosen("dequant", value),
+       SpecParam::chosen("scale", scale), SpecParam::chosen("out", out)},
+      arch,
+      {Shape::kThreads, Shape::kSmemBytes}};
+  validate(spec);
+  return spec;
 }
 
 std::vector<KernelSpec> catalog_specs(Arch arch) {

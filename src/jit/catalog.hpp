@@ -12,8 +12,6 @@
 
 namespace qgemm::jit {
 
-// The prepared mma-layout weight -> `output` (bf16 or fp16) rows (the dequantize + cuBLAS path).
-KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch);
 // Weight codes + scale grid (+ zero points) -> `output` (bf16 or fp16) [n, k].
 KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& output, Arch arch);
 // What quantize_activation writes: the canonical codes and scales, or the 16-bit operand and
@@ -43,6 +41,12 @@ KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& op
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
+// A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit
+// `output` (bf16 or fp16) rows, for the dequantize + cuBLAS path (kernels/gemm/mma_dequantize.cuh;
+// launch shape kernels/gemm/mma_dequantize_shape.cuh): the exact value in 16 bits where
+// layout::unscaled_dequant makes one, scaled in 16 bits where the scales are exact there, else
+// fp32 math. Every value is rounded once, as layout::mma_weight_value rounded to `output`.
+KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& output, Arch arch);
 
 std::vector<KernelSpec> catalog_specs(Arch arch);
 

@@ -209,13 +209,22 @@ const std::vector<KernelFamily>& kernel_families() {
         {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
         {"min_blocks", ParamKind::Int, {}}},
        false},
-      // kernels/gemm/dequant_cublas.cuh: the dequantize + cuBLAS path around cuBLAS.
+      // kernels/gemm/mma_dequantize.cuh: the weight chunks of the dequantize + cuBLAS path;
+      // specs come from jit::mma_dequantize_spec.
       {"mma_dequantize",
-       "gemm/dequant_cublas.cuh",
+       "gemm/mma_dequantize.cuh",
        "qgemm::kernels::mma_dequantize_kernel",
        "qgemm::kernels::MmaDequantizeArgs",
        {{"weight", ParamKind::Format, {}},
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
+        // K values per scale row (a multiple of 16), 0: one row for all of K.
+        {"group", ParamKind::Int, {}},
+        // How the exact value is made, order = kernels::MmaDequantizeValue: fp32 math, or an
+        // unscaled 16-bit dequantization of the decode kernel (kernels::UnscaledDequant).
+        {"dequant", ParamKind::Choice, {"fp32", "int16", "int_f32", "float16"}},
+        // How the scale is applied, order = kernels::MmaDequantizeScale: in fp32 rounded to odd,
+        // or in the 16-bit type (every scale exact there).
+        {"scale", ParamKind::Choice, {"fp32", "half"}},
         // Order = kernels::OutputType (16-bit only).
         {"out", ParamKind::Choice, {"fp16", "bf16"}}},
        false},
@@ -358,6 +367,24 @@ void validate(const KernelSpec& spec) {
     const Format& scale = spec.param("scale").format;
     require(scale.is_float(), "kernel spec dequantize_weight: scale = {} (rule: a float format)",
             scale.name());
+  }
+  if (spec.family == "mma_dequantize") {
+    const Format& weight = spec.param("weight").format;
+    require(weight.bits >= 1 && weight.bits <= 8,
+            "kernel spec mma_dequantize: weight = {} has {} bits (rule: 1..8)", weight.name(),
+            weight.bits);
+    const auto group = spec.param("group").value;
+    require(group >= 0 && group % 16 == 0 && group <= 0x7fffffff,
+            "kernel spec mma_dequantize: group = {} (rule: 0 or a positive multiple of 16)", group);
+    const std::string& dequant = spec.param("dequant").choice;
+    require(dequant != "fp32" || spec.param("scale").choice == "fp32",
+            "kernel spec mma_dequantize: dequant = fp32 with scale = {} (rule: fp32 values take "
+            "fp32 scales)",
+            spec.param("scale").choice);
+    require(dequant == "fp32" || spec.param("zero").choice != "float",
+            "kernel spec mma_dequantize: dequant = {} with float zeros (rule: dequant = fp32, "
+            "u - zero is not exact in 16 bits)",
+            dequant);
   }
   if (spec.family == "repack_weight") {
     const auto bits = spec.param("bits").value;

@@ -328,7 +328,7 @@ BackendCall Problem::call(Backend backend, GpuBench& gpu, const GemmOptions& opt
       out.weight_bytes = packed_bytes(weights_.packed());
       out.weight_device_bytes = static_cast<std::int64_t>(weight.device_bytes());
       out.activation_bytes = m * k * input.storage_bytes();
-      if (qdq) {
+      if (qdq && k % 8 == 0) {
         const Format wide = input;  // bf16 or fp16, as the GEMM's operand
         if (dequantized_.bytes() < static_cast<std::size_t>(n * k * 2))
           dequantized_ = runtime::DeviceBuffer(static_cast<std::size_t>(n * k * 2));
