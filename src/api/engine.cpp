@@ -188,8 +188,11 @@ struct Engine::Impl {
   // Workspaces per stream: scratch, and the split-K region the kernels leave zero. They only
   // grow, in plan() / warm_up() / a gemm() that plans; an outgrown buffer is kept until the
   // engine goes (a run on another thread may still hold its address).
+  // Calls from several threads on one stream enqueue one at a time: a call's kernels pass its
+  // operand through the stream's scratch, which the next call's first kernel would overwrite.
   struct StreamWorkspace {
     runtime::DeviceBuffer scratch, zeroed;
+    std::mutex enqueue;
   };
   std::shared_mutex workspace_mutex;
   std::unordered_map<void*, StreamWorkspace> workspaces;
@@ -239,8 +242,14 @@ struct Engine::Impl {
     reserve(stream, plan.scratch_bytes, plan.zeroed_bytes);
   }
 
-  // The stream's workspace as (scratch, zeroed) base pointers; Error when it is too small.
-  std::pair<void*, void*> stream_workspace(void* stream, const detail::PlanData& plan) {
+  // The stream's workspace (scratch and zeroed base pointers, and the lock of its stream, held
+  // while a call enqueues); Error when it is too small.
+  struct StreamSlot {
+    void* scratch = nullptr;
+    void* zeroed = nullptr;
+    std::unique_lock<std::mutex> enqueue;
+  };
+  StreamSlot stream_workspace(void* stream, const detail::PlanData& plan) {
     std::shared_lock lock(workspace_mutex);
     auto found = workspaces.find(stream);
     const bool fits = found != workspaces.end() &&
@@ -252,7 +261,8 @@ struct Engine::Impl {
                               "plan's {} bytes (rule: make the plan, or warm_up, with this stream, "
                               "or pass a Workspace)",
                               plan.scratch_bytes + plan.zeroed_bytes));
-    return {found->second.scratch.as<void>(), found->second.zeroed.as<void>()};
+    return {found->second.scratch.as<void>(), found->second.zeroed.as<void>(),
+            std::unique_lock<std::mutex>(found->second.enqueue)};
   }
 
   runtime::Cublas& cublas() {
@@ -697,6 +707,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
 
   void* scratch = nullptr;
   void* zeroed = nullptr;
+  std::unique_lock<std::mutex> enqueue;  // the stream's, for the engine's workspace
   if (workspace.data) {
     if (workspace.bytes < plan.scratch_bytes + plan.zeroed_bytes ||
         reinterpret_cast<std::uintptr_t>(workspace.data) % kAlign != 0)
@@ -708,7 +719,10 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
     // The split-K region sits at the end: a buffer shared by plans keeps its zeros there.
     zeroed = static_cast<char*>(workspace.data) + (workspace.bytes - plan.zeroed_bytes) / kAlign * kAlign;
   } else {
-    std::tie(scratch, zeroed) = stream_workspace(stream, plan);
+    StreamSlot slot = stream_workspace(stream, plan);
+    scratch = slot.scratch;
+    zeroed = slot.zeroed;
+    enqueue = std::move(slot.enqueue);
   }
   make_current();
   const auto cu_stream = static_cast<CUstream>(stream);
