@@ -29,6 +29,9 @@
 //            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
 //            nv: at most 6 significant bits) and mx (times a power of two); for group the
 //            product code · fp32 scale is rounded once to bf16.
+//            With fold_row_factors (dequantize + cuBLAS, which cannot scale rows), the row's
+//            factor is multiplied into every value before its one rounding and 1 is written as
+//            the factor (2^-9 relative for bf16, as for group scalings).
 //   operand8 the 8-bit codes themselves (int8, e4m3; static and token scaling) in the 8-bit
 //            mma's K order: operand8[r][operand8_position(c)], rows of ldo = round_up(k, 16)
 //            bytes whose positions of c >= k hold 0; row_factors as for operand.
@@ -119,13 +122,15 @@ __device__ __forceinline__ double nv_tensor_scale(float tensor_absmax, double de
   return t >= 1.17549435e-38f && t <= 3.40282347e38f ? static_cast<double>(t) : 1.0;
 }
 
-// What one element becomes: its code, and (operand mode) its operand value.
+// What one element becomes: its code, and (operand mode) its operand value; `folded`: the row's
+// factor times it (1 when the factor stays apart).
 template <unsigned long long kCode, int kScaling, int kOperand>
-__device__ __forceinline__ unsigned short operand_bits(unsigned code, float scale) {
+__device__ __forceinline__ unsigned short operand_bits(unsigned code, float scale,
+                                                       float folded = 1.0f) {
   float value = decode_to_float<kCode>(code);
   if constexpr (kScaling == kScaleGroup || kScaling == kScaleMx || kScaling == kScaleNv)
     value *= scale;
-  return to_half_bits<kOperand>(value);
+  return to_half_bits<kOperand>(value * folded);
 }
 
 template <int kScaling>
@@ -146,8 +151,10 @@ struct ActivationQuantizer {
 
   // Emits element `col` of `row` (code and value), all lanes of the warp together: 4-bit codes
   // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
+  // `factor`: the row's factor (static, token: the scale; nv: the tensor scale; else 1).
   __device__ static void emit(const QuantizeActivationArgs& args, long long row, long long col,
-                              bool valid, float x, double divisor, double inverse, float scale) {
+                              bool valid, float x, double divisor, double inverse, float scale,
+                              float factor) {
     unsigned code = valid ? encode_quotient<kCode>(x, divisor, inverse) : 0u;
     if constexpr (kEmit == kEmitCodes) {
       if constexpr (code_format.bits == 8) {
@@ -166,7 +173,8 @@ struct ActivationQuantizer {
             static_cast<unsigned char>(code);
     } else if (valid) {
       args.operand[row * args.ldo + col] =
-          isfinite(x) ? operand_bits<kCode, kScaling, kOperand>(code, scale)
+          isfinite(x) ? operand_bits<kCode, kScaling, kOperand>(
+                            code, scale, args.fold_row_factors ? factor : 1.0f)
                       : static_cast<unsigned short>(kOperand == kBf16 ? 0x7fc0 : 0x7e00);
     }
   }
@@ -199,7 +207,8 @@ struct ActivationQuantizer {
           store_scale<kScaleFormat>(
               args.scales, row * args.scale_row_stride + copy * args.scale_cell_stride, scale);
     } else {
-      if (threadIdx.x == 0) args.row_factors[row] = static_cast<float>(scale);
+      if (threadIdx.x == 0)
+        args.row_factors[row] = args.fold_row_factors ? 1.0f : static_cast<float>(scale);
     }
     // Whole warps walk the row together (emit pairs 4-bit codes across lanes); operand8 walks
     // its padding too.
@@ -209,7 +218,8 @@ struct ActivationQuantizer {
       const long long col = base + threadIdx.x;
       const bool valid = col < args.k;
       const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-      emit(args, row, col, valid, x, scale, inverse, static_cast<float>(scale));
+      emit(args, row, col, valid, x, scale, inverse, static_cast<float>(scale),
+           static_cast<float>(scale));
     }
     __syncthreads();  // shared_scale and warp_absmax are reused by the next row
   }
@@ -257,12 +267,15 @@ struct ActivationQuantizer {
         const long long col = begin + i * lanes;
         const bool valid = i < present;
         const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-        emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale));
+        emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale),
+             row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale)));
       }
     }
     if (threadIdx.x == 0) {
       if constexpr (kEmit == kEmitOperand) {
-        args.row_factors[row] = row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
+        args.row_factors[row] =
+            args.fold_row_factors ? 1.0f
+                                  : row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
       } else if constexpr (kScaling == kScaleNv) {
         if (row == 0) *args.tensor_scale = static_cast<float>(tensor_scale);
       }
@@ -333,8 +346,10 @@ __global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActiv
     if constexpr (kScaling == kScaleGroup || kScaling == kScaleMx || kScaling == kScaleNv)
       cell = row * cells + col / args.group;
     const float scale = load_scale<kScaleFormat>(args.scales, cell);
-    args.operand[row * args.ldo + col] = operand_bits<kCode, kScaling, kOperand>(code, scale);
-    if (col == 0) args.row_factors[row] = row_factor<kScaling>(scale, args.tensor_scale);
+    const float factor = row_factor<kScaling>(scale, args.tensor_scale);
+    args.operand[row * args.ldo + col] = operand_bits<kCode, kScaling, kOperand>(
+        code, scale, args.fold_row_factors ? factor : 1.0f);
+    if (col == 0) args.row_factors[row] = args.fold_row_factors ? 1.0f : factor;
   }
 }
 

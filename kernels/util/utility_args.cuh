@@ -46,6 +46,9 @@ struct QuantizeActivationArgs {
   unsigned char* operand8;  // operand8: [m][ldo] codes, K permuted (ldo = round_up(k, 16))
   long long ldo;
   float* row_factors;          // operand: [m]
+  // operand: multiply each row's factor into its values before the one rounding to 16 bits
+  // (dequantize + cuBLAS, which cannot scale rows) and write 1 as the factor; 0: keep them apart.
+  int fold_row_factors;
   const float* tensor_absmax;  // NV, and static without a given scale: absmax of the tensor
   double static_scale;         // static: the given scale (an fp32 value), or 0
   double element_max;          // the code format's largest finite value
@@ -70,6 +73,7 @@ struct ExpandActivationArgs {
   unsigned char* operand8;  // operand "bytes": [m][ldo] codes in the 8-bit mma's K order
   long long ldo;
   float* row_factors;
+  int fold_row_factors;  // as QuantizeActivationArgs'
   long long m, k;
   long long group;
 };

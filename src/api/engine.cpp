@@ -746,6 +746,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
           quant, m, p.k, reinterpret_cast<CUdeviceptr>(a->data), a->stride,
           weight.static_activation_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
+      args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
       if (step->absmax.function) {
         float* absmax = at<float>(scratch, step->scratch.absmax);
         runtime::launch_tensor_absmax(step->absmax, reinterpret_cast<CUdeviceptr>(a->data), m,
@@ -760,6 +761,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
       args.scales = static_cast<const unsigned char*>(codes->scales);
       args.tensor_scale = static_cast<float>(codes->tensor_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
+      args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
       args.m = m;
       args.k = p.k;
       args.group = quant.group > 0 ? quant.group : p.k;

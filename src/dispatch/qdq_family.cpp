@@ -8,7 +8,7 @@
 
 namespace qgemm::dispatch {
 
-bool qdq_folds_row_factors() { return false; }
+bool qdq_folds_row_factors() { return true; }
 
 QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& weight) {
   // Chunks of whole 64-row slices (and whole scale rows of a block grid) that keep the 16-bit
