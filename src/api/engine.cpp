@@ -365,15 +365,14 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma;
   if (facts.mma && facts.canonical) {
     GemmProblem probe;
-    probe.m = 1;
-    probe.m_max = 65536;
     probe.n = weight.n;
     probe.k = weight.k;
     probe.scheme.weight = weight.quant;
     probe.scheme.activation = prepared->activation;
     want_mma = false;
     const dispatch::SelectionContext context = impl_->selection_context(probe);
-    for (const auto& [low, high] : dispatch::m_buckets(probe)) {
+    for (std::int64_t high = 1; high <= 65536; high *= 2) {
+      probe.m = high;  // gemm()'s plans are of one exact M
       const dispatch::Selection s = dispatch::select(probe, high, facts, context);
       const dispatch::Path path = s.chosen().candidate->path;
       if (path == dispatch::Path::CublasLtFp8) want_canonical = true;

@@ -239,6 +239,7 @@ double relative_frobenius_error(const std::vector<double>& actual,
 double error_tolerance(Backend backend) {
   switch (backend) {
     case Backend::Qgemm:
+    case Backend::QgemmCodes:
     case Backend::Qdq:
       // Against the scheme's exact reference: dequantized operands rounded to 16 bits before
       // the tensor-core multiply (2^-9 relative each), fp32 accumulation, one rounding of the

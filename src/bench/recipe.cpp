@@ -30,7 +30,8 @@ constexpr NamedBackend kBackendNames[] = {{"qgemm", Backend::Qgemm},
                                           {"cublas-bf16", Backend::CublasBf16},
                                           {"cublaslt-fp8", Backend::CublasLtFp8},
                                           {"cublaslt-fp8-exact", Backend::CublasLtFp8Exact},
-                                          {"qdq", Backend::Qdq}};
+                                          {"qdq", Backend::Qdq},
+                                          {"qgemm-codes", Backend::QgemmCodes}};
 
 template <typename Table>
 std::string joined_names(const Table& table) {

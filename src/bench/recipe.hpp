@@ -6,6 +6,7 @@
 //   repeats: 50                    # timed runs per case, >= 1 (default 20)
 //   warmup: 5                      # untimed runs first, >= 0 (default 3)
 //   backends: [qgemm, cublas-bf16] # qgemm | cublas-bf16 | cublaslt-fp8 | cublaslt-fp8-exact | qdq
+//                                  # | qgemm-codes
 //                                  # (default [qgemm])
 //   cases:                         # required, at least one
 //     - scheme: w4a16              # a preset name or the compact text form (qgemm/scheme.hpp)
@@ -31,7 +32,9 @@
 namespace qgemm::bench {
 
 enum class TimingMode { ColdL2, Warm, Graph };
-enum class Backend { Qgemm, CublasBf16, CublasLtFp8, CublasLtFp8Exact, Qdq };
+// qgemm-codes: qgemm given activations quantized beforehand (a DeviceActivation of the host
+// quantizer's codes), as the FP8 baselines are; for schemes that quantize activations.
+enum class Backend { Qgemm, CublasBf16, CublasLtFp8, CublasLtFp8Exact, Qdq, QgemmCodes };
 enum class CaseKind { Dense, Moe };
 
 // The recipe spellings ("cold-l2", "cublaslt-fp8", "moe", ...).

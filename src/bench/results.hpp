@@ -36,11 +36,13 @@
 //   share           memory_gbps / peaks.copy_gbps, tflops / peaks.bf16_tflops and
 //                   / peaks.fp8_tflops
 //   speedup_vs_cublas_bf16   the cublas-bf16 median of the same case and M / this median
-//   vs_alternative  (qgemm runs) this median / the fastest alternative of the same case and M:
-//                   qdq (the Engine's dequantize + cuBLAS candidate on the same call), and
-//                   cublaslt-fp8 where the weight is stored as an 8-bit float (what a user of
-//                   such a checkpoint runs without qgemm); "alternative" names it. The gate
-//                   (`qgemm bench --gate RATIO`) fails a run whose vs_alternative > RATIO.
+//   vs_alternative  (qgemm runs) the largest ratio of qgemm's median to an alternative's of
+//                   the same case and M, each taking the same input: qdq (the Engine's
+//                   dequantize + cuBLAS candidate on the same call) against qgemm, and, where
+//                   the weight is stored as an 8-bit float, cublaslt-fp8 (what a user of such a
+//                   checkpoint runs without qgemm, on activations quantized beforehand) against
+//                   qgemm-codes where that ran (else qgemm); "alternative" names the worst. The
+//                   gate (`qgemm bench --gate RATIO`) fails a run whose vs_alternative > RATIO.
 //   dequant_us      (qdq runs) the median of the dequantization alone, over the whole weight
 //                   (Engine::dequantize); dequant_tbps = (the prepared weight's bytes + the
 //                   16-bit weight's 2·N·K) / dequant_us

@@ -41,8 +41,6 @@ std::string cublaslt_unsupported_reason(const GemmProblem& p, std::int64_t m,
     return fmt::format("the weight was not prepared with {} scales for cuBLASLt (prepare it with "
                        "this activation quantization)",
                        runtime::fp8_scale_mode_name(modes->weight));
-  if (modes->activation == runtime::Fp8ScaleMode::Block1x128 && m < 16)
-    return "cuBLASLt offers no 128-block scaled algorithm below M = 16 (H200, CUDA 13.0)";
   if (p.m_max > p.m) return "cuBLASLt's descriptors hold M: it serves plans of one exact M";
   if (p.bias) return "the bias is not wired into the cuBLASLt FP8 call";
   if (p.prequantized && modes->activation != runtime::Fp8ScaleMode::OuterVector &&

@@ -4,7 +4,6 @@
 // alignment, compute capability); this file adds what the selector knows besides:
 //
 //   - the weight's cuBLASLt scales were prepared for the problem's scale modes
-//   - 128-block scaling has no algorithm below M = 16 (H200, CUDA 13.0: measured)
 //   - cuBLASLt's descriptors hold M, N and C's row stride: a plan takes it for one exact M
 //   - no bias (its epilogue is not wired)
 //

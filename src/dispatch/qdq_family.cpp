@@ -10,6 +10,17 @@ namespace qgemm::dispatch {
 
 bool qdq_folds_row_factors() { return true; }
 
+Format qdq_operand(const GemmProblem& p) {
+  const ActivationQuant& quant = p.scheme.activation;
+  if (!quant.is_quantized()) return p.input;
+  // Every quantized activation value is exact in bf16 (codes of ≤ 8 significant bits, times a
+  // power of two or a ue4m3 cell scale), or rounded once anyway (group scales, folded row
+  // factors); fp16 only where the output is fp16 and fp16 holds the values too.
+  const Format exact = jit::activation_operand_format(quant);
+  return p.scheme.output == formats::fp16 && exact == formats::fp16 ? formats::fp16
+                                                                      : formats::bf16;
+}
+
 QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& weight) {
   // Chunks of whole 64-row slices (and whole scale rows of a block grid) that keep the 16-bit
   // weight chunk under 64 MiB and, where C needs fp32 sums first, those under 128 MiB: bounded
@@ -17,9 +28,7 @@ QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& we
   constexpr std::int64_t kWeightBytes = std::int64_t{64} << 20, kSumBytes = std::int64_t{128} << 20;
   QdqLaunch launch;
   const Format& output = p.scheme.output;
-  const Format operand = p.scheme.activation.is_quantized()
-                             ? jit::activation_operand_format(p.scheme.activation)
-                             : p.input;
+  const Format operand = qdq_operand(p);
   // cuBLAS writes C itself unless a bias, an output type it cannot write from this operand, or
   // the activations' per-row factors (dispatch::qdq_folds_row_factors) ask for the finish.
   const bool row_factors = p.scheme.activation.is_quantized() &&

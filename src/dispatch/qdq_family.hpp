@@ -32,6 +32,11 @@ struct QdqLaunch {
 
 QdqLaunch qdq_launch(const GemmProblem& problem, std::int64_t m, const WeightFacts& weight);
 
+// The 16-bit type A and the dequantized weight meet in: A's own type, or for quantized activations
+// the output's 16-bit type where the values are exact there (so that cuBLAS writes C itself),
+// else bf16.
+Format qdq_operand(const GemmProblem& problem);
+
 // Whether the activation quantizer multiplies the per-row factors of quantized activations into
 // the 16-bit operand for this path (one more rounding, 2^-9 relative), so that cuBLAS writes C
 // directly; else the finish applies them.

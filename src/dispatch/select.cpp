@@ -274,7 +274,8 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         break;
       }
       case Path::Qdq: {
-        if (operand16 == formats::bf16 && gpu.arch < jit::Arch::sm_80) {
+        v.operand = qdq_operand(p);
+        if (v.operand == formats::bf16 && gpu.arch < jit::Arch::sm_80) {
           reject("bf16 GEMMs need SM80 or later");
           break;
         }

@@ -197,6 +197,12 @@ std::string fp8_matmul_unsupported_reason(const Fp8MatmulShape& s) {
           "outer-vector and block scales on 9.0 only)",
           fp8_scale_mode_name(s.a_scale), major, minor);
   }
+  // Measured on the H200 (CUDA 13.0, cuBLASLt 13.1): no block-scaled algorithm for m = 1 or 7,
+  // every shape tried from m = 16 on.
+  if (block && s.m < 16)
+    return fmt::format("m = {} with block scales (rule: m >= 16: cuBLASLt's block-scaled kernels "
+                       "take at least 16 tokens)",
+                       s.m);
   return "";
 }
 

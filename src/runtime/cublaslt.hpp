@@ -36,9 +36,9 @@
 //   blocks per row, stored 24 apart.
 //
 // Sources: the cuBLAS documentation ("Scaling factors layouts"), PyTorch's _scaled_mm checks
-// and tests for the same modes (1x128 scales stride [1, M]; 128x128 scales stride [1, L4]), and
-// the H200 measurement through torch 2.11. The layouts are NOT yet confirmed by a GPU run
-// of this code: tests/gpu/test_cublaslt_fp8.cpp decides them (see fp8_block1x128_stride).
+// and tests for the same modes (1x128 scales stride [1, M]; 128x128 scales stride [1, L4]). The
+// layouts are confirmed on the H200 (tests/gpu/test_cublaslt_fp8.cpp, every mode pair against
+// the reference, and the wrong layouts failing, 2026-12-03).
 //
 // Scale-mode pairs cuBLASLt serves (A × W): Tensor × Tensor, OuterVector × OuterVector,
 // Block1x128 × Block128x128, Block1x128 × Block1x128. A scheme whose natural modes are another
@@ -54,7 +54,7 @@
 //   - every pointer aligned to the shape's `alignment` (≥ 16 bytes)
 //   - e4m3 × e4m3, e4m3 × e5m2, e5m2 × e4m3 (not e5m2 × e5m2); block modes e4m3 only
 //   - block modes: fp32-promoted accumulation only (no fast accumulation); k need not be a
-//     multiple of 128 (the docs count ceil(k/128) scales; the GPU test decides it)
+//     multiple of 128 (ceil(k/128) scales); m ≥ 16 (H200, CUDA 13.0: no algorithm at m = 1, 7)
 //   - compute capability 8.9+ for FP8; the vector and block modes on 9.0 only (cuBLAS 13.1)
 // cuBLASLt's heuristic has the last word: prepare() asks it and reports Error(Unsupported) when
 // it offers no algorithm.

@@ -49,6 +49,10 @@ void DeviceBuffer::download(void* host, std::size_t bytes) const {
 void DeviceBuffer::fill_bytes(unsigned char value) {
   const Driver& driver = Driver::get();
   driver.check(driver.cuMemsetD8(address_, value, bytes_ ? bytes_ : 1), "cuMemsetD8");
+  // cuMemsetD8 on device memory returns before it runs, on the legacy stream, which kernels on
+  // non-blocking streams do not wait for: finish it here, so that "filled" means filled (the
+  // engine's zeroed split-K workspace, a test's poisoned output).
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize (fill_bytes)");
 }
 
 }  // namespace qgemm::runtime

@@ -29,7 +29,7 @@ class DeviceBuffer {
 
   void upload(const void* host, std::size_t bytes);  // blocking
   void download(void* host, std::size_t bytes) const;
-  void fill_bytes(unsigned char value);  // e.g. poison outputs before a test writes them
+  void fill_bytes(unsigned char value);  // blocking; e.g. poison outputs before a test writes them
 
   template <typename T>
   static DeviceBuffer from(const std::vector<T>& host) {

@@ -94,7 +94,7 @@ TEST(CublasLtFp8, ServedShapesHaveNoReason) {
 
   // fp8-block on an H200: 1x128 × 128x128, K = 2816 (22 blocks), N = 720 (a partial block).
   Fp8MatmulShape block;
-  block.m = 1, block.n = 720, block.k = 2816;
+  block.m = 16, block.n = 720, block.k = 2816;
   block.a_scale = Fp8ScaleMode::Block1x128;
   block.w_scale = Fp8ScaleMode::Block128x128;
   block.compute_capability = 90;
@@ -102,6 +102,9 @@ TEST(CublasLtFp8, ServedShapesHaveNoReason) {
   block.w_scale = Fp8ScaleMode::Block1x128;
   block.c_format = formats::fp32;
   EXPECT_EQ(runtime::fp8_matmul_unsupported_reason(block), "");
+  // Below 16 tokens cuBLASLt has no block-scaled algorithm (H200, CUDA 13.0).
+  block.m = 7;
+  EXPECT_NE(runtime::fp8_matmul_unsupported_reason(block).find("m = 7"), std::string::npos);
   Fp8MatmulShape vector = served_shape();
   vector.a_scale = vector.w_scale = Fp8ScaleMode::OuterVector;
   vector.compute_capability = 90;
@@ -201,7 +204,7 @@ TEST(CublasLtFp8, SchemesMapToServedScaleModes) {
     EXPECT_EQ(modes->weight, c.weight);
     // Every mapped pair is one the filter lets through on an H200 (exact accumulation).
     Fp8MatmulShape shape;
-    shape.m = 5, shape.n = 256, shape.k = 1024;
+    shape.m = 16, shape.n = 256, shape.k = 1024;
     shape.a_format = scheme.activation.format;
     shape.w_format = scheme.weight.format;
     shape.a_scale = modes->activation;

@@ -93,11 +93,12 @@ int check_document(const json& doc, const Recipe& recipe) {
       continue;
     }
     EXPECT_TRUE(status == "ok" || status == "unsupported") << status;
-    // What must run: the baselines (FP8 ones from SM89 on), and qgemm wherever the scheme's
-    // activations are 16-bit.
+    // What must run: the baselines (FP8 ones from SM89 on), qgemm and qdq always, qgemm-codes
+    // exactly where the scheme quantizes its activations.
     const bool fp8 = backend.rfind("cublaslt-fp8", 0) == 0;
-    if ((backend != "qgemm" || !scheme.activation.is_quantized()) &&
-        (!fp8 || device.major * 10 + device.minor >= 89)) {
+    if (backend == "qgemm-codes") {
+      EXPECT_EQ(status, scheme.activation.is_quantized() ? "ok" : "unsupported");
+    } else if (!fp8 || device.major * 10 + device.minor >= 89) {
       EXPECT_EQ(status, "ok");
     }
     if (status != "ok") {

@@ -251,15 +251,21 @@ Problem::Problem(CaseWeights& weights, std::int64_t m, std::uint64_t seed,
   sample_ = sample_output(m, n, scale_row_alignment(weights_.packed()));
 }
 
+const PackedActivation& Problem::codes() {
+  if (codes_.codes.empty()) {
+    // The scheme's quantization of the bf16 input, as the Engine's GPU quantizer computes it.
+    const std::vector<float> rounded = decode_to_float(input_.codes, formats::bf16);
+    codes_ = quantize_activation(case_.scheme.activation, rounded.data(), m_, case_.k);
+  }
+  return codes_;
+}
+
 const std::vector<double>& Problem::qgemm_reference() {
   if (!qgemm_expected_) {
     const Scheme& scheme = case_.scheme;
     if (scheme.activation.is_quantized()) {
       // What the Engine must compute: the scheme's quantization of the bf16 input it got.
-      const std::vector<float> rounded = decode_to_float(input_.codes, formats::bf16);
-      const PackedActivation quantized =
-          quantize_activation(scheme.activation, rounded.data(), m_, case_.k);
-      qgemm_expected_ = sampled_reference(scheme, quantized, weights_.packed(), sample_);
+      qgemm_expected_ = sampled_reference(scheme, codes(), weights_.packed(), sample_);
     } else {
       qgemm_expected_ = sampled_reference(scheme, input_, weights_.packed(), sample_);
     }
@@ -282,6 +288,7 @@ const std::vector<double>& Problem::fp8_reference() {
 void Problem::prepare_reference(Backend backend) {
   switch (backend) {
     case Backend::Qgemm:
+    case Backend::QgemmCodes:
     case Backend::Qdq: qgemm_reference(); return;
     case Backend::CublasBf16: bf16_reference(); return;
     case Backend::CublasLtFp8:
@@ -337,6 +344,42 @@ BackendCall Problem::call(Backend backend, GpuBench& gpu, const GemmOptions& opt
           engine.dequantize(weight, {w16, n, k, k, wide}, stream);
         };
       }
+      return out;
+    }
+    case Backend::QgemmCodes: {
+      // The Engine given the host quantizer's codes and scales, as a fused norm + quantize
+      // kernel would hand them over (and as the FP8 baselines get theirs).
+      const ActivationQuant& quant = case_.scheme.activation;
+      if (!quant.is_quantized())
+        throw Error(ErrorCode::Unsupported,
+                    fmt::format("{} activations are not quantized: qgemm takes them as they are",
+                                quant.format.name()));
+      Engine& engine = gpu.engine();
+      const QuantWeight& weight = weights_.prepared(engine);
+      const PackedActivation& q = codes();
+      if (!codes_device_.bytes()) {
+        codes_device_ = runtime::DeviceBuffer::from(q.codes);
+        code_scales_device_ = runtime::DeviceBuffer::from(q.scales);
+      }
+      const DeviceActivation a{quant, codes_device_.as<void>(), code_scales_device_.as<void>(), m,
+                               k, q.tensor_scale};
+      const Format output = case_.scheme.output;
+      GemmProblem call_problem = gemm_problem(weight, m, quant.format, output);
+      call_problem.scheme.activation = quant;
+      call_problem.prequantized = true;
+      call_problem.candidate = options.candidate;
+      out.kernel = engine.plan(call_problem, weight, gpu.stream()).choice_for(m).kernel;
+      void* c = output_.as<void>();
+      const GemmOptions chosen = options;
+      out.call = [&engine, &weight, a, c, m, n, output, chosen](cudaStream_t stream) {
+        engine.gemm(a, weight, {c, m, n, n, output}, stream, chosen);
+      };
+      out.output_bytes = m * n * output.storage_bytes();
+      out.error_now = error_function(
+          output, [this]() -> const std::vector<double>& { return qgemm_reference(); });
+      out.weight_bytes = packed_bytes(weights_.packed());
+      out.weight_device_bytes = static_cast<std::int64_t>(weight.device_bytes());
+      out.activation_bytes = static_cast<std::int64_t>(q.codes.size() + q.scales.size());
       return out;
     }
     case Backend::CublasBf16: {

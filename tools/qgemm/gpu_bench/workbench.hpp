@@ -119,6 +119,7 @@ class Problem {
 
  private:
   const std::vector<double>& qgemm_reference();
+  const PackedActivation& codes();  // the scheme's host quantization of the input
   const std::vector<double>& bf16_reference();
   const std::vector<double>& fp8_reference();
   std::function<double()> error_function(const Format& output,
@@ -131,8 +132,10 @@ class Problem {
   PackedActivation input_;  // what the Engine is given (bf16 / fp16 codes)
   PackedActivation bf16_;   // the baselines' bf16 activations (empty unless needed)
   PackedActivation fp8_;    // per-tensor e4m3, M rows (empty unless needed)
+  PackedActivation codes_;  // qgemm-codes: the scheme's quantization of input_ (host)
   runtime::DeviceBuffer input_device_, bf16_device_, fp8_device_, fp8_scale_device_, output_;
-  runtime::DeviceBuffer dequantized_;  // qdq's 16-bit weight, for its dequantization timed apart
+  runtime::DeviceBuffer dequantized_;
+  runtime::DeviceBuffer codes_device_, code_scales_device_;  // qgemm-codes  // qdq's 16-bit weight, for its dequantization timed apart
   OutputSample sample_;
   std::optional<std::vector<double>> qgemm_expected_, bf16_expected_, fp8_expected_;
 };
