@@ -51,4 +51,6 @@ for phase in "$@"; do
   esac
   echo "$phase done at ${SECONDS}s"
 done
+# At most 8 files come back: the logs and JSON go together into one archive.
+(cd "$out" && tar czf logs.tgz --remove-files ./*.log ./*.json ./*.txt 2>/dev/null)
 printf '%s\n' "${summary[@]}"

@@ -74,13 +74,15 @@ inline double unit_roundoff(const Format& f) {
 // The operand roundings of a qgemm GEMM whose operand is `operand` (bf16/fp16, or 8-bit codes):
 // each dequantized weight rounded to it (the fp32 dequantization; exact on the 8-bit mma, which
 // takes the codes), and activations rounded where their scale goes into the operand (per-group
-// scalings, and dequantize + cuBLAS folding the per-row factor in).
+// scalings, and dequantize + cuBLAS folding the per-row factor in). Quantized activations may
+// meet the weight in bf16 whatever their exact 16-bit type (dispatch::qdq_operand): bf16's.
 inline check::OperandRounding operand_rounding(const ActivationQuant& quant,
                                                const Format& operand) {
   check::OperandRounding rounding;
   if (operand.storage_bytes() == 1) return rounding;
-  rounding.weight = unit_roundoff(operand);
-  if (quant.is_quantized()) rounding.activation = unit_roundoff(operand);
+  const Format& widest = quant.is_quantized() ? formats::bf16 : operand;
+  rounding.weight = unit_roundoff(widest);
+  if (quant.is_quantized()) rounding.activation = unit_roundoff(widest);
   return rounding;
 }
 
