@@ -42,7 +42,7 @@ for phase in "$@"; do
     decode) gate bench/recipes/decode.yaml 1.10;;
     tune)
       for r in fallback quickstart; do
-        timeout 400 build-gpu/qgemm tune bench/recipes/$r.yaml --out "$out/h200.json" \
+        timeout 240 build-gpu/qgemm tune bench/recipes/$r.yaml --out "$out/h200.json" \
           --report "$out/tune_$r.json" > "$out/tune_$r.log" 2>&1
         summary+=("tune $r rc=$?")
       done

@@ -120,8 +120,10 @@ DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
       const RunResult* codes = backend == Backend::CublasLtFp8
                                    ? same_call(document, run, Backend::QgemmCodes)
                                    : nullptr;
-      const double ratio = (codes ? codes->time->median_us : run.time->median_us) /
-                           other->time->median_us;
+      const RunResult& ours = codes ? *codes : run;
+      double ratio = ours.time->median_us / other->time->median_us;
+      for (const auto& [paired, paired_ratio] : ours.paired_ratios)
+        if (paired == backend) ratio = paired_ratio;
       if (!figures.vs_alternative || ratio > *figures.vs_alternative) {
         figures.vs_alternative = ratio;
         figures.alternative = backend;
@@ -221,6 +223,9 @@ std::string to_json_text(const BenchDocument& document) {
     row["alternative"] = f.alternative ? json(to_string(*f.alternative)) : json(nullptr);
     row["dequant_us"] = or_null(run.dequant_us);
     row["dequant_tbps"] = or_null(f.dequant_tbps);
+    json paired = json::object();
+    for (const auto& [backend, ratio] : run.paired_ratios) paired[to_string(backend)] = ratio;
+    row["paired_ratios"] = std::move(paired);
     row["error"] = {{"rel_frobenius", or_null(run.error)},
                     {"tolerance", or_null(run.tolerance)},
                     {"rows", run.error_rows},
@@ -314,10 +319,10 @@ std::vector<std::string> gate_violations(const BenchDocument& document, double r
                                  ? same_call(document, run, Backend::QgemmCodes)
                                  : nullptr;
     const RunResult& ours = codes ? *codes : run;
-    lines.push_back(fmt::format("{} M={}: {} {:.2f} us = {:.2f} x {} {:.2f} us ({})", run.label,
-                                run.m, to_string(ours.backend), ours.time->median_us,
-                                *f.vs_alternative, to_string(*f.alternative),
-                                other->time->median_us, ours.kernel));
+    lines.push_back(fmt::format("{} M={}: {} {:.2f} us, {} {:.2f} us: ratio {:.3f} ({})",
+                                run.label, run.m, to_string(ours.backend), ours.time->median_us,
+                                to_string(*f.alternative), other->time->median_us,
+                                *f.vs_alternative, ours.kernel));
   }
   return lines;
 }

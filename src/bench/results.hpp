@@ -19,7 +19,7 @@
 //              "memory_gbps", "flops", "min_bytes", "arithmetic_intensity",
 //              "share": {"copy_bandwidth", "bf16_peak", "fp8_peak"},
 //              "speedup_vs_cublas_bf16", "vs_alternative", "alternative",
-//              "dequant_us", "dequant_tbps",
+//              "dequant_us", "dequant_tbps", "paired_ratios": {backend: ratio},
 //              "error": {"rel_frobenius", "tolerance", "rows", "cols"},
 //              "first_call_ms", "warm_call_ms", "weight_bytes", "weight_device_bytes",
 //              "activation_seed"}, ...]}
@@ -36,8 +36,9 @@
 //   share           memory_gbps / peaks.copy_gbps, tflops / peaks.bf16_tflops and
 //                   / peaks.fp8_tflops
 //   speedup_vs_cublas_bf16   the cublas-bf16 median of the same case and M / this median
-//   vs_alternative  (qgemm runs) the largest ratio of qgemm's median to an alternative's of
-//                   the same case and M, each taking the same input: qdq (the Engine's
+//   vs_alternative  (qgemm runs) the largest ratio of qgemm's time to an alternative's of the
+//                   same case and M (timed in turns, paired_ratios, where they were; else the
+//                   ratio of their medians), each taking the same input: qdq (the Engine's
 //                   dequantize + cuBLAS candidate on the same call) against qgemm, and, where
 //                   the weight is stored as an 8-bit float, cublaslt-fp8 (what a user of such a
 //                   checkpoint runs without qgemm, on activations quantized beforehand) against
@@ -114,6 +115,9 @@ struct RunResult {
   std::int64_t activation_bytes = 0, output_bytes = 0;
   std::uint64_t activation_seed = 0;
   std::optional<double> dequant_us;  // qdq: the dequantization alone (median)
+  // qgemm, qgemm-codes: this call's median over an alternative's, the two timed in turns
+  // (gpu_timing.hpp, time_in_turns) after their own runs; what the gate compares.
+  std::vector<std::pair<Backend, double>> paired_ratios;
 };
 
 // A run of `run.recipe_case` on `run.backend`, with the identity fields filled and nothing else.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 
 #include "dispatch/tuning_table.hpp"
@@ -32,8 +33,9 @@ void print_progress(std::size_t done, std::size_t total, Clock::time_point start
   std::fflush(stderr);
 }
 
-// Runs one backend on `problem` and fills the measured fields of `result`.
-void run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResult& result) {
+// Runs one backend on `problem` and fills the measured fields of `result`; returns its call
+// when it ran ok (for the timing in turns).
+GpuCall run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResult& result) {
   const BackendCall call = problem.call(result.backend, gpu);
   result.kernel = call.kernel;
   result.weight_bytes = call.weight_bytes;
@@ -51,7 +53,7 @@ void run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResul
   if (!measured.failure.empty()) {
     result.status = RunStatus::Failed;
     result.reason = measured.failure;
-    return;
+    return {};
   }
   result.warm_call_ms = measured.warm_call_ms;
   result.time = measured.time;
@@ -71,6 +73,28 @@ void run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResul
       if (error.code() != ErrorCode::Unsupported) throw;
     }
   }
+  return call.call;
+}
+
+// The gate's comparisons of one case and M, timed in turns: qgemm against qdq, and qgemm-codes
+// (else qgemm) against cublaslt-fp8 where the weight is an 8-bit float. `calls` holds the ok
+// runs' calls by backend; the ratios go to the qgemm-side run in `runs`.
+void pair_alternatives(const std::map<Backend, std::pair<std::size_t, GpuCall>>& calls,
+                       const Recipe& recipe, GpuBench& gpu, std::vector<RunResult>& runs) {
+  auto pair = [&](Backend ours, Backend alternative) {
+    const auto a = calls.find(ours), b = calls.find(alternative);
+    if (a == calls.end() || b == calls.end()) return;
+    const auto samples =
+        time_in_turns({a->second.second, b->second.second},
+                      {recipe.timing, recipe.warmup, recipe.repeats}, gpu.stream(), gpu.flusher());
+    runs[a->second.first].paired_ratios.push_back(
+        {alternative, summarize(samples[0]).median_us / summarize(samples[1]).median_us});
+  };
+  pair(Backend::Qgemm, Backend::Qdq);
+  const RunResult& any = runs[calls.begin()->second.first];
+  if (fp8_is_an_alternative(parse_scheme(any.scheme_text)))
+    pair(calls.count(Backend::QgemmCodes) ? Backend::QgemmCodes : Backend::Qgemm,
+         Backend::CublasLtFp8);
 }
 
 }  // namespace
@@ -92,6 +116,9 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
   std::optional<CaseWeights> weights;
   std::optional<Problem> problem;
   std::string context_lost;  // set once a sticky CUDA error ends the timing
+  // The ok calls of the current case and M (index of their result, call), for the gate's timing
+  // in turns once the group's last backend has run.
+  std::map<Backend, std::pair<std::size_t, GpuCall>> group;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const ExpandedRun& run = runs[i];
     RunResult result = make_run_result(run);
@@ -113,7 +140,8 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
           problem.emplace(*weights, run.m, seed, recipe.backends);
         }
         result.activation_seed = problem->activation_seed();
-        run_backend(gpu, *problem, recipe, result);
+        if (GpuCall call = run_backend(gpu, *problem, recipe, result))
+          group.emplace(result.backend, std::make_pair(document.runs.size(), std::move(call)));
       } catch (const Error& error) {
         result.status =
             error.code() == ErrorCode::Unsupported ? RunStatus::Unsupported : RunStatus::Failed;
@@ -131,6 +159,18 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
     }
     print_progress(i + 1, runs.size(), started, result);
     document.runs.push_back(std::move(result));
+    const bool group_ends = i + 1 == runs.size() || runs[i + 1].case_index != run.case_index ||
+                            runs[i + 1].m != run.m;
+    if (group_ends) {
+      if (!group.empty() && context_lost.empty()) {
+        try {
+          pair_alternatives(group, recipe, gpu, document.runs);
+        } catch (const Error& error) {
+          std::fprintf(stderr, "qgemm bench: timing in turns failed: %s\n", error.what());
+        }
+      }
+      group.clear();
+    }
   }
   document.elapsed_s = std::chrono::duration<double>(Clock::now() - started).count();
   return document;

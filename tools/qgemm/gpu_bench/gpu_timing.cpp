@@ -138,6 +138,36 @@ std::vector<double> time_call(const GpuCall& call, const TimingPlan& plan, cudaS
   return samples;
 }
 
+std::vector<std::vector<double>> time_in_turns(const std::vector<GpuCall>& calls,
+                                               const TimingPlan& plan, cudaStream_t stream,
+                                               L2Flusher& flusher) {
+  require(plan.repeats >= 1, "time_in_turns: repeats = {} (rule: >= 1)", plan.repeats);
+  const bool flush = plan.mode != TimingMode::Warm;
+  const auto repeats = static_cast<std::size_t>(plan.repeats);
+  for (int i = 0; i < plan.warmup; ++i)
+    for (const GpuCall& call : calls) {
+      if (flush) flusher.flush(stream);
+      call(stream);
+    }
+  EventPool events(2 * repeats * calls.size());
+  for (std::size_t i = 0; i < repeats; ++i)
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      if (flush) flusher.flush(stream);
+      const std::size_t at = 2 * (i * calls.size() + c);
+      check_cuda(cudaEventRecord(events[at], stream), "cudaEventRecord");
+      calls[c](stream);
+      check_cuda(cudaEventRecord(events[at + 1], stream), "cudaEventRecord");
+    }
+  check_cuda(cudaEventSynchronize(events[2 * repeats * calls.size() - 1]), "cudaEventSynchronize");
+  std::vector<std::vector<double>> samples(calls.size(), std::vector<double>(repeats));
+  for (std::size_t i = 0; i < repeats; ++i)
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      const std::size_t at = 2 * (i * calls.size() + c);
+      samples[c][i] = events.elapsed_us(at, at + 1);
+    }
+  return samples;
+}
+
 double wall_call_ms(const GpuCall& call, cudaStream_t stream) {
   const auto start = std::chrono::steady_clock::now();
   call(stream);

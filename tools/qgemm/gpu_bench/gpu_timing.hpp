@@ -62,6 +62,15 @@ struct TimingPlan {
 std::vector<double> time_call(const GpuCall& call, const TimingPlan& plan, cudaStream_t stream,
                               L2Flusher& flusher);
 
+// The same for several calls timed in turns (call 0, call 1, ..., call 0, ...), each `repeats`
+// times: clock and thermal drift then fall on all of them alike, so the ratio of their medians
+// compares them fairly even where two runs of one call differ by more than the ratio's margin.
+// Warm mode times them back to back, the others with the L2 flushed before each (graph mode
+// launches the calls themselves). Every call must have run once already.
+std::vector<std::vector<double>> time_in_turns(const std::vector<GpuCall>& calls,
+                                               const TimingPlan& plan, cudaStream_t stream,
+                                               L2Flusher& flusher);
+
 // Host wall time (ms) of one call and the synchronization that waits for it.
 double wall_call_ms(const GpuCall& call, cudaStream_t stream);
 
