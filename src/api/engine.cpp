@@ -581,14 +581,8 @@ GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, 
   dispatch::SelectionContext context = impl_->selection_context(problem);
   const auto table = dispatch::applicable_tuning_table(impl_->info);
   context.table = table.get();
-  std::vector<jit::KernelSpec> specs;
-  for (const auto& [low, high] : dispatch::m_buckets(problem)) {
-    const dispatch::Selection selection = dispatch::select(problem, high, w.facts, context);
-    const dispatch::CandidateLaunch launch = dispatch::candidate_launch(
-        problem, high, selection.chosen(), w.facts, impl_->gpu, w.static_activation_scale);
-    for (jit::KernelSpec& spec : launch.specs())
-      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(std::move(spec));
-  }
+  const std::vector<jit::KernelSpec> specs =
+      dispatch::problem_specs(problem, w.facts, context, w.static_activation_scale);
   const auto results = jit::prewarm(
       jit::KernelCache::global(), specs, 0,
       progress ? std::function<void(std::size_t, std::size_t)>(jit::print_progress_bar) : nullptr);

@@ -130,10 +130,9 @@ DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
       }
     }
   }
-  if (run.dequant_us && *run.dequant_us > 0 && run.weight_device_bytes)
+  if (run.dequant_us && *run.dequant_us > 0)
     figures.dequant_tbps =
-        (static_cast<double>(*run.weight_device_bytes) + 2.0 * run.n * run.k) / *run.dequant_us *
-        1e-6;
+        (static_cast<double>(run.weight_bytes) + 2.0 * run.n * run.k) / *run.dequant_us * 1e-6;
   return figures;
 }
 

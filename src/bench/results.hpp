@@ -45,8 +45,9 @@
 //                   qgemm-codes where that ran (else qgemm); "alternative" names the worst. The
 //                   gate (`qgemm bench --gate RATIO`) fails a run whose vs_alternative > RATIO.
 //   dequant_us      (qdq runs) the median of the dequantization alone, over the whole weight
-//                   (Engine::dequantize); dequant_tbps = (the prepared weight's bytes + the
-//                   16-bit weight's 2·N·K) / dequant_us
+//                   (Engine::dequantize); dequant_tbps = (weight_bytes, the canonical codes
+//                   and scales it reads at least, + the 16-bit weight's 2·N·K it writes) /
+//                   dequant_us
 #pragma once
 
 #include <cstdint>

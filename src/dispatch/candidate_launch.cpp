@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "jit/catalog.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/utility_kernels.hpp"
@@ -82,6 +84,46 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       break;
   }
   return launch;
+}
+
+std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const WeightFacts& weight,
+                                           const SelectionContext& context,
+                                           double static_activation_scale) {
+  std::vector<jit::KernelSpec> specs;
+  for (const auto& [low, high] : m_buckets(problem)) {
+    const Selection selection = select(problem, high, weight, context);
+    for (jit::KernelSpec& spec : candidate_launch(problem, high, selection.chosen(), weight,
+                                                  context.gpu, static_activation_scale)
+                                     .specs())
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+std::vector<jit::KernelSpec> kernel_catalog(const GpuLimits& gpu) {
+  std::vector<jit::KernelSpec> specs = jit::catalog_specs(gpu.arch);
+  SelectionContext context;
+  context.gpu = gpu;
+  context.rates = GpuRates::of(gpu);
+  for (const Preset& preset : presets()) {
+    GemmProblem problem;
+    problem.scheme = preset.scheme;
+    problem.m = 1;
+    problem.m_max = 8192;
+    problem.n = problem.k = 4096;
+    problem.input = preset.scheme.activation.is_quantized() ? formats::bf16
+                                                            : preset.scheme.activation.format;
+    // A target a preset cannot run on (bf16 on sm_75) leaves it out.
+    try {
+      const WeightFacts weight = WeightFacts::of_scheme(problem.scheme, 4096, 4096, gpu.arch);
+      for (jit::KernelSpec& spec : problem_specs(problem, weight, context))
+        if (std::find(specs.begin(), specs.end(), spec) == specs.end())
+          specs.push_back(std::move(spec));
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::Unsupported) throw;
+    }
+  }
+  return specs;
 }
 
 }  // namespace qgemm::dispatch

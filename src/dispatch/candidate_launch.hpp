@@ -42,4 +42,16 @@ CandidateLaunch candidate_launch(const GemmProblem& problem, std::int64_t m,
                                  const Verdict& verdict, const WeightFacts& weight,
                                  const GpuLimits& gpu, double static_activation_scale);
 
+// Every kernel `problem` can launch over its M range on `gpu` (each bucket's winner, judged from
+// the scheme alone: WeightFacts::of_scheme), without duplicates: what deployments compile ahead
+// (`qgemm cache prewarm --recipe`, `qgemm compile --all`, Engine::warm_up).
+std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const WeightFacts& weight,
+                                           const SelectionContext& context,
+                                           double static_activation_scale = 0.0);
+
+// Every kernel qgemm ships for `arch` (`qgemm compile --all`, `qgemm cache prewarm`): the
+// utility kernels (jit::catalog_specs), and the GEMM kernels every preset scheme selects at a
+// 4096 x 4096 layer for M = 1 .. 8192 on `gpu` (the cost model's choices, no tuning table).
+std::vector<jit::KernelSpec> kernel_catalog(const GpuLimits& gpu);
+
 }  // namespace qgemm::dispatch

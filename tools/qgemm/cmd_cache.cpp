@@ -3,8 +3,11 @@
 //   qgemm cache list [--json]                   every entry: spec, bytes, valid or why not
 //   qgemm cache info [--json]                   directory, state, entry count, total bytes
 //   qgemm cache clear                           removes qgemm's entries (and stray temp files)
-//   qgemm cache prewarm [--arch A] [--jobs N]   compiles the catalog of A (default: the arch of
-//                                               device 0, else sm_90a) with a progress bar
+//   qgemm cache prewarm [--arch A] [--jobs N]   compiles the catalog of A (default: device 0's,
+//                                               else sm_90a): the utility kernels and the GEMM
+//                                               kernels of every preset; with a progress bar
+//   qgemm cache prewarm --recipe R.yaml         what the recipe's dense cases select over their
+//                                               M ranges
 #include <fmt/format.h>
 
 #include <memory>
@@ -16,6 +19,8 @@
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/prewarm.hpp"
+#include "bench/recipe.hpp"
+#include "dispatch/candidate_launch.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/driver.hpp"
 #include "text_table.hpp"
@@ -26,6 +31,7 @@ namespace {
 struct CacheCommandOptions {
   bool json = false;
   std::string arch;
+  std::string recipe;  // prewarm --recipe
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 };
 
@@ -117,7 +123,36 @@ int cache_prewarm(const CacheCommandOptions& options) {
     fmt::print(stderr,
                "note: the disk cache is disabled; prewarm only checks that specs compile\n");
   }
-  const auto specs = jit::catalog_specs(arch);
+  dispatch::GpuLimits gpu = dispatch::GpuLimits::of_arch(arch, 132);
+  if (options.arch.empty() && runtime::device_count() > 0)
+    gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
+  std::vector<jit::KernelSpec> specs;
+  if (options.recipe.empty()) {
+    specs = dispatch::kernel_catalog(gpu);
+  } else {
+    // Every GEMM kernel the recipe's dense cases can select over their M range, and the
+    // activation kernels they launch.
+    const bench::Recipe recipe = bench::load_recipe(options.recipe);
+    dispatch::SelectionContext context;
+    context.gpu = gpu;
+    context.rates = dispatch::GpuRates::of(gpu);
+    for (const bench::RecipeCase& c : recipe.cases) {
+      if (c.kind != bench::CaseKind::Dense) continue;
+      GemmProblem problem;
+      problem.scheme = c.scheme;
+      problem.m = *std::min_element(c.m.begin(), c.m.end());
+      problem.m_max = *std::max_element(c.m.begin(), c.m.end());
+      problem.n = c.n;
+      problem.k = c.k;
+      problem.input = c.scheme.activation.is_quantized() ? formats::bf16
+                                                         : c.scheme.activation.format;
+      const dispatch::WeightFacts weight =
+          dispatch::WeightFacts::of_scheme(c.scheme, c.n, c.k, gpu.arch);
+      for (jit::KernelSpec& spec : dispatch::problem_specs(problem, weight, context))
+        if (std::find(specs.begin(), specs.end(), spec) == specs.end())
+          specs.push_back(std::move(spec));
+    }
+  }
   const auto results = jit::prewarm(cache, specs, options.jobs, jit::print_progress_bar);
   std::size_t compiled = 0, hits = 0, failed = 0;
   for (const auto& result : results) {
@@ -150,6 +185,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   CLI::App* prewarm = command->add_subcommand("prewarm", "Compile the catalog into the cache");
   prewarm->add_option("--arch", options->arch, "Target arch (default: device 0's, else sm_90a)");
   prewarm->add_option("--jobs", options->jobs, "Compile threads (default: hardware threads)");
+  prewarm->add_option("--recipe", options->recipe,
+                      "Compile what a bench recipe's cases select, over their M ranges");
   prewarm->callback([options, &status] { status = cache_prewarm(*options); });
 });
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "dispatch/candidate_launch.hpp"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/prewarm.hpp"
@@ -48,7 +49,7 @@ std::vector<jit::KernelSpec> selected_specs(const CompileCommandOptions& options
   const jit::Arch arch = jit::parse_arch(options.arch);
   require(options.all != !options.specs.empty(),
           "qgemm compile: give exactly one of --all or --spec TEXT");
-  if (options.all) return jit::catalog_specs(arch);
+  if (options.all) return dispatch::kernel_catalog(dispatch::GpuLimits::of_arch(arch, 132));
   std::vector<jit::KernelSpec> specs;
   for (const auto& text : options.specs) {
     specs.push_back(jit::parse_kernel_spec(
