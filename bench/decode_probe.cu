@@ -1,16 +1,11 @@
 // Where the streamed decode kernel (kernels/gemm/sm80_decode.cuh) loses time against the read
-// ceiling (bench/read_ceiling.cu): the w4a16 g128 M = 1 kernel, timed over configs and K splits,
-// built once as is and once per probe macro that leaves one part out:
-//   -DQGEMM_PROBE_NO_DEQUANT      codes go to the mma as they are (no dequantization)
-//   -DQGEMM_PROBE_NO_COMPUTE      no dequantization and no mma (one add per k16 block)
-//   -DQGEMM_PROBE_NO_WEIGHT_LOAD  the weight is not copied (the stages hold stale codes)
-//   -DQGEMM_PROBE_NO_A_LOAD, -DQGEMM_PROBE_NO_SCALE_LOAD  neither are the activations / scales
-//   -DQGEMM_PROBE_NO_EPILOGUE     no cross-warp sum, no split-K atomics (nothing is written)
-//   -DQGEMM_PROBE_A_CG            activations copied through L2 only (before v3.6: .cg)
+// ceiling (bench/read_ceiling.cu): the w4a16 g128 M = 1 kernel, timed over configs and K splits.
+// The production kernel carries no probe switches: to time a variant that leaves one part out
+// (the dequantization, the mma, a copy, the epilogue: bench/NOTES.md, 2026-12-03 sessions), copy
+// the kernel next to this file, edit the copy, and include it instead.
 // Timing only: the outputs are not checked (the GPU tests check the kernel).
-// Built and run by scripts/gpu_session.sh:
-//   nvcc -O3 -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -Ikernels [-D...]
-//   bench/decode_probe.cu
+// Built and run by scripts/decode_probe.sh:
+//   nvcc -O3 -arch=sm_90a -std=c++17 --expt-relaxed-constexpr -Ikernels bench/decode_probe.cu
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots of a `qgemm bench` result (the --json document, src/bench/results.hpp).
+"""Plots of a `qgemm bench` result (the --json document, tools/harness/bench/results.hpp).
 
     python3 bench/plot.py RESULTS.json OUT.png      (qgemm bench ... --plot OUT.png runs this)
 

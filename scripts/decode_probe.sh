@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds bench/decode_probe.cu once as is and once per probe macro (in parallel), runs each; the
-# logs go to $OUT (or ./probe_out). See the header of bench/decode_probe.cu.
-#   PROBE_VARIANTS="full NO_COMPUTE+NO_EPILOGUE" scripts/decode_probe.sh [--build-only]
-#   (default variants: four; --build-only compiles them, a second call without it runs them)
+# Builds bench/decode_probe.cu and runs it; the logs go to $OUT (or ./probe_out). See the header
+# of bench/decode_probe.cu (variants are copies of the kernel, named in PROBE_VARIANTS with a
+# -DQGEMM_PROBE_<NAME> the copy reads).
+#   scripts/decode_probe.sh [--build-only]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-probe_out}; mkdir -p "$out" build-probe
-variants=(${PROBE_VARIANTS:-full NO_DEQUANT NO_COMPUTE NO_WEIGHT_LOAD})
+variants=(${PROBE_VARIANTS:-full})
 for v in "${variants[@]}"; do
   [ -x "build-probe/probe_$v" ] && [ "build-probe/probe_$v" -nt bench/decode_probe.cu ] \
     && [ "build-probe/probe_$v" -nt kernels/gemm/sm80_decode.cuh ] && continue

@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
-export PROBE_VARIANTS=${PROBE_VARIANTS:-full NO_EPILOGUE}
+export PROBE_VARIANTS=${PROBE_VARIANTS:-full}
 scripts/decode_probe.sh --build-only > /dev/null 2>&1 &  # compiles beside the build
 probe=$!
 OUT="$out" scripts/gpu_session.sh --quick 2>&1 | grep -v "^repack"

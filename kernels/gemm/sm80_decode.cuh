@@ -33,9 +33,6 @@
 // row sums coming from one more mma with the weight operand = 1; every zero mode (none, constant,
 // stored integer or float) is then the same subtraction, and the dequantization is a shift and a
 // LOP3 per pair. 8-bit integers (int_f32) subtract base + zero per pair; floats need neither.
-//
-// The QGEMM_PROBE_* macros leave one part out, for bench/decode_probe.cu only (timing, wrong
-// results); the library never defines them.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
@@ -121,11 +118,7 @@ struct DecodeGemm {
     // Activations through L1: the warps of an SM that share a K range (same split and warp
     // index, other slices) copy the same chunks at about the same time.
     __device__ static void a_copy(unsigned dst, const void* src, int bytes) {
-#ifdef QGEMM_PROBE_A_CG
-      ptx::cp_async_16(dst, src, bytes);
-#else
       ptx::cp_async_16<ptx::CacheIn::kL1>(dst, src, bytes);
-#endif
     }
 
     __device__ static int a_row_of(int lane) {
@@ -169,10 +162,8 @@ struct DecodeGemm {
       const unsigned w_to = stage + w_dst;
 #pragma unroll
       for (int i = 0; i < kWPerLane; ++i) {
-#ifndef QGEMM_PROBE_NO_WEIGHT_LOAD
         if (kWChunks % 32 == 0 || lane + 32 * i < kWChunks)
           ptx::cp_async_16(w_to + i * 512, w_stage + i * 512, 16);
-#endif
       }
       const char* a_stage = a + kb0 * 32;
       const unsigned a_to = stage + a_dst;
@@ -181,10 +172,8 @@ struct DecodeGemm {
         if (i >= a_passes) break;
         const int chunk_k = kAChunksPerRow >= 32 ? (i % (kAChunksPerRow / 32)) * 256 : 0;
         const int rows = row_of_pass(i);
-#ifndef QGEMM_PROBE_NO_A_LOAD
         a_copy(a_to + rows * Shape::kARowBytes + chunk_k * 2,
                a_stage + static_cast<long long>(rows) * p.lda * 2 + chunk_k * 2, 16);
-#endif
       }
       if (with_scales) load_scales(p, stage, kb0, lane);
     }
@@ -205,10 +194,8 @@ struct DecodeGemm {
 #pragma unroll
       for (int i = 0; i < kWPerLane; ++i) {
         const int chunk = lane + 32 * i;
-#ifndef QGEMM_PROBE_NO_WEIGHT_LOAD
         if ((kWChunks % 32 == 0 || chunk < kWChunks) && chunk < blocks * 8 * kBits)
           ptx::cp_async_16(stage + chunk * 16, w_stage + i * 512, 16);
-#endif
       }
       // A: rows < M, 16 bytes of K each; bytes past K are zero-filled (the source then stays in
       // the row, at its start).
@@ -224,9 +211,7 @@ struct DecodeGemm {
         int bytes = (p.k - kb0 * 16 - chunk_k - a_chunk_k_of(lane)) * 2;
         bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
         if (bytes == 0) src = static_cast<const char*>(p.a);
-#ifndef QGEMM_PROBE_NO_A_LOAD
         a_copy(stage + a_offset(lane, i), src, bytes);
-#endif
       }
       if (with_scales) load_scales(p, stage, kb0, lane);
     }
@@ -244,9 +229,7 @@ struct DecodeGemm {
         const bool valid = g < p.groups;
         const char* base = kStoredZeros && row >= Shape::kScaleRows ? z : s;
         const char* src = base + static_cast<long long>(g) * row_bytes;
-#ifndef QGEMM_PROBE_NO_SCALE_LOAD
         ptx::cp_async_16(s_stage + (row * 16 + lane % 16) * 16, valid ? src : s, valid ? 16 : 0);
-#endif
       }
     }
   };
@@ -358,21 +341,12 @@ struct DecodeGemm {
       const unsigned* lane_words = reinterpret_cast<const unsigned*>(w_lane + i * 32 * kBits * 4);
 #pragma unroll
       for (int w = 0; w < kBits; ++w) words[w] = lane_words[w];
-#if defined(QGEMM_PROBE_NO_COMPUTE)
-      part[0][0][0] += __uint_as_float(words[0] & 0x3f00ffffu);
-#else
       unsigned b[8][2];
-#if defined(QGEMM_PROBE_NO_DEQUANT)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        b[j][0] = words[(2 * j) % kBits], b[j][1] = words[(2 * j + 1) % kBits];
-#else
       if constexpr (kLifted) {
         lift_lane_int16<kFormat, kBf16>(words, b);
       } else {
         dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
       }
-#endif
 
       // Activations as the B operand: ldmatrix rows r < M from the stage, rows ≥ M from the
       // zero row (LaneOffsets); block i is 32 bytes further along either.
@@ -397,7 +371,6 @@ struct DecodeGemm {
         for (int bt = 0; bt < kBatchTiles; ++bt)
           ptx::mma_m16n8k16<kBf16>(rowsum[bt], ones, x[bt][0], x[bt][1]);
       }
-#endif
 
       // A group ends at a multiple of G, or at the range's end (a split, or K: where a partial
       // last group ends, kb_end = k_blocks).
@@ -481,14 +454,6 @@ struct DecodeGemm {
                     kb_begin + s * kStageBlocks, kb_begin, kb_end, lane, off, acc, part, rowsum);
     }
     ptx::cp_async_wait<0>();
-#ifdef QGEMM_PROBE_NO_EPILOGUE
-    {  // every accumulator stays live (one of them alone let the compiler drop 3/4 of the mma)
-      float all = 0.0f;
-      for (const float v : reinterpret_cast<const float(&)[4 * kBatchTiles * 4]>(acc)) all += v;
-      if (all == 1.2345f) static_cast<float*>(p.c)[threadIdx.x] = all;
-      return;
-    }
-#endif
     __syncthreads();
 
     // Sum the warps' K ranges into warp 0.

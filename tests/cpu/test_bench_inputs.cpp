@@ -1,4 +1,4 @@
-// Tests of the bench's host side (src/bench/inputs.hpp): seeded draws, the output sample, row
+// Tests of the bench's host side (tools/harness/bench/inputs.hpp): seeded draws, the output sample, row
 // slices of packed operands, the sampled reference and the error measure.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Tests of bench recipes (src/bench/recipe.hpp) and `qgemm bench --dry-run` through the binary.
+// Tests of bench recipes (tools/harness/bench/recipe.hpp) and `qgemm bench --dry-run` through the binary.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <yaml-cpp/yaml.h>

@@ -1,4 +1,4 @@
-// Tests of the `qgemm bench` result document (src/bench/results.hpp): statistics, the JSON
+// Tests of the `qgemm bench` result document (tools/harness/bench/results.hpp): statistics, the JSON
 // schema and its derived figures, the CSV, all from synthetic timings.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// qgemm check (src/check): the error bounds hold element by element, every preset passes on
+// qgemm check (tools/harness/check): the error bounds hold element by element, every preset passes on
 // the CPU backend, corrupted backends fail, faithful non-reference backends pass, and the CLI
 // sub-commands exit with the documented statuses.
 #include <gtest/gtest.h>

@@ -258,6 +258,17 @@ Expectation expect_quantized(const TestRule& rule, const std::vector<float>& x, 
           cell.max = std::max(cell.max, v);
         }
       const Format& sf = rule.scale_format;
+      // include/qgemm/quant.hpp: a scale that underflows the scale format takes its smallest
+      // positive value (an all-zero cell is handled by the callers' data: it never occurs here).
+      auto round_scale = [&](double value) {
+        const double rounded = round_to(sf, value);
+        if (rounded != 0.0 || !(value > 0.0)) return rounded;
+        double smallest = INFINITY;
+        for (std::uint32_t code = 0; code < sf.code_count(); ++code)
+          if (is_valid_code(sf, code) && decode(sf, code) > 0)
+            smallest = std::min(smallest, decode(sf, code));
+        return smallest;
+      };
       switch (rule.zero_point) {
         case ZeroPoint::None:
           if (rule.static_scale > 0)
@@ -267,7 +278,7 @@ Expectation expect_quantized(const TestRule& rule, const std::vector<float>& x, 
           else if (sf == formats::e8m0)  // OCP MX: shared exponent
             cell.scale = std::ldexp(1.0, std::ilogb(amax) - std::ilogb(elem_max));
           else
-            cell.scale = round_to(sf, amax / elem_max / e.global);
+            cell.scale = round_scale(amax / elem_max / e.global);
           break;
         case ZeroPoint::Midpoint:
           cell.scale = round_to(sf, 2 * amax / levels);

@@ -1,5 +1,5 @@
-// Tests of `qgemm tune`'s plan, worker protocol, winner choice (src/bench/tune_plan.hpp) and its
-// watchdog (src/bench/tune_supervisor.hpp, driven by a fake worker that hangs and crashes).
+// Tests of `qgemm tune`'s plan, worker protocol, winner choice (tools/harness/bench/tune_plan.hpp) and its
+// watchdog (tools/harness/bench/tune_supervisor.hpp, driven by a fake worker that hangs and crashes).
 #include <gtest/gtest.h>
 
 #include <chrono>

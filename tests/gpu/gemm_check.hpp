@@ -1,5 +1,5 @@
 // Checking a GEMM's output from the GPU against the CPU reference, element by element, with the
-// bounds of check::backend_error_bounds (src/check/error_bounds.hpp): every element within its
+// bounds of check::backend_error_bounds (tools/harness/check/error_bounds.hpp): every element within its
 // own bound, nothing unwritten (outputs are poisoned with NaN before a launch). A wrong tile —
 // zeroed, shifted, another row's — fails here even where it barely moves the Frobenius norm
 // (PlanGpu.ElementwiseBoundCatchesAZeroedTile is the negative control).

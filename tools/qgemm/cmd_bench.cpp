@@ -1,10 +1,10 @@
-// qgemm bench: the bake-off of a recipe (bench/recipes/*.yaml, format in src/bench/recipe.hpp).
+// qgemm bench: the bake-off of a recipe (bench/recipes/*.yaml, format in tools/harness/bench/recipe.hpp).
 //
 //   qgemm bench RECIPE.yaml [--json OUT] [--csv OUT] [--plot OUT.png] [--seed S] [--gate RATIO]
 //               [--dry-run]
 //
 // Times every run (case × M × backend) of the recipe on GPU 0 (gpu_bench/bench_run.hpp), checks
-// each output against the CPU reference, and writes the result document (src/bench/results.hpp)
+// each output against the CPU reference, and writes the result document (tools/harness/bench/results.hpp)
 // as JSON and/or CSV (OUT "-" is standard output), a table for people on stdout, progress on
 // stderr. --plot runs bench/plot.py on the JSON (python3 with matplotlib). --dry-run validates
 // the recipe and lists its runs without a GPU (--json / --csv then write that list).

@@ -5,7 +5,7 @@
 // Random inputs (a fresh seed unless --seed; the seed is printed so a failure can be rerun),
 // quantized per S, multiplied by the backend; the error against the exact product of the
 // unquantized inputs and against the CPU reference, each with the tolerance the formats allow
-// (src/check/check.hpp derives them). Exit status: 0 within tolerance, 1 outside it, 2 bad
+// (tools/harness/check/check.hpp derives them). Exit status: 0 within tolerance, 1 outside it, 2 bad
 // arguments, 3 the backend asked for is not available (e.g. --backend gpu with no GPU).
 #include <fmt/format.h>
 

@@ -5,7 +5,7 @@
 // Quantizes a random weight, runs the quantized GEMM on the GPU when there is one (issue 4)
 // and on the CPU reference backend otherwise, and prints the error against the exact product
 // and the reference, with what the formats allow, and the throughput. It is `qgemm check`
-// (src/check) with a friendlier report; the exit status is check's.
+// (tools/harness/check) with a friendlier report; the exit status is check's.
 #include <fmt/format.h>
 
 #include <cstdint>

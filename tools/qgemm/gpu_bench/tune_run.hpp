@@ -1,7 +1,7 @@
-// `qgemm tune`: times every candidate tile config (src/bench/tune_plan.hpp) and keeps the
+// `qgemm tune`: times every candidate tile config (tools/harness/bench/tune_plan.hpp) and keeps the
 // fastest correct one per (scheme, N, K, M bucket).
 //
-// The candidates run in a worker process under a watchdog: src/bench/tune_supervisor.hpp says
+// The candidates run in a worker process under a watchdog: tools/harness/bench/tune_supervisor.hpp says
 // why and how. This is the worker.
 #pragma once
 
