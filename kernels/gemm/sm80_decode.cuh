@@ -498,7 +498,7 @@ struct DecodeGemm {
 
 // Template arguments in the order of the JIT family "dense_decode_sm80" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kThreads and kDynamicSmemBytes come
-// from the spec (the host's mirror of DecodeGemmShape) and must agree.
+// from the spec, which the dispatcher sizes with the same decode_shape, and must agree.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
           int kMinBlocks, int kThreads, int kDynamicSmemBytes>

@@ -459,8 +459,8 @@ struct DenseGemm {
 // kActivation: 0 bf16, 1 fp16, 2 int8, 3 e4m3 (the order of the JIT family's "act" choice);
 // kDequant: 0 fp32, 1 packed16, 2-4 the ByteDequant of 8-bit activations (its "dequant" choice,
 // dequant/mma_dequant.cuh); kMinBlocks: the blocks per SM the register allocation must allow
-// (the config's residency target). kThreads and kDynamicSmemBytes come from the spec (the host's
-// mirror of DenseGemmShape) and must agree.
+// (the config's residency target). kThreads and kDynamicSmemBytes come from the spec, which the
+// dispatcher sizes with the same dense_shape, and must agree.
 template <int kMTiles, int kWarpsM, int kWarpsN, int kWarpsK, int kBlockK, int kStages,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
           bool kSplitK, int kDequant, int kMinBlocks, int kThreads, int kDynamicSmemBytes>

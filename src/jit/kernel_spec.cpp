@@ -161,7 +161,7 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::TensorAbsmaxArgs",
        {{"in", ParamKind::Choice, {"bf16", "fp16"}}},
        false},
-      // kernels/gemm/sm80_dense.cuh; configs in src/dispatch/dense_config.cpp.
+      // kernels/gemm/sm80_dense.cuh; configs in src/dispatch/mma_family.cpp.
       {"dense_gemm_sm80",
        "gemm/sm80_dense.cuh",
        "qgemm::kernels::dense_gemm_sm80",
@@ -190,7 +190,7 @@ const std::vector<KernelFamily>& kernel_families() {
         // __launch_bounds__ minimum blocks per SM (caps registers per thread).
         {"min_blocks", ParamKind::Int, {}}},
        false},
-      // kernels/gemm/sm80_decode.cuh (M <= 16); configs in src/dispatch/dense_config.cpp.
+      // kernels/gemm/sm80_decode.cuh (M <= 16); configs in src/dispatch/mma_family.cpp.
       {"dense_decode_sm80",
        "gemm/sm80_decode.cuh",
        "qgemm::kernels::dense_decode_sm80",

@@ -1,18 +1,11 @@
-// QGEMM_PRINT_CONFIGS: the dispatcher calls print_chosen_config for every call; when the
-// variable is set (not "0"), the first call of each (operation, shape, kernel) prints one line
-// to stderr:
-//   [qgemm config] gemm m=16 n=4096 k=4096 -> dequantize_weight<...>@sm_90a (decode: ...)
+// QGEMM_PRINT_CONFIGS: when the variable is set (not "0"), every plan an Engine makes prints
+// itself once to stderr (src/api/engine.cpp; gemm() makes one plan per call shape):
+//   [qgemm plan] GemmPlan w=uint4:g128:... M 16..16 N 4096 K 4096 (bf16 in, bf16 out) on sm_90a
+//     M 16..16: decode, 17.1 µs (lowest predicted time, ...)
 #pragma once
-
-#include <cstdint>
-#include <string_view>
-
-#include "jit/kernel_spec.hpp"
 
 namespace qgemm::jit {
 
 bool print_configs_enabled();
-void print_chosen_config(std::string_view operation, std::int64_t m, std::int64_t n, std::int64_t k,
-                         const KernelSpec& spec, std::string_view reason = {});
 
 }  // namespace qgemm::jit
