@@ -1,10 +1,11 @@
-// mma_repack: canonical packed weight -> the prepared layout of the mma.sync family, on the GPU
-// (the device twin of src/layout/mma_layout.cpp).
+// mma_repack: canonical packed weight -> the prepared layout of the mma.sync family or of the
+// SM90 wgmma family, on the GPU (the device twin of src/layout/mma_layout.cpp).
 //
-//   index space  [0, lanes)            one thread per (slice, k16 block, lane): gathers the 32
-//                                      codes that lane owns (8 rows × 4 k pairs), converts signed
-//                                      codes to offset binary (flip the sign bit) and writes its
-//                                      `bits` words
+//   index space  [0, lanes)            one thread per (slice, unit of K, layout thread): gathers
+//                                      the 32 codes that thread owns (mma: 8 rows × 4 k pairs of
+//                                      a k16 block; wgmma: 2 rows × 16 k of a k64 chunk),
+//                                      converts signed codes to offset binary (flip the sign
+//                                      bit) and writes its `bits` words
 //                [lanes, lanes + g·n)  one thread per (group, column): decodes the scale (and
 //                                      zero) and stores it at its lane-permuted column
 //
@@ -14,15 +15,26 @@
 
 #include "gemm/mma_repack_args.cuh"
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 #include "util/format_code.cuh"
 #include "util/number_codec.cuh"
 #include "util/packed_codes.cuh"
 
 namespace qgemm::kernels {
 
+template <int kOrder>
+struct RepackLayout {
+  using type = MmaWeightLayout;
+};
+template <>
+struct RepackLayout<1> {
+  using type = WgmmaWeightLayout;
+};
+
 // kZero: 0 none (or an implied constant), 1 stored integer zeros, 2 stored float zeros.
-template <unsigned long long kWeight, unsigned long long kScale, int kZero, int kThreads,
-          int kDynamicSmemBytes>
+// kOrder: 0 the mma order, 1 the wgmma order (layout::FragmentOrder).
+template <unsigned long long kWeight, unsigned long long kScale, int kZero, int kOrder,
+          int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   static_assert(kDynamicSmemBytes == 0, "mma_repack uses no shared memory");
   constexpr FormatCode weight = FormatCode::unpack(kWeight);
@@ -30,22 +42,25 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   constexpr int kBits = weight.bits;
   constexpr int kScaleBytes = scale_format.bits <= 8 ? 1 : scale_format.bits <= 16 ? 2 : 4;
   constexpr unsigned kSignFlip = !weight.is_float() && weight.is_signed ? 1u << (kBits - 1) : 0u;
+  using Layout = typename RepackLayout<kOrder>::type;
+  const long long units = a.k_blocks * 16 / Layout::kUnitK;
   const long long lanes = a.n_padded / 64 * a.k_blocks * 32;
   const long long total = lanes + static_cast<long long>(a.groups) * a.n;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {
     if (index < lanes) {
-      const int lane = static_cast<int>(index % 32);
-      const long long block = index / 32;
-      const long long kb = block % a.k_blocks, slice = block / a.k_blocks;
+      // index = word_index / bits in both orders: ((slice · units + unit) · threads + thread)
+      const int thread = static_cast<int>(index % Layout::kUnitThreads);
+      const long long block = index / Layout::kUnitThreads;
+      const long long unit = block % units, slice = block / units;
       unsigned words[kBits];
 #pragma unroll
       for (int w = 0; w < kBits; ++w) words[w] = 0u;
 #pragma unroll
       for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
-        const long long n = slice * 64 + MmaWeightLayout::n_of(lane, c);
-        const long long k = kb * 16 + MmaWeightLayout::k_of(lane, c);
+        const long long n = slice * 64 + Layout::n_of(thread, c);
+        const long long k = unit * Layout::kUnitK + Layout::k_of(thread, c);
         unsigned code = 0;  // padding: code 0, a finite value of every format
         if (n < a.n && k < a.k)
           code = read_packed_code<kBits>(a.codes + n * a.row_bytes, a.row_bytes, k) ^ kSignFlip;
@@ -63,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       const long long k0 = static_cast<long long>(group) * a.group_size;
       const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;
       const long long at =
-          static_cast<long long>(group) * a.n_padded + MmaWeightLayout::scale_column(n);
+          static_cast<long long>(group) * a.n_padded + Layout::scale_column(n);
       a.scales_out[at] = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
       if constexpr (kZero == 1) {
         a.zeros_out[at] = static_cast<float>(

@@ -46,12 +46,17 @@ struct MmaWeightLayout {
   static constexpr int kSliceN = 64;
   static constexpr int kBlockK = 16;
   static constexpr int kCodesPerLane = 32;
+  // The repack's view, shared with WgmmaWeightLayout: a unit is one (slice, k-block), owned by
+  // kUnitThreads threads of 32 codes each.
+  static constexpr int kUnitK = kBlockK;
+  static constexpr int kUnitThreads = 32;
 
   QGEMM_HOST_DEVICE static constexpr long long padded_n(long long n) { return (n + 63) / 64 * 64; }
   QGEMM_HOST_DEVICE static constexpr long long k_blocks(long long k) { return (k + 15) / 16; }
 
   // Where element (n, k) lives: the lane and its code index c.
   QGEMM_HOST_DEVICE static constexpr int lane_of(int n, int k) { return (n % 8) * 4 + (k % 8) / 2; }
+  QGEMM_HOST_DEVICE static constexpr int thread_of(int n, int k) { return lane_of(n, k); }
   QGEMM_HOST_DEVICE static constexpr int code_of(int n, int k) {
     return ((n % 64) / 8) * 4 + (k % 2) + 2 * ((k % 16) / 8);
   }

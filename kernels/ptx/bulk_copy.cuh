@@ -44,6 +44,25 @@ __device__ __forceinline__ void bulk_copy(unsigned shared_dst, const void* globa
       : "memory");
 }
 
+// The 2-D tensor form (TMA): the box at element coordinates {x (innermost), y} of the tensor
+// map `map` (a __grid_constant__ parameter's address) into shared memory; elements outside the
+// tensor are written as zero and still counted, so a box always delivers its full size.
+__device__ __forceinline__ void tensor_copy_2d(unsigned shared_dst, const void* map, int x, int y,
+                                               unsigned barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared_dst),
+      "l"(map), "r"(x), "r"(y), "r"(barrier)
+      : "memory");
+}
+
+// One plain arrival (a consumer releasing a stage).
+__device__ __forceinline__ void mbarrier_arrive(unsigned barrier) {
+  asm volatile(
+      "{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(barrier)
+      : "memory");
+}
+
 // Blocks until the barrier's phase of parity `phase` has completed.
 __device__ __forceinline__ void mbarrier_wait_parity(unsigned barrier, unsigned phase) {
   asm volatile(

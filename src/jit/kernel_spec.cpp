@@ -241,7 +241,9 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::MmaRepackArgs",
        {{"weight", ParamKind::Format, {}},
         {"scale", ParamKind::Format, {}},
-        {"zero", ParamKind::Choice, {"none", "int", "float"}}},
+        {"zero", ParamKind::Choice, {"none", "int", "float"}},
+        // Order = layout::FragmentOrder.
+        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
        false},
       {"repack_weight",
        "util/repack.cuh",

@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
 
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 #include "qgemm/error.hpp"
 #include "quant/parallel.hpp"
 
@@ -15,6 +17,15 @@ namespace qgemm::layout {
 namespace {
 
 using kernels::MmaWeightLayout;
+using kernels::WgmmaWeightLayout;
+
+// Calls f with the layout struct of `order` (both share the repack's view: kUnitK,
+// kUnitThreads, n_of, k_of, thread_of, code_of, word_index, scale_column).
+template <class F>
+decltype(auto) with_layout(FragmentOrder order, F&& f) {
+  if (order == FragmentOrder::Wgmma) return f(WgmmaWeightLayout{});
+  return f(MmaWeightLayout{});
+}
 
 // The unsigned code the kernel sees: signed integers move to offset binary (q + 2^(b-1)).
 std::uint32_t offset_code(const Format& format, std::uint32_t code) {
@@ -32,6 +43,14 @@ double read_scale_value(const std::vector<std::uint8_t>& stored, const Format& f
 }
 
 }  // namespace
+
+const char* fragment_order_name(FragmentOrder order) {
+  return order == FragmentOrder::Wgmma ? "wgmma" : "mma";
+}
+
+std::int64_t scale_column(FragmentOrder order, std::int64_t n) {
+  return with_layout(order, [&](auto layout) { return decltype(layout)::scale_column(n); });
+}
 
 const char* mma_zero_mode_name(MmaZeroMode mode) {
   switch (mode) {
@@ -57,7 +76,8 @@ std::optional<std::string> mma_unsupported_reason(const WeightQuant& q) {
   return std::nullopt;
 }
 
-MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double global_scale) {
+MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double global_scale,
+                    FragmentOrder order) {
   if (auto reason = mma_unsupported_reason(q))
     throw Error(ErrorCode::Unsupported, "mma layout: " + *reason);
   // The kernels index rows, columns and k16 blocks in int.
@@ -65,11 +85,13 @@ MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("mma layout: weight {}x{} exceeds 2^31 - 1 rows or columns", n, k));
   MmaWeight out;
+  out.order = order;
   out.format = q.format;
   out.n = n;
   out.k = k;
   out.n_padded = MmaWeightLayout::padded_n(n);
-  out.k_blocks = MmaWeightLayout::k_blocks(k);
+  out.k_blocks = order == FragmentOrder::Wgmma ? 4 * WgmmaWeightLayout::k_chunks(k)
+                                               : MmaWeightLayout::k_blocks(k);
   out.global_scale = global_scale;
   switch (q.granularity) {
     case WeightGranularity::Group: out.group_size = q.group; break;
@@ -104,11 +126,11 @@ bool packed16_scale_exact(double scale, const Format& type, int bits) {
          scale * largest_factor <= type.max_finite();
 }
 
-MmaWeight mma_metadata(const PackedWeight& w) {
+MmaWeight mma_metadata(const PackedWeight& w, FragmentOrder order) {
   check_packed_weight(w, "mma layout");
   const WeightQuant& q = w.quant;
   const int bits = q.format.bits;
-  MmaWeight out = mma_shape(q, w.n, w.k, w.global_scale);
+  MmaWeight out = mma_shape(q, w.n, w.k, w.global_scale, order);
 
   const ScaleGrid grid = w.scale_grid();
   // One parallel pass over the scales for both types.
@@ -138,37 +160,41 @@ MmaWeight mma_metadata(const PackedWeight& w) {
   return out;
 }
 
-MmaWeight repack_for_mma(const PackedWeight& w) {
-  MmaWeight out = mma_metadata(w);
+MmaWeight repack_for_mma(const PackedWeight& w, FragmentOrder order) {
+  MmaWeight out = mma_metadata(w, order);
   const WeightQuant& q = w.quant;
   const int bits = q.format.bits;
 
-  // Codes: every (slice, k-block, lane) owns 32 codes in `bits` words.
+  // Codes: every (slice, unit of K, thread) owns 32 codes in `bits` words.
   const std::int64_t slices = out.n_padded / MmaWeightLayout::kSliceN;
   out.words.assign(slices * out.k_blocks * 32 * bits, 0u);
   const std::int64_t row_bytes = w.row_bytes();
-  quant_detail::parallel_rows(
-      slices, out.k_blocks * 16 * 64, [&](std::int64_t first, std::int64_t last) {
-        for (std::int64_t slice = first; slice < last; ++slice)
-          for (std::int64_t kb = 0; kb < out.k_blocks; ++kb)
-            for (int lane = 0; lane < 32; ++lane) {
-              std::uint32_t* lane_words =
-                  out.words.data() +
-                  MmaWeightLayout::word_index(slice, kb, out.k_blocks, lane, bits);
-              for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
-                const std::int64_t n = slice * 64 + MmaWeightLayout::n_of(lane, c);
-                const std::int64_t k = kb * 16 + MmaWeightLayout::k_of(lane, c);
-                std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
-                if (n < w.n && k < w.k)
-                  code = offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
-                const int word = MmaWeightLayout::code_word(c, bits);
-                const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
-                lane_words[word] |= (code & ((1u << first) - 1u))
-                                    << MmaWeightLayout::code_shift(c, bits);
-                if (first < bits) lane_words[word + 1] |= (code >> first) << (16 * (c % 2));
+  with_layout(order, [&](auto layout) {
+    using L = decltype(layout);
+    const std::int64_t units = out.k_blocks * 16 / L::kUnitK;
+    quant_detail::parallel_rows(
+        slices, out.k_blocks * 16 * 64, [&](std::int64_t first, std::int64_t last) {
+          for (std::int64_t slice = first; slice < last; ++slice)
+            for (std::int64_t unit = 0; unit < units; ++unit)
+              for (int thread = 0; thread < L::kUnitThreads; ++thread) {
+                std::uint32_t* thread_words =
+                    out.words.data() + L::word_index(slice, unit, units, thread, bits);
+                for (int c = 0; c < 32; ++c) {
+                  const std::int64_t n = slice * 64 + L::n_of(thread, c);
+                  const std::int64_t k = unit * L::kUnitK + L::k_of(thread, c);
+                  std::uint32_t code = 0;  // padding: code 0 is a finite value of every format
+                  if (n < w.n && k < w.k)
+                    code =
+                        offset_code(q.format, read_code(w.codes.data() + n * row_bytes, k, bits));
+                  const int word = MmaWeightLayout::code_word(c, bits);
+                  const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
+                  thread_words[word] |= (code & ((1u << first) - 1u))
+                                        << MmaWeightLayout::code_shift(c, bits);
+                  if (first < bits) thread_words[word + 1] |= (code >> first) << (16 * (c % 2));
+                }
               }
-            }
-      });
+        });
+  });
 
   // Scales and zeros: one fp32 row per group, columns permuted per slice.
   const ScaleGrid grid = w.scale_grid();
@@ -183,7 +209,7 @@ MmaWeight repack_for_mma(const PackedWeight& w) {
           static_cast<std::int64_t>(g) * (out.group_size == 0 ? 0 : out.group_size);
       const std::int64_t index = (n / grid.rows_per) * grid.cols + k / grid.cols_per;
       const std::size_t at =
-          static_cast<std::size_t>(g) * out.n_padded + MmaWeightLayout::scale_column(n);
+          static_cast<std::size_t>(g) * out.n_padded + scale_column(order, n);
       out.scales[at] = static_cast<float>(read_scale_value(w.scales, q.scale_format, index));
       if (out.zero_mode == MmaZeroMode::Integer) {
         const double z = static_cast<double>(
@@ -313,20 +339,28 @@ std::optional<std::string> byte_dequant(const MmaWeight& w, const Format& activa
 
 double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   const int bits = w.format.bits;
-  const std::int64_t slice = n / 64, kb = k / 16;
-  const int lane = MmaWeightLayout::lane_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
-  const int c = MmaWeightLayout::code_of(static_cast<int>(n % 64), static_cast<int>(k % 16));
-  const std::uint32_t* lane_words =
-      w.words.data() + MmaWeightLayout::word_index(slice, kb, w.k_blocks, lane, bits);
-  const int word = MmaWeightLayout::code_word(c, bits);
-  const int first = MmaWeightLayout::code_bits_in_first_word(c, bits);
-  std::uint32_t code =
-      (lane_words[word] >> MmaWeightLayout::code_shift(c, bits)) & ((1u << first) - 1u);
-  if (first < bits)
-    code |= ((lane_words[word + 1] >> (16 * (c % 2))) & ((1u << (bits - first)) - 1u)) << first;
-  const int g = w.group_size == 0 ? 0 : static_cast<int>(k / w.group_size);
-  const std::size_t at =
-      static_cast<std::size_t>(g) * w.n_padded + MmaWeightLayout::scale_column(n);
+  std::uint32_t code = 0;
+  std::size_t column = 0;
+  with_layout(w.order, [&](auto layout) {
+    using L = decltype(layout);
+    const std::int64_t slice = n / 64, unit = k / L::kUnitK;
+    const int nn = static_cast<int>(n % 64), kk = static_cast<int>(k % L::kUnitK);
+    const int thread = L::thread_of(nn, kk), c = L::code_of(nn, kk);
+    const std::uint32_t* thread_words =
+        w.words.data() + L::word_index(slice, unit, w.k_blocks * 16 / L::kUnitK, thread, bits);
+    const int word = L::code_word(c, bits);
+    const int first = L::code_bits_in_first_word(c, bits);
+    code = (thread_words[word] >> L::code_shift(c, bits)) & ((1u << first) - 1u);
+    if (first < bits)
+      code |= ((thread_words[word + 1] >> (16 * (c % 2))) & ((1u << (bits - first)) - 1u))
+              << first;
+    column = static_cast<std::size_t>(L::scale_column(n));
+  });
+  // K padding past the last group (the wgmma order's chunks of 64) takes the last row, as the
+  // kernels clamp it.
+  const int g =
+      w.group_size == 0 ? 0 : std::min(static_cast<int>(k / w.group_size), w.groups - 1);
+  const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + column;
   const double scale = w.scales[at];
   if (w.format.is_float()) return decode(w.format, code) * scale;
   double value = code;

@@ -16,10 +16,20 @@ namespace qgemm::layout {
 enum class MmaZeroMode { None = 0, Constant = 1, Integer = 2, Float = 3 };
 const char* mma_zero_mode_name(MmaZeroMode mode);  // "none" "constant" "int" "float"
 
+// Which fragment order the words follow: the mma.sync family's (kernels/gemm/
+// mma_weight_layout.cuh, k16 blocks of a 64-row slice per warp) or the SM90 wgmma family's
+// (kernels/gemm/wgmma_weight_layout.cuh, k64 chunks of a 64-row tile per warpgroup). Sizes,
+// scales and flags mean the same in both; only the permutations differ.
+enum class FragmentOrder { Mma, Wgmma };
+const char* fragment_order_name(FragmentOrder order);  // "mma" "wgmma"
+// Where column n of a scale (or zero) row is stored in that order.
+std::int64_t scale_column(FragmentOrder order, std::int64_t n);
+
 struct MmaWeight {
+  FragmentOrder order = FragmentOrder::Mma;
   Format format;
   std::int64_t n = 0, k = 0;
-  std::int64_t n_padded = 0, k_blocks = 0;
+  std::int64_t n_padded = 0, k_blocks = 0;  // k16 blocks (a multiple of 4 in the wgmma order)
   int groups = 1;
   int group_size = 0;  // K values per scale row; 0: one row for all of K
   MmaZeroMode zero_mode = MmaZeroMode::None;
@@ -28,8 +38,10 @@ struct MmaWeight {
   // lets integer weights take the packed16 dequantization (dequant/mma_dequant.cuh).
   bool scales_exact_in_bf16 = false;
   bool scales_exact_in_fp16 = false;
-  std::vector<std::uint32_t> words;  // [n_padded / 64][k_blocks][32 lanes][bits]
-  std::vector<float> scales;         // [groups][n_padded], lane-permuted columns
+  // mma order: [n_padded / 64][k_blocks][32 lanes][bits]; wgmma order:
+  // [n_padded / 64][k_blocks / 4][128 threads][bits]
+  std::vector<std::uint32_t> words;
+  std::vector<float> scales;  // [groups][n_padded], columns permuted by the order's scale_column
   std::vector<float> zeros;          // same shape, empty unless stores_zeros()
 
   // Whether the layout carries a zero array (integer or float zero points per group).
@@ -61,7 +73,7 @@ std::optional<std::string> mma_unsupported_reason(const WeightQuant& quant);
 // scale flags (they depend on the scale values) or arrays. Throws Unsupported with
 // mma_unsupported_reason.
 MmaWeight mma_shape(const WeightQuant& quant, std::int64_t n, std::int64_t k,
-                    double global_scale = 1.0);
+                    double global_scale = 1.0, FragmentOrder order = FragmentOrder::Mma);
 
 // Whether a scale lets the packed16 dequantization of `bits`-bit integer codes run exactly in
 // `type` (bf16 / fp16): the scale itself exact and normal there, times 2^bits still finite.
@@ -69,10 +81,10 @@ bool packed16_scale_exact(double scale, const Format& type, int bits);
 
 // The prepared weight's sizes, groups, zero mode and scale flags, without its arrays. Throws
 // Unsupported with mma_unsupported_reason.
-MmaWeight mma_metadata(const PackedWeight& weight);
+MmaWeight mma_metadata(const PackedWeight& weight, FragmentOrder order = FragmentOrder::Mma);
 
 // Repacks a canonical packed weight on the host (metadata and arrays).
-MmaWeight repack_for_mma(const PackedWeight& weight);
+MmaWeight repack_for_mma(const PackedWeight& weight, FragmentOrder order = FragmentOrder::Mma);
 
 // The dequantized value the kernel reconstructs at (n, k) before rounding to 16 bits, computed
 // from the prepared layout alone (tests compare it with dequantize_weight).

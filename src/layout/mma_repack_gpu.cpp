@@ -22,22 +22,24 @@ const char* zero_choice(MmaZeroMode mode) {
 
 }  // namespace
 
-jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch) {
-  const MmaWeight meta = mma_metadata(weight);
+jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch, FragmentOrder order) {
+  const MmaWeight meta = mma_metadata(weight, order);
   jit::KernelSpec spec;
   spec.family = "mma_repack";
   spec.arch = arch;
   spec.params = {jit::SpecParam::number_format("weight", weight.quant.format),
                  jit::SpecParam::number_format("scale", weight.quant.scale_format),
-                 jit::SpecParam::chosen("zero", zero_choice(meta.zero_mode))};
+                 jit::SpecParam::chosen("zero", zero_choice(meta.zero_mode)),
+                 jit::SpecParam::chosen("order", fragment_order_name(order))};
   spec.launch.threads_per_block = kThreads;
   spec.launch.dynamic_smem_bytes = 0;
   return spec;
 }
 
-MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream) {
+MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream,
+                                         FragmentOrder order) {
   MmaDeviceWeight out;
-  out.meta = mma_metadata(w);
+  out.meta = mma_metadata(w, order);
   const MmaWeight& m = out.meta;
   const int bits = w.quant.format.bits;
   const bool stored_zeros = m.stores_zeros();
@@ -77,7 +79,7 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, 
   args.group_size = m.group_size;
   args.zero_offset = w.quant.format.is_signed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
 
-  const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch));
+  const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch, order));
   const runtime::LoadedKernel kernel = runtime::KernelLoader::global().get(*compiled.kernel);
   const std::size_t total = lanes + static_cast<std::size_t>(m.groups) * w.n;
   const auto blocks =

@@ -16,10 +16,12 @@ struct MmaDeviceWeight {
 };
 
 // The kernel spec of the repack of `weight` for `arch`.
-jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch);
+jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch,
+                                FragmentOrder order = FragmentOrder::Mma);
 
 // In the current context, on `stream`; returns after the repack has finished.
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight, jit::Arch arch,
-                                         CUstream stream);
+                                         CUstream stream,
+                                         FragmentOrder order = FragmentOrder::Mma);
 
 }  // namespace qgemm::layout

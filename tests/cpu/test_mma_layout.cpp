@@ -7,6 +7,7 @@
 #include "dispatch/candidate_launch.hpp"
 #include "dispatch/mma_family.hpp"
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/compiler.hpp"
@@ -18,6 +19,10 @@ namespace qgemm {
 namespace {
 
 using kernels::MmaWeightLayout;
+using kernels::WgmmaWeightLayout;
+using layout::FragmentOrder;
+
+constexpr FragmentOrder kOrders[] = {FragmentOrder::Mma, FragmentOrder::Wgmma};
 
 TEST(MmaLayout, FragmentMapIsABijectionMatchingMmaOperands) {
   // Every (n, k) of a 64x16 block has exactly one (lane, code), and the inverse maps back.
@@ -38,6 +43,39 @@ TEST(MmaLayout, FragmentMapIsABijectionMatchingMmaOperands) {
     EXPECT_EQ(MmaWeightLayout::k_of(lane, 2), 2 * (lane % 4) + 8);
     EXPECT_EQ(MmaWeightLayout::k_of(lane, 3), 2 * (lane % 4) + 9);
   }
+}
+
+TEST(WgmmaLayout, FragmentMapIsABijectionMatchingWgmmaOperands) {
+  // Every (n, k) of a 64x64 (tile, chunk) has exactly one (thread, code), and back.
+  std::set<std::pair<int, int>> seen;
+  for (int n = 0; n < 64; ++n)
+    for (int k = 0; k < 64; ++k) {
+      const int thread = WgmmaWeightLayout::thread_of(n, k), c = WgmmaWeightLayout::code_of(n, k);
+      ASSERT_TRUE(thread >= 0 && thread < 128 && c >= 0 && c < 32);
+      EXPECT_TRUE(seen.insert({thread, c}).second);
+      EXPECT_EQ(WgmmaWeightLayout::n_of(thread, c), n);
+      EXPECT_EQ(WgmmaWeightLayout::k_of(thread, c), k);
+    }
+  // wgmma's register A (the mma.m16n8k16 A fragment of warp w's rows 16w..16w+15): register r
+  // of k16 step kb holds codes 2p, 2p + 1 (p = 4 kb + r) at row g + 8 (r & 1), k 2t + 8 (r / 2).
+  for (int thread = 0; thread < 128; ++thread) {
+    const int warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
+    for (int kb = 0; kb < 4; ++kb)
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * (4 * kb + r) + h;
+          EXPECT_EQ(WgmmaWeightLayout::n_of(thread, c), 16 * warp + g + 8 * (r & 1));
+          EXPECT_EQ(WgmmaWeightLayout::k_of(thread, c), 16 * kb + 2 * t + h + 8 * (r / 2));
+        }
+  }
+  // Scale columns: a permutation of each tile with rows g and g + 8 of a warp adjacent.
+  std::set<long long> columns;
+  for (int n = 0; n < 128; ++n) columns.insert(WgmmaWeightLayout::scale_column(n));
+  EXPECT_EQ(columns.size(), 128u);
+  EXPECT_EQ(*columns.rbegin(), 127);
+  for (int n = 0; n < 64; ++n)
+    if (n % 16 < 8)
+      EXPECT_EQ(WgmmaWeightLayout::scale_column(n) + 1, WgmmaWeightLayout::scale_column(n + 8));
 }
 
 TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
@@ -73,9 +111,12 @@ TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
     for (float& x : w) x = normal(rng);
     const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
     const std::vector<double> expected = dequantize_weight(packed);
-    const layout::MmaWeight prepared = layout::repack_for_mma(packed);
+    for (FragmentOrder order : kOrders) {
+    SCOPED_TRACE(layout::fragment_order_name(order));
+    const layout::MmaWeight prepared = layout::repack_for_mma(packed, order);
     EXPECT_EQ(prepared.n_padded % 64, 0);
-    EXPECT_EQ(prepared.k_blocks, (k + 15) / 16);
+    EXPECT_EQ(prepared.k_blocks,
+              order == FragmentOrder::Mma ? (k + 15) / 16 : (k + 63) / 64 * 4);
     // Exact, but for float zero points: the layout keeps zero + 2^(bits-1) (the signed offset
     // folded in) as fp32, one rounding of at most 2^-24 of the largest such zero, times the
     // scale (bound doubled: a margin for the double arithmetic around it).
@@ -91,6 +132,7 @@ TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
         ASSERT_NEAR(layout::mma_weight_value(prepared, r, c) * packed.global_scale,
                     expected[static_cast<std::size_t>(r * k + c)], tolerance)
             << "at n=" << r << " k=" << c;
+    }
   }
 }
 
@@ -123,12 +165,17 @@ TEST(MmaLayout, PartialLastGroupsReproduceTheDequantizedWeight) {
       for (std::int64_t d = (k - 1) / 16 * 16 - 16; d < k; ++d) w[r * k + d] *= 0.01f;
     const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
     const std::vector<double> expected = dequantize_weight(packed);
-    const layout::MmaWeight prepared = layout::repack_for_mma(packed);
+    for (FragmentOrder order : kOrders) {
+    SCOPED_TRACE(layout::fragment_order_name(order));
+    const layout::MmaWeight prepared = layout::repack_for_mma(packed, order);
     EXPECT_EQ(prepared.groups, c.groups);
     EXPECT_EQ(prepared.scales.size(), static_cast<std::size_t>(c.groups) * prepared.n_padded);
     if (prepared.stores_zeros()) EXPECT_EQ(prepared.zeros.size(), prepared.scales.size());
-    // The last k16 block, padding included, maps to the last scale row.
-    EXPECT_EQ((prepared.k_blocks * 16 - 1) / prepared.group_size, c.groups - 1);
+    // mma order: the last k16 block, padding included, maps to the last scale row. The wgmma
+    // order pads K to 64, which may pass the last group: the kernel (and mma_weight_value)
+    // clamp the row to the last one.
+    if (order == FragmentOrder::Mma)
+      EXPECT_EQ((prepared.k_blocks * 16 - 1) / prepared.group_size, c.groups - 1);
     double tolerance = 0.0;  // float zeros: see RepackReproducesTheDequantizedWeight...
     if (prepared.zero_mode == layout::MmaZeroMode::Float) {
       float largest_zero = 0.0f, largest_scale = 0.0f;
@@ -144,7 +191,7 @@ TEST(MmaLayout, PartialLastGroupsReproduceTheDequantizedWeight) {
     // Padding columns hold code 0 (k_blocks · 16 > K where K % 16 != 0).
     for (std::int64_t d = k; d < prepared.k_blocks * 16; ++d) {
       const double scale = prepared.scales[static_cast<std::size_t>(
-          (prepared.groups - 1) * prepared.n_padded + MmaWeightLayout::scale_column(5))];
+          (prepared.groups - 1) * prepared.n_padded + layout::scale_column(order, 5))];
       double code_zero = 0.0;  // the value code 0 stands for, before the scale
       if (prepared.format.is_float())
         code_zero = decode(prepared.format, 0);
@@ -152,8 +199,9 @@ TEST(MmaLayout, PartialLastGroupsReproduceTheDequantizedWeight) {
         code_zero = -std::ldexp(1.0, prepared.format.bits - 1);
       else if (prepared.stores_zeros())
         code_zero = -prepared.zeros[static_cast<std::size_t>(
-            (prepared.groups - 1) * prepared.n_padded + MmaWeightLayout::scale_column(5))];
+            (prepared.groups - 1) * prepared.n_padded + layout::scale_column(order, 5))];
       EXPECT_EQ(layout::mma_weight_value(prepared, 5, d), code_zero * scale) << "k=" << d;
+    }
     }
   }
 }
@@ -380,12 +428,14 @@ TEST(MmaRepackSpecs, CompileWithoutSpills) {
   for (const char* text : {"w4a16", "w4a16-zp", "w=uint6:g128:s=fp16:zp=float;a=fp16", "nvfp4-a16",
                            "mxfp4-a16", "fp8-block", "w=int3:g32:s=bf16;a=bf16"}) {
     const Scheme scheme = parse_scheme(text);
-    const jit::KernelSpec spec = layout::mma_repack_spec(
-        quantize_weight(scheme.weight, w.data(), 64, 128), jit::Arch::sm_90a);
-    SCOPED_TRACE(jit::to_string(spec));
-    const auto lookup = cache.get(spec);
-    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    for (FragmentOrder order : kOrders) {
+      const jit::KernelSpec spec = layout::mma_repack_spec(
+          quantize_weight(scheme.weight, w.data(), 64, 128), jit::Arch::sm_90a, order);
+      SCOPED_TRACE(jit::to_string(spec));
+      const auto lookup = cache.get(spec);
+      EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+      EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    }
   }
 }
 

@@ -1,0 +1,364 @@
+// Dense GEMM on Hopper tensor cores (sm_90a): C[M, N] = A[M, K] · dequant(W)[N, K]ᵀ through
+// wgmma.mma_async, with the dequantized weight as the register operand.
+//
+// Operands are swapped: each consumer warpgroup computes Cᵀ = W · Aᵀ for a 64-row weight tile
+// (wgmma's M = 64) and a block of kTokens tokens (wgmma's N = 8 .. 256), so one instantiation
+// serves decode (N = 8) and prefill (N = 256) alike.
+//
+//   grid    persistent: one block per SM walks the units u = blockIdx.x, + gridDim.x, ...
+//           unit u: weight block u % n_blocks (block_n = 64 · kConsumers rows), token block
+//           (u / n_blocks) % m_blocks, K split u / (n_blocks · m_blocks) (chunks_per_split
+//           chunks of 64; the last split may be shorter)
+//   block   warpgroup 0     producer: one thread waits for a free stage and issues its copies
+//                           (TMA for A, bulk copies for W and the scales) on the stage's `full`
+//                           barrier, which counts the bytes
+//           warpgroup 1 + c consumer c: weight tile n_block · kConsumers + c; waits for `full`,
+//                           dequantizes each chunk of 64 K from shared memory into its A
+//                           fragments and issues 4 wgmma (k16 each), then releases the stage on
+//                           its `empty` barrier once those wgmma have completed
+//
+//   pipeline of a consumer (two fragment buffers, wgmma groups committed per chunk):
+//
+//     chunk i:   [dequant i → buf i%2] fence [4 × wgmma(buf i%2)] commit  wait(≤ 1 pending)
+//                                                                   └─ chunk i − 1 done: its
+//                                                                      stage is released when
+//                                                                      chunk i opens a new one
+//     so the dequantization of chunk i + 1 runs while chunk i's wgmma are in flight.
+//
+//   shared memory: see gemm/sm90_wgmma_shape.cuh. A stage's A box of chunk ch is kTokens rows of
+//   64 values (128 B) with TMA's 128-byte swizzle, which is the K-major layout the wgmma matrix
+//   descriptor names (ptx/wgmma.cuh); k16 step kb starts 32 · kb bytes into the box.
+//
+//   accumulators (ptx/wgmma.cuh): acc[4j + e] = weight row tile · 64 + 16 · warp + g + 8 (e / 2),
+//   token m_block · kTokens + 8j + 2t + e % 2 (g = lane / 4, t = lane % 4).
+//
+// Bounds: TMA fills A past M and K with zeros; W and the scales are padded to 64 rows and 64 K
+// (code 0, scale 0); a stage past K copies only its chunks inside K and the consumers skip the
+// rest; scale rows past the last group are never read (the row index is clamped to the rows the
+// producer copied). Split-K: partial sums go to an fp32 workspace, the last split of a
+// (token block, weight tile) emits them (gemm/epilogue.cuh's protocol, per warpgroup).
+#pragma once
+
+#include "dequant/wgmma_dequant.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/sm90_wgmma_shape.cuh"
+#include "gemm/wgmma_gemm_params.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
+#include "ptx/bulk_copy.cuh"
+#include "ptx/warpgroup.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace qgemm::kernels {
+
+template <int kConsumers, int kTokens, int kStageChunks, int kStages, unsigned long long kFormat,
+          int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant>
+struct WgmmaGemm {
+  static constexpr FormatCode kF = FormatCode::unpack(kFormat);
+  static constexpr int kBits = kF.bits;
+  static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
+  static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages};
+  static constexpr WgmmaShape kShape = wgmma_shape(kTile, kBits, kGroup, kStoredZeros);
+  static_assert(wgmma_tile_error(kTile, kGroup) == nullptr,
+                "wgmma config and weight disagree (wgmma_tile_error says why)");
+  using Mma = ptx::Wgmma<kTokens, kBf16>;
+  static constexpr int kAccumulators = Mma::kAccumulators;
+  // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
+  static constexpr int kStepsPerGroup = kGroup == 0 || kGroup >= 64 ? 4 : kGroup / 16;
+  static constexpr int kChunkGroups = 4 / kStepsPerGroup;
+  // The producer gives registers to the consumers when there are two of them (3 warpgroups:
+  // 168 a thread at launch; 40 + 2 · 232 per 128 threads fits the 64 K register file).
+  static constexpr bool kRebalance = kConsumers == 2;
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+
+  struct Unit {
+    int n_block, m_block, split, chunk0, chunks;
+  };
+
+  __device__ static Unit unit_of(const WgmmaGemmParams& p, int u) {
+    Unit out;
+    out.n_block = u % p.n_blocks;
+    out.m_block = (u / p.n_blocks) % p.m_blocks;
+    out.split = u / (p.n_blocks * p.m_blocks);
+    out.chunk0 = out.split * p.chunks_per_split;
+    out.chunks = min(p.chunks_per_split, p.k_chunks - out.chunk0);
+    return out;
+  }
+
+  // Scale rows a stage at chunk c (of `chunks` inside K) carries: one when the group spans the
+  // stage, else the stage's groups that start inside K.
+  __device__ static int stage_scale_rows(const WgmmaGemmParams& p, int c, int chunks) {
+    if constexpr (kShape.scale_rows == 1) {
+      return 1;
+    } else {
+      const int first = c * 64 / kGroup;
+      return min(min(kShape.scale_rows, (chunks * 64 + kGroup - 1) / kGroup), p.groups - first);
+    }
+  }
+  __device__ static int stage_first_group(int c) { return kGroup == 0 ? 0 : c * 64 / kGroup; }
+
+  __device__ static unsigned full_barrier(unsigned base, int slot) {
+    return base + kShape.barriers_offset + slot * 8;
+  }
+  __device__ static unsigned empty_barrier(unsigned base, int slot) {
+    return base + kShape.barriers_offset + (kStages + slot) * 8;
+  }
+  __device__ static unsigned stage_address(unsigned base, int slot) {
+    return base + 1024 + slot * kShape.stage_bytes;
+  }
+
+  // ---- producer ------------------------------------------------------------------------------
+  __device__ static void produce(const WgmmaGemmParams& p, unsigned base) {
+    const int units = p.n_blocks * p.m_blocks * p.splits;
+    int it = 0;  // stages used so far (the consumers count the same)
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit unit = unit_of(p, u);
+      const int tile0 = unit.n_block * kConsumers;
+      const int tiles = min(kConsumers, p.n_tiles - tile0);
+      for (int i = 0; i < unit.chunks; i += kStageChunks, ++it) {
+        const int slot = it % kStages;
+        ptx::mbarrier_wait_parity(empty_barrier(base, slot), ((it / kStages) & 1) ^ 1);
+        const int c = unit.chunk0 + i;
+        const int chunks = min(kStageChunks, unit.chunks - i);
+        const int rows = stage_scale_rows(p, c, chunks);
+        const unsigned bytes =
+            chunks * (kShape.a_box_bytes + tiles * kShape.w_chunk_bytes) +
+            rows * tiles * 256 * (kStoredZeros ? 2 : 1);
+        const unsigned full = full_barrier(base, slot);
+        ptx::mbarrier_arrive_expect_tx(full, bytes);
+        const unsigned stage = stage_address(base, slot);
+        for (int ch = 0; ch < chunks; ++ch)
+          ptx::tensor_copy_2d(stage + ch * kShape.a_box_bytes, &p.activations, (c + ch) * 64,
+                              unit.m_block * kTokens, full);
+        for (int t = 0; t < tiles; ++t)
+          ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
+                         p.w + (static_cast<long long>(tile0 + t) * p.k_chunks + c) * 128 * kBits,
+                         chunks * kShape.w_chunk_bytes, full);
+        const int group0 = stage_first_group(c);
+        const unsigned s_stage = stage + kShape.a_bytes + kShape.w_bytes;
+        for (int r = 0; r < rows; ++r) {
+          const long long at = static_cast<long long>(group0 + r) * p.n_padded + tile0 * 64;
+          ptx::bulk_copy(s_stage + r * kShape.s_row_bytes, p.scales + at, tiles * 256, full);
+          if constexpr (kStoredZeros)
+            ptx::bulk_copy(s_stage + (kShape.scale_rows + r) * kShape.s_row_bytes, p.zeros + at,
+                           tiles * 256, full);
+        }
+      }
+    }
+  }
+
+  // ---- consumers -----------------------------------------------------------------------------
+  struct Consumer {
+    int warpgroup;  // 0 .. kConsumers − 1
+    int thread;     // 0 .. 127 in the warpgroup
+    unsigned base;
+    volatile unsigned* flags;  // one split-K flag per consumer warpgroup (shared memory)
+    float acc[kAccumulators];
+    unsigned frag[2][4][4];
+    int pending;  // the stage slot to release once the wgmma issued so far have completed
+
+    __device__ void release(int slot) {
+      ptx::fence_proxy_async_shared();  // our ld.shared of the stage before TMA refills it
+      ptx::mbarrier_arrive(empty_barrier(base, slot));
+    }
+
+    // Chunk i of the unit (stage i / kStageChunks from `it`), into fragment buffer kBuffer.
+    template <int kBuffer>
+    __device__ void chunk(const WgmmaGemmParams& p, const Unit& unit, int it, int i, bool active) {
+      const int stage_index = it + i / kStageChunks;
+      const int ch = i % kStageChunks;
+      const int slot = stage_index % kStages;
+      if (ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+      if (active) {
+        const unsigned stage = stage_address(base, slot);
+        // The thread's words: kBits consecutive 32-bit words (one 16-byte load for 4 bits).
+        unsigned words[kBits];
+        const unsigned w_at = stage + kShape.a_bytes + warpgroup * kShape.w_tile_bytes +
+                              ch * kShape.w_chunk_bytes + thread * kBits * 4;
+        load_words(w_at, words);
+        // Scales: rows g and g + 8 of the thread's warp are adjacent (scale_column).
+        const int c = unit.chunk0 + i - ch;  // the stage's first chunk
+        const int rows = stage_scale_rows(p, c, min(kStageChunks, unit.chunks - (i - ch)));
+        const int lane = thread % 32, warp = thread / 32;
+        const unsigned s_at = stage + kShape.a_bytes + kShape.w_bytes +
+                              (warpgroup * 64 + warp * 16 + (lane / 4) * 2) * 4;
+#pragma unroll
+        for (int gi = 0; gi < kChunkGroups; ++gi) {
+          int row = 0;
+          if constexpr (kShape.scale_rows > 1)
+            row = min((ch * 64 + gi * kStepsPerGroup * 16) / kGroup, rows - 1);
+          const float2 s = load_float2(s_at + row * kShape.s_row_bytes);
+          float2 z = make_float2(0.0f, 0.0f);
+          if constexpr (kStoredZeros)
+            z = load_float2(s_at + (kShape.scale_rows + row) * kShape.s_row_bytes);
+          const WgmmaGroupFactors factors =
+              wgmma_group_factors<kFormat, kZeroMode, kDequant, kBf16>(s, z);
+#pragma unroll
+          for (int kb = gi * kStepsPerGroup; kb < (gi + 1) * kStepsPerGroup; ++kb)
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              frag[kBuffer][kb][r] =
+                  wgmma_dequant_pair<kFormat, kZeroMode, kDequant, kBf16>(words, kb * 4 + r,
+                                                                         factors);
+        }
+        ptx::warpgroup_fence();
+        const unsigned a_box = stage + ch * kShape.a_box_bytes;
+        const unsigned long long descriptor = ptx::make_smem_descriptor(a_box);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+          Mma::mma(acc, frag[kBuffer][kb], descriptor + ((kb * 32) >> 4), (i | kb) != 0);
+        ptx::warpgroup_commit_group();
+        ptx::warpgroup_wait_group<1>();
+      }
+      // Every wgmma before chunk i has completed: when chunk i opens a stage, the previous
+      // one is free.
+      if (ch == 0) {
+        if (pending >= 0) release(pending);
+        pending = slot;
+      }
+    }
+
+    __device__ static void load_words(unsigned at, unsigned (&words)[kBits]) {
+      if constexpr (kBits % 4 == 0) {
+#pragma unroll
+        for (int w = 0; w < kBits; w += 4)
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(words[w]), "=r"(words[w + 1]), "=r"(words[w + 2]), "=r"(words[w + 3])
+                       : "r"(at + w * 4));
+      } else if constexpr (kBits % 2 == 0) {
+#pragma unroll
+        for (int w = 0; w < kBits; w += 2)
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                       : "=r"(words[w]), "=r"(words[w + 1])
+                       : "r"(at + w * 4));
+      } else {
+#pragma unroll
+        for (int w = 0; w < kBits; ++w)
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(words[w]) : "r"(at + w * 4));
+      }
+    }
+    __device__ static float2 load_float2(unsigned at) {
+      float2 v;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(at));
+      return v;
+    }
+
+    __device__ void run(const WgmmaGemmParams& p) {
+      const int units = p.n_blocks * p.m_blocks * p.splits;
+      int it = 0;
+      pending = -1;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const Unit unit = unit_of(p, u);
+        const int tile = unit.n_block * kConsumers + warpgroup;
+        const bool active = tile < p.n_tiles;
+        for (int i = 0; i < unit.chunks; i += 2) {
+          chunk<0>(p, unit, it, i, active);
+          if (i + 1 < unit.chunks) chunk<1>(p, unit, it, i + 1, active);
+        }
+        ptx::warpgroup_wait_group<0>();
+        release(pending);
+        pending = -1;
+        it += (unit.chunks + kStageChunks - 1) / kStageChunks;
+        if (active) epilogue(p, unit, tile);
+      }
+    }
+
+    __device__ void epilogue(const WgmmaGemmParams& p, const Unit& unit, int tile) {
+#pragma unroll
+      for (int i = 0; i < kAccumulators; ++i) ptx::fence_operand(acc[i]);
+      const int lane = thread % 32, warp = thread / 32;
+      const int n0 = tile * 64 + warp * 16 + lane / 4;
+      const int m0 = unit.m_block * kTokens + 2 * (lane % 4);
+      if constexpr (!kSplitK) {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
+            if (m < p.m && n < p.n)
+              store_single<kOutput>(p, m, n, acc[4 * j + e] * p.global_scale);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
+            if (m < p.m && n < p.n)
+              atomicAdd(p.workspace + static_cast<long long>(m) * p.n + n, acc[4 * j + e]);
+          }
+        // The last split of (token block, tile) to arrive emits the sums (per warpgroup: the
+        // other warpgroups own other tiles).
+        volatile unsigned* flag = flags + warpgroup;
+        __threadfence();
+        ptx::named_barrier_sync(1 + warpgroup, 128);
+        unsigned* counter = p.counters + static_cast<long long>(unit.m_block) * p.n_tiles + tile;
+        if (thread == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(p.splits - 1);
+        ptx::named_barrier_sync(1 + warpgroup, 128);
+        const bool last = *flag != 0u;
+        if (last) {
+          __threadfence();
+#pragma unroll
+          for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
+              if (m < p.m && n < p.n) {
+                float* at = p.workspace + static_cast<long long>(m) * p.n + n;
+                const float sum = __ldcg(at);
+                *at = 0.0f;
+                store_single<kOutput>(p, m, n, sum * p.global_scale);
+              }
+            }
+          if (thread == 0) *counter = 0u;
+        }
+        ptx::named_barrier_sync(1 + warpgroup, 128);  // the flag is read before it is rewritten
+      }
+    }
+  };
+
+  __device__ static void run(const WgmmaGemmParams& p, char* shared) {
+    const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    const unsigned base = (raw + 1023u) & ~1023u;  // A boxes need 1024-byte alignment
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(full_barrier(base, s), 1);
+        ptx::mbarrier_init(empty_barrier(base, s), kConsumers * 128);
+      }
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+      if constexpr (kRebalance) ptx::warpgroup_registers_decrease<kProducerRegisters>();
+      if (threadIdx.x == 0) produce(p, base);
+      return;
+    }
+    if constexpr (kRebalance) ptx::warpgroup_registers_increase<kConsumerRegisters>();
+    Consumer consumer;
+    consumer.warpgroup = warpgroup - 1;
+    consumer.thread = threadIdx.x % 128;
+    consumer.base = base;
+    consumer.flags = reinterpret_cast<volatile unsigned*>(shared + (base - raw) +
+                                                          kShape.flags_offset);
+    consumer.run(p);
+  }
+};
+
+// Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
+// kActivation 0 bf16 / 1 fp16; kDequant = WgmmaDequant; kThreads and kDynamicSmemBytes come
+// from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
+template <int kConsumers, int kTokens, int kStageChunks, int kStages, unsigned long long kFormat,
+          int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
+          int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
+  using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kFormat, kZeroMode, kGroup,
+                         kActivation == 0, kOutput, kSplitK, kDequant>;
+  static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
+  static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
+                "spec shared memory differs from the kernel's shape");
+  extern __shared__ __align__(1024) char wgmma_shared[];
+  Gemm::run(params, wgmma_shared);
+}
+
+}  // namespace qgemm::kernels

@@ -1,0 +1,76 @@
+// The shape of the SM90 wgmma GEMM (gemm/sm90_wgmma.cuh): threads, the stage's pieces and the
+// shared memory, as constexpr functions that the kernel evaluates at compile time and the
+// dispatcher (src/dispatch/wgmma_family.cpp) at run time.
+//
+//   block   warpgroup 0: the producer (one thread issues every copy)
+//           warpgroups 1 .. consumers: one 64-row weight tile each (block_n = 64 · consumers)
+//   stage   A  stage_chunks boxes of tokens × 64 activations (128-byte rows, 128-byte swizzle,
+//              1024-byte aligned: wgmma's B operand as TMA writes it)
+//           W  consumers × stage_chunks × 128 threads × bits words (gemm/wgmma_weight_layout.cuh)
+//           S  scale rows × block_n floats (the stage's groups), then as many zero rows
+//           (the stage rounded up to 1024 bytes)
+//   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [full, empty barriers]
+//           [one split-K flag per consumer]
+#pragma once
+
+#include "common/host_device.cuh"
+
+namespace qgemm::kernels {
+
+struct WgmmaTile {
+  int consumers = 2;     // consumer warpgroups: 1 or 2
+  int tokens = 128;      // wgmma N: 8, 16, 32, 64, 128 or 256
+  int stage_chunks = 1;  // K chunks of 64 per stage: 1, 2 or 4
+  int stages = 4;
+};
+
+struct WgmmaShape {
+  int threads = 0, block_n = 0, stage_k = 0;
+  int a_box_bytes = 0, a_bytes = 0, w_chunk_bytes = 0, w_tile_bytes = 0, w_bytes = 0;
+  int scale_rows = 0, s_row_bytes = 0, s_bytes = 0, stage_bytes = 0;
+  int barriers_offset = 0, flags_offset = 0, shared_bytes = 0;
+};
+
+QGEMM_HOST_DEVICE constexpr int round_up_to(int value, int multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int group,
+                                                   bool stored_zeros) {
+  WgmmaShape s;
+  s.threads = 128 * (1 + t.consumers);
+  s.block_n = 64 * t.consumers;
+  s.stage_k = 64 * t.stage_chunks;
+  s.a_box_bytes = t.tokens * 128;
+  s.a_bytes = t.stage_chunks * s.a_box_bytes;
+  s.w_chunk_bytes = 128 * bits * 4;
+  s.w_tile_bytes = t.stage_chunks * s.w_chunk_bytes;
+  s.w_bytes = t.consumers * s.w_tile_bytes;
+  s.scale_rows = (group == 0 || group >= s.stage_k) ? 1 : s.stage_k / group;
+  s.s_row_bytes = s.block_n * 4;
+  s.s_bytes = s.scale_rows * s.s_row_bytes * (stored_zeros ? 2 : 1);
+  s.stage_bytes = round_up_to(s.a_bytes + s.w_bytes + s.s_bytes, 1024);
+  s.barriers_offset = 1024 + t.stages * s.stage_bytes;
+  s.flags_offset = s.barriers_offset + 2 * t.stages * 8;
+  s.shared_bytes = s.flags_offset + 16;
+  return s;
+}
+
+// Why the config cannot be instantiated for this weight (nullptr when it can): the rules the
+// kernel static_asserts.
+QGEMM_HOST_DEVICE constexpr const char* wgmma_tile_error(WgmmaTile t, int group) {
+  if (t.consumers != 1 && t.consumers != 2) return "one or two consumer warpgroups";
+  if (!(t.tokens == 8 || t.tokens == 16 || t.tokens == 32 || t.tokens == 64 || t.tokens == 128 ||
+        t.tokens == 256))
+    return "wgmma tokens (N) of 8, 16, 32, 64, 128 or 256";
+  if (!(t.stage_chunks == 1 || t.stage_chunks == 2 || t.stage_chunks == 4))
+    return "stages of 1, 2 or 4 K chunks of 64";
+  if (t.stages < 2) return "the ring needs two stages";
+  const int stage_k = 64 * t.stage_chunks;
+  if (group != 0 && (group % 16 != 0 || (group % stage_k != 0 && stage_k % group != 0)))
+    return "the weight group must be a multiple of 16 that divides the stage's K or is a "
+           "multiple of it";
+  return nullptr;
+}
+
+}  // namespace qgemm::kernels

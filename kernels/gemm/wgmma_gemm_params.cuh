@@ -1,0 +1,33 @@
+// The argument struct of the SM90 wgmma GEMM (gemm/sm90_wgmma.cuh), plain C++ so that the host
+// fills the very same struct it passes to cuLaunchKernel. The kernel takes it as a
+// __grid_constant__ parameter: TMA reads the activations' tensor map from parameter space.
+#pragma once
+
+namespace qgemm::kernels {
+
+// CUtensorMap's storage (cuda.h: 128 bytes, 64-byte aligned; the host static_asserts the
+// match), so that this header needs no driver header under NVRTC.
+struct alignas(64) TensorMapStorage {
+  unsigned long long opaque[16];
+};
+
+struct WgmmaGemmParams {
+  // A [M, K] bf16/fp16 as a 2-D tensor map: dims {K, M}, box {64, tokens}, 128-byte swizzle,
+  // zero fill past K and M.
+  TensorMapStorage activations;
+  const unsigned* w;    // prepared codes (gemm/wgmma_weight_layout.cuh)
+  const float* scales;  // [groups][n_padded], thread-permuted
+  const float* zeros;   // same shape, or null
+  void* c;              // [M, ldc] output
+  const float* bias;    // [N] fp32, or null
+  const float* row_factors;  // [M] fp32 factors of A's rows, or null
+  float* workspace;     // split-K: [M, N] fp32, zero between calls
+  unsigned* counters;   // split-K: one per (token block, weight tile), zero between calls
+  long long ldc;
+  int m, n, k;
+  int n_padded, n_tiles, k_chunks, groups;
+  int n_blocks, m_blocks, splits, chunks_per_split;
+  float global_scale;
+};
+
+}  // namespace qgemm::kernels
