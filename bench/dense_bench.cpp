@@ -3,7 +3,7 @@
 // prints one table row per case.
 // (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
 //
-//   build/bench/qgemm_dense_bench [--quick | --a8]
+//   build/bench/qgemm_dense_bench [--quick | --a8 | --decode | --wgmma]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
   const bool a8 = argc > 1 && std::strcmp(argv[1], "--a8") == 0;
   // --decode: the M <= 16 cases only, every decode config (no dequant + cuBLAS).
   const bool decode = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
+  // --wgmma: the SM90 issue's W4A16 rows, every wgmma config that fits M against the choice.
+  const bool wgmma = argc > 1 && std::strcmp(argv[1], "--wgmma") == 0;
+  if (wgmma) setenv("QGEMM_WGMMA", "1", 1);  // the selector ranks the family (it is opt-in)
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},
@@ -98,6 +101,17 @@ int main(int argc, char** argv) {
       {"w8a8-fp8", 4096, 8192, 8192},
   };
   if (quick) cases.resize(3);
+  if (wgmma) {
+    cases.clear();
+    for (long long m : {1, 16, 64, 256, 1024, 4096}) {
+      cases.push_back({"w4a16", m, 8192, 8192});
+      cases.push_back({"w4a16", m, 28672, 8192});
+    }
+    for (long long m : {1, 16, 4096}) cases.push_back({"w4a16", m, 8192, 28672});
+    for (const char* s : {"w3a16", "w8a16", "mxfp4-a16"})
+      for (long long m : {1, 4096}) cases.push_back({s, m, 28672, 8192});
+    for (long long m : {1, 4096}) cases.push_back({"mxfp4-a16", m, 8192, 8192});
+  }
   if (decode)
     cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.m > 16; }),
                 cases.end());
@@ -161,7 +175,14 @@ int main(int argc, char** argv) {
     if (c.m > 128 && !quick)
       configs.insert(configs.end(), {"prefill", "prefill-n256", "prefill-m256"});
     if (a8) configs = {"", "medium-a8", "medium-a8-m32", "prefill-a8", "medium"};
-    if (!quick && !decode) configs.push_back("qdq");
+    if (wgmma) {
+      configs = {""};
+      for (int tokens : {8, 16, 32, 64, 128, 256})
+        if (tokens <= 2 * std::max<long long>(c.m, 8) && (c.m < 256 || tokens >= 128))
+          configs.push_back("wgmma-" + std::to_string(tokens));
+      configs.push_back(c.m <= 16 ? "decode" : c.m <= 256 ? "medium" : "prefill");
+    }
+    if (!quick && !decode && !wgmma) configs.push_back("qdq");
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.candidate = config;

@@ -5,9 +5,9 @@
 
 namespace qgemm::kernels {
 
-// CUtensorMap's storage (cuda.h: 128 bytes, 64-byte aligned; the host static_asserts the
+// CUtensorMap's storage (cuda.h: 128 bytes, 128-byte aligned; the host static_asserts the
 // match), so that this header needs no driver header under NVRTC.
-struct alignas(64) TensorMapStorage {
+struct alignas(128) TensorMapStorage {
   unsigned long long opaque[16];
 };
 

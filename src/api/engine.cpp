@@ -42,6 +42,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/mma_dequantize_launch.hpp"
+#include "runtime/tensor_map.hpp"
 #include "runtime/utility_kernels.hpp"
 
 namespace qgemm {
@@ -60,6 +61,7 @@ struct PreparedWeight {
   dispatch::WeightFacts facts;
   PackedWeight canonical_shape;  // the canonical metadata (vectors empty), for its dequantizer
   runtime::DeviceBuffer words, scales, zeros;                      // the mma layout
+  runtime::DeviceBuffer wgmma_words, wgmma_scales, wgmma_zeros;    // the wgmma order
   runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
   runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
 
@@ -81,7 +83,8 @@ struct PreparedWeight {
   mutable std::map<PlanKey, GemmPlan> plans;
 
   std::size_t bytes() const {
-    return words.bytes() + scales.bytes() + zeros.bytes() + codes.bytes() +
+    return words.bytes() + scales.bytes() + zeros.bytes() + wgmma_words.bytes() +
+           wgmma_scales.bytes() + wgmma_zeros.bytes() + codes.bytes() +
            canonical_scales.bytes() + canonical_zeros.bytes() + fp8_scales.bytes();
   }
 };
@@ -307,6 +310,9 @@ struct Engine::Impl {
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
+  void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+                 const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
+                 const float* row_factors, void* zeroed);
 };
 
 Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
@@ -353,36 +359,47 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
         activation.scaling == ActivationScaling::StaticTensor ? static_activation_scale : 0.0;
   }
 
-  // Which layouts: the mma layout where the family can hold the weight and some M would run
-  // on it; the canonical codes where the mma layout cannot hold it (dequantize + cuBLAS reads
-  // them) or where cuBLASLt FP8 would serve some M. The selector is asked over M = 1 .. 64 Ki
+  // Which layouts: the mma layout and the wgmma order where some M would run on their
+  // families; the canonical codes where the mma layout cannot hold the weight (dequantize +
+  // cuBLAS reads them) or where cuBLASLt FP8 would serve some M. Dequantize + cuBLAS reads the
+  // mma layout when there are no canonical codes. The selector is asked over M = 1 .. 64 Ki
   // with the scheme the weight was prepared for.
   Scheme prepared_scheme;
   prepared_scheme.weight = weight.quant;
   prepared_scheme.activation = prepared->activation;
   dispatch::WeightFacts facts =
       dispatch::WeightFacts::of_scheme(prepared_scheme, weight.n, weight.k, impl_->arch);
-  bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma;
-  if (facts.mma && facts.canonical) {
+  bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma, want_wgmma = false;
+  if (facts.mma && (facts.canonical || facts.wgmma)) {
     GemmProblem probe;
     probe.n = weight.n;
     probe.k = weight.k;
     probe.scheme.weight = weight.quant;
     probe.scheme.activation = prepared->activation;
     want_mma = false;
+    bool want_qdq = false;
     const dispatch::SelectionContext context = impl_->selection_context(probe);
     for (std::int64_t high = 1; high <= 65536; high *= 2) {
       probe.m = high;  // gemm()'s plans are of one exact M
       const dispatch::Selection s = dispatch::select(probe, high, facts, context);
-      const dispatch::Path path = s.chosen().candidate->path;
-      if (path == dispatch::Path::CublasLtFp8) want_canonical = true;
-      if (path == dispatch::Path::MmaStreamed || path == dispatch::Path::MmaTiled) want_mma = true;
+      switch (s.chosen().candidate->path) {
+        case dispatch::Path::CublasLtFp8: want_canonical = true; break;
+        case dispatch::Path::MmaStreamed:
+        case dispatch::Path::MmaTiled: want_mma = true; break;
+        case dispatch::Path::Wgmma: want_wgmma = true; break;
+        case dispatch::Path::Qdq: want_qdq = true; break;
+      }
     }
-    if (!want_mma && !want_canonical) want_mma = true;  // qdq alone reads the mma layout
+    // While the family is opt-in (dispatch::wgmma_ranked_by_default), opting in keeps its order
+    // so that any wgmma config can be forced on the weight.
+    if (facts.wgmma && dispatch::wgmma_ranked_by_default()) want_wgmma = true;
+    if (want_qdq && !want_canonical) want_mma = true;
+    if (!want_mma && !want_canonical && !want_wgmma) want_mma = true;  // qdq alone
   }
-  log(LogLevel::Info, "prepare_weight {} {}x{}: {}{}", weight.quant.format.name(), weight.n,
-      weight.k, want_mma ? "mma layout" : "",
-      want_canonical ? (want_mma ? " + canonical codes" : "canonical codes") : "");
+  log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,
+      weight.k,
+      fmt::format("{}{}{}", want_mma ? "mma layout " : "", want_wgmma ? "wgmma order " : "",
+                  want_canonical ? "canonical codes" : ""));
 
   if (want_canonical) {
     PackedWeight& shape = prepared->canonical_shape;
@@ -412,6 +429,17 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   } else {
     if (facts.mma) facts.no_mma = "prepared without it (no M would run on it)";
     facts.mma.reset();
+  }
+  if (want_wgmma) {
+    layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(
+        weight, impl_->arch, nullptr, layout::FragmentOrder::Wgmma);
+    facts.wgmma = device.meta;
+    prepared->wgmma_words = std::move(device.words);
+    prepared->wgmma_scales = std::move(device.scales);
+    prepared->wgmma_zeros = std::move(device.zeros);
+  } else {
+    if (facts.wgmma) facts.no_wgmma = "prepared without it (no M would run on it)";
+    facts.wgmma.reset();
   }
   prepared->facts = std::move(facts);
   QuantWeight out;
@@ -449,6 +477,9 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
     case dispatch::Path::MmaTiled:
       step.zeroed_bytes =
           dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high, *weight.facts.mma);
+      break;
+    case dispatch::Path::Wgmma:
+      step.zeroed_bytes = dispatch::wgmma_zeroed_bytes(launch.wgmma, high, *weight.facts.wgmma);
       break;
     case dispatch::Path::Qdq:
       s.weight_chunk = take(static_cast<std::size_t>(
@@ -767,6 +798,9 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
     case dispatch::Path::Qdq:
       run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
       return;
+    case dispatch::Path::Wgmma:
+      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, zeroed);
+      return;
     case dispatch::Path::CublasLtFp8:
     case dispatch::Path::MmaStreamed:
     case dispatch::Path::MmaTiled: break;
@@ -895,6 +929,48 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
   d.k_blocks = w.k_blocks;
   d.n_padded = w.n_padded;
   runtime::launch_mma_dequantize(kernel, spec, d, info.sm_count, stream);
+}
+
+// The SM90 wgmma GEMM (kernels/gemm/sm90_wgmma.cuh): A's tensor map is encoded per call (its
+// address changes; host work of about a microsecond), the rest comes from the plan.
+void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+                             const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream,
+                             const float* bias, const float* row_factors, void* zeroed) {
+  const layout::MmaWeight& w = *weight.facts.wgmma;
+  const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
+  const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
+  kernels::WgmmaGemmParams params{};
+  params.activations = runtime::activation_tensor_map(reinterpret_cast<CUdeviceptr>(a.data),
+                                                      a.rows, a.cols, a.stride, config.block_m());
+  params.w = weight.wgmma_words.as<const unsigned>();
+  params.scales = weight.wgmma_scales.as<const float>();
+  params.zeros = weight.wgmma_zeros.bytes() ? weight.wgmma_zeros.as<const float>() : nullptr;
+  params.c = c.data;
+  params.bias = bias;
+  params.row_factors = row_factors;
+  params.ldc = c.stride;
+  params.m = static_cast<int>(a.rows);
+  params.n = static_cast<int>(w.n);
+  params.k = static_cast<int>(w.k);
+  params.n_padded = static_cast<int>(w.n_padded);
+  params.n_tiles = static_cast<int>(w.n_padded / 64);
+  params.k_chunks = static_cast<int>(w.k_blocks / 4);
+  params.groups = w.groups;
+  params.n_blocks = planned.n_blocks;
+  params.m_blocks = static_cast<int>((a.rows + config.block_m() - 1) / config.block_m());
+  params.splits = planned.splits;
+  params.chunks_per_split = planned.chunks_per_split;
+  params.global_scale = static_cast<float>(w.global_scale);
+  if (planned.splits > 1) {
+    // [M][N] fp32 sums, then the counters (dispatch::wgmma_zeroed_bytes).
+    params.workspace = static_cast<float*>(zeroed);
+    params.counters =
+        at<unsigned>(zeroed, aligned(static_cast<std::size_t>(a.rows) * w.n * sizeof(float)));
+  }
+  const std::int64_t units =
+      static_cast<std::int64_t>(params.n_blocks) * params.m_blocks * params.splits;
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(units, gpu.sm_count));
+  runtime::launch_kernel(step.gemm, {grid, 1, 1}, params, stream);
 }
 
 // C = A · Wᵀ chunk by chunk of N: dequantize the chunk's rows to the operand's type, multiply

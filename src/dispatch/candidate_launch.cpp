@@ -24,6 +24,9 @@ std::string CandidateLaunch::text() const {
   switch (path) {
     case Path::MmaStreamed:
     case Path::MmaTiled: text += fmt::format(" splits={}", mma.splits); break;
+    case Path::Wgmma:
+      text += fmt::format(" grid={} splits={}", wgmma.grid, wgmma.splits);
+      break;
     case Path::Qdq:
       text += fmt::format(" + cuBLAS ({} chunk{} of {} rows{})", qdq.chunks, qdq.chunks > 1 ? "s" : "",
                           qdq.chunk_n, qdq.finish ? ", fp32 sums" : "");
@@ -67,6 +70,12 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       launch.mma = mma_launch(*launch.config, m, *weight.mma, gpu);
       launch.gemm = mma_spec(*launch.config, launch.mma, *weight.mma, launch.operand,
                              p.scheme.output, arch);
+      break;
+    case Path::Wgmma:
+      launch.wgmma_config = verdict.candidate->wgmma;
+      launch.wgmma = wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, gpu);
+      launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
+                               p.scheme.output, arch);
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);

@@ -27,9 +27,11 @@ struct CandidateLaunch {
   ActivationPrep prep = ActivationPrep::None;
   bool row_factors = false;  // the GEMM applies per-row factors (mma epilogue, qdq finish)
   std::optional<jit::KernelSpec> prepare, absmax;       // the activation step
-  std::optional<jit::KernelSpec> gemm;                  // mma paths
+  std::optional<jit::KernelSpec> gemm;                  // mma and wgmma paths
   std::optional<jit::KernelSpec> dequantize, finish;    // qdq
   MmaLaunch mma;
+  WgmmaLaunch wgmma;  // the wgmma path (its config: verdict.candidate->wgmma)
+  const WgmmaConfig* wgmma_config = nullptr;
   QdqLaunch qdq;
 
   std::vector<jit::KernelSpec> specs() const;  // every kernel, in launch order

@@ -48,6 +48,13 @@ struct GpuRates {
   double tiled_bytes_factor = 1.5;
   double tiled_ramp_tiles = 30;
   double tiled_stream = 0.6;
+  // The SM90 wgmma family (predictions before its first measurement, bench/NOTES.md): fixed
+  // cost, weight streaming efficiency, tensor rate at wide token blocks, and the rate at which
+  // the SMs dequantize weight elements with packed16 (G elements/s; float16 0.7x, fp32 0.4x).
+  double wgmma_fixed_us = 4.0;
+  double wgmma_stream = 0.85;
+  double wgmma_tflops = 760;
+  double wgmma_dequant_gelems = 11000;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
   double dequant_stream = 0.82;

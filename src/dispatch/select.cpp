@@ -20,6 +20,7 @@ const char* path_name(Path path) {
   switch (path) {
     case Path::MmaStreamed: return "mma.sync streamed";
     case Path::MmaTiled: return "mma.sync tiled";
+    case Path::Wgmma: return "SM90 wgmma";
     case Path::Qdq: return "dequantize + cuBLAS";
     case Path::CublasLtFp8: return "cuBLASLt FP8";
   }
@@ -33,6 +34,8 @@ const std::vector<Candidate>& all_candidates() {
       list.push_back({config.name,
                       config.kernel == MmaKernel::Streamed ? Path::MmaStreamed : Path::MmaTiled,
                       &config});
+    for (const WgmmaConfig& config : wgmma_configs())
+      list.push_back({config.name, Path::Wgmma, nullptr, &config});
     list.push_back({"qdq", Path::Qdq, nullptr});
     list.push_back({"cublaslt-fp8", Path::CublasLtFp8, nullptr});
     return list;
@@ -89,7 +92,16 @@ WeightFacts WeightFacts::of_scheme(const Scheme& scheme, std::int64_t n, std::in
     mma.scales_exact_in_fp16 =
         scale_format_exact(quant.scale_format, formats::fp16, quant.format.bits);
     facts.mma = mma;
+    if (arch == jit::Arch::sm_90a) {
+      layout::MmaWeight wgmma = layout::mma_shape(quant, n, k, 1.0, layout::FragmentOrder::Wgmma);
+      wgmma.scales_exact_in_bf16 = mma.scales_exact_in_bf16;
+      wgmma.scales_exact_in_fp16 = mma.scales_exact_in_fp16;
+      facts.wgmma = wgmma;
+    } else {
+      facts.no_wgmma = fmt::format("the wgmma family runs on sm_90a ({} here)", jit::arch_name(arch));
+    }
   }
+  if (!facts.mma) facts.no_wgmma = facts.no_mma;
   if (const auto modes = cublaslt_modes(scheme)) {
     GemmProblem probe;
     probe.scheme = scheme;
@@ -212,6 +224,34 @@ Cost tiled_cost(const GemmProblem& p, std::int64_t m, const MmaConfig& config,
   return cost;
 }
 
+Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
+                const WgmmaLaunch& launch, const layout::MmaWeight& w, const Format& operand,
+                const GpuRates& r, const GpuLimits& gpu) {
+  Cost cost;
+  cost.fixed_us = r.wgmma_fixed_us;
+  const double units = static_cast<double>(launch.units());
+  const double occupancy = units / (std::ceil(units / gpu.sm_count) * gpu.sm_count);
+  const double rows = static_cast<double>(launch.m_blocks) * config.block_m();
+  // Tensor work, and the dequantization (every token block dequantizes the whole weight),
+  // which overlap: the slower one bounds.
+  const double tensor_us = tflops_us(2.0 * rows * p.n * p.k,
+                                     r.wgmma_tflops * rows / (rows + 64.0) * occupancy);
+  const std::string dequant = wgmma_dequant(w, operand);
+  const double dequant_rate = r.wgmma_dequant_gelems * (dequant == "packed16"  ? 1.0
+                                                        : dequant == "float16" ? 0.7
+                                                                               : 0.4);
+  const double dequant_us =
+      static_cast<double>(launch.m_blocks) * p.n * p.k / (dequant_rate * 1e3 * occupancy);
+  cost.compute_us = std::max(tensor_us, dequant_us);
+  double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
+                 static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
+  if (launch.splits > 1) bytes += 2.0 * launch.splits * m * p.n * 4;  // fp32 partial sums
+  cost.memory_us = gbps_us(bytes, r.copy_gbps * r.wgmma_stream * std::min(1.0, units / gpu.sm_count));
+  cost.note = fmt::format("{:.0f} units on {} SMs ({:.0f} % of the last round), {} splits, {}",
+                          units, launch.grid, 100 * occupancy, launch.splits, dequant);
+  return cost;
+}
+
 // cuBLAS's tensor-core efficiency at M rows (measured on the H200: ~0.8 of the 8192³ rate at
 // M = 256, the full rate from M ≈ 1024).
 double cublas_efficiency(std::int64_t m) {
@@ -269,6 +309,30 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         v.cost = candidate.path == Path::MmaStreamed
                      ? streamed_cost(p, m, launch, *weight.mma, v.operand, r)
                      : tiled_cost(p, m, config, launch, *weight.mma, v.operand, r, gpu);
+        const ActivationStep step = activation_step(p, m, v.operand, false);
+        if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
+        break;
+      }
+      case Path::Wgmma: {
+        const WgmmaConfig& config = *candidate.wgmma;
+        if (!wgmma_ranked_by_default() && context.forced != candidate.name) {
+          reject(kWgmmaUnverified);
+          break;
+        }
+        if (!weight.wgmma) {
+          reject("the weight has no wgmma order: " + weight.no_wgmma);
+          break;
+        }
+        if (!quantized && p.a_alignment < 16) {
+          reject(fmt::format("A rows are {}-byte aligned; TMA needs 16 bytes", p.a_alignment));
+          break;
+        }
+        if (auto why = config.unsupported_reason(m, *weight.wgmma, v.operand, gpu)) {
+          reject(*why);
+          break;
+        }
+        const WgmmaLaunch launch = wgmma_launch(config, m, *weight.wgmma, gpu);
+        v.cost = wgmma_cost(p, m, config, launch, *weight.wgmma, v.operand, r, gpu);
         const ActivationStep step = activation_step(p, m, v.operand, false);
         if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
         break;

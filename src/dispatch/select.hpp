@@ -4,6 +4,8 @@
 //   candidate       path          serves
 //   decode, ...     mma streamed  M ≤ 16, weights in the mma layout (dispatch/mma_family.hpp)
 //   medium, ...     mma tiled     any M, weights in the mma layout, 16-bit or 8-bit operands
+//   wgmma-8, ...    SM90 wgmma    any M on sm_90a, weights in the wgmma order, 16-bit operands
+//                                 (dispatch/wgmma_family.hpp)
 //   qdq             dequantize    every weight: dequantized to 16 bits chunk by chunk of N, then
 //                   + cuBLAS      cuBLAS BF16/FP16 (dispatch/qdq_family.hpp)
 //   cublaslt-fp8    cuBLASLt FP8  e4m3/e5m2 weights against e4m3/e5m2 activations, with the
@@ -24,21 +26,24 @@
 #include "dispatch/gpu_limits.hpp"
 #include "dispatch/mma_family.hpp"
 #include "dispatch/tuning_table.hpp"
+#include "dispatch/wgmma_family.hpp"
 #include "layout/mma_layout.hpp"
 #include "qgemm/plan.hpp"
 #include "runtime/cublaslt.hpp"
 
 namespace qgemm::dispatch {
 
-enum class Path { MmaStreamed, MmaTiled, Qdq, CublasLtFp8 };
+enum class Path { MmaStreamed, MmaTiled, Wgmma, Qdq, CublasLtFp8 };
 const char* path_name(Path path);  // "mma.sync streamed", ..., "cuBLASLt FP8"
 
 struct Candidate {
   std::string name;
   Path path = Path::Qdq;
-  const MmaConfig* config = nullptr;  // the mma paths
+  const MmaConfig* config = nullptr;         // the mma paths
+  const WgmmaConfig* wgmma = nullptr;         // the wgmma path
 };
-// Every candidate in catalog order: the mma configs, then qdq, then cublaslt-fp8.
+// Every candidate in catalog order: the mma configs, the wgmma configs, then qdq, then
+// cublaslt-fp8.
 const std::vector<Candidate>& all_candidates();
 const Candidate* find_candidate(std::string_view name);  // null when there is none
 
@@ -49,6 +54,8 @@ struct WeightFacts {
   std::int64_t n = 0, k = 0;
   std::optional<layout::MmaWeight> mma;  // metadata of the mma layout, when prepared
   std::string no_mma;                    // why there is none
+  std::optional<layout::MmaWeight> wgmma;  // metadata of the wgmma order, when prepared
+  std::string no_wgmma;                    // why there is none
   bool canonical = false;                // the canonical codes and scales are on the device
   // The mode the weight's scales were laid out in for cuBLASLt FP8, when they were.
   std::optional<runtime::Fp8ScaleMode> fp8_weight_mode;

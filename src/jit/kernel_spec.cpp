@@ -209,6 +209,25 @@ const std::vector<KernelFamily>& kernel_families() {
         {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
         {"min_blocks", ParamKind::Int, {}}},
        false},
+      // kernels/gemm/sm90_wgmma.cuh (sm_90a); configs in src/dispatch/wgmma_family.cpp. Its
+      // parameter is __grid_constant__ (TMA reads the tensor map from parameter space).
+      {"wgmma_gemm_sm90",
+       "gemm/sm90_wgmma.cuh",
+       "qgemm::kernels::wgmma_gemm_sm90",
+       "const __grid_constant__ qgemm::kernels::WgmmaGemmParams",
+       {{"consumers", ParamKind::Int, {}},
+        {"tokens", ParamKind::Int, {}},
+        {"stage_chunks", ParamKind::Int, {}},
+        {"stages", ParamKind::Int, {}},
+        {"weight", ParamKind::Format, {}},
+        {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
+        {"group", ParamKind::Int, {}},
+        {"act", ParamKind::Choice, {"bf16", "fp16"}},
+        {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
+        {"split_k", ParamKind::Bool, {}},
+        // Order = kernels::WgmmaDequant.
+        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16"}}},
+       false},
       // kernels/gemm/mma_dequantize.cuh: the weight chunks of the dequantize + cuBLAS path;
       // specs come from jit::mma_dequantize_spec.
       {"mma_dequantize",

@@ -71,6 +71,7 @@ struct DriverLoader {
     QGEMM_LOAD(cuGraphDestroy)
     QGEMM_LOAD(cuGraphExecDestroy)
     QGEMM_LOAD(cuGraphGetNodes)
+    QGEMM_LOAD(cuTensorMapEncodeTiled)
 #undef QGEMM_LOAD
     const CUresult result = driver.cuInit(0);
     if (result != CUDA_SUCCESS) {

@@ -57,6 +57,7 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuGraphDestroy);
   QGEMM_DRIVER_FUNCTION(cuGraphExecDestroy);
   QGEMM_DRIVER_FUNCTION(cuGraphGetNodes);
+  QGEMM_DRIVER_FUNCTION(cuTensorMapEncodeTiled);
 #undef QGEMM_DRIVER_FUNCTION
 
  private:

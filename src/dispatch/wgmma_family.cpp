@@ -1,0 +1,141 @@
+#include "dispatch/wgmma_family.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+
+#include "qgemm/error.hpp"
+
+namespace qgemm::dispatch {
+namespace {
+
+kernels::WgmmaShape shape_of(const kernels::WgmmaTile& tile, const layout::MmaWeight& w) {
+  return kernels::wgmma_shape(tile, w.format.bits, w.group_size, w.stores_zeros());
+}
+
+}  // namespace
+
+bool wgmma_ranked_by_default() {
+  const char* value = std::getenv("QGEMM_WGMMA");
+  return value && std::string_view(value) == "1";
+}
+
+const std::vector<WgmmaConfig>& wgmma_configs() {
+  // {consumers, tokens, stage_chunks, stages}. Small token widths stream the weight: deep rings
+  // of 128-K stages keep ~40-70 KB of copies in flight per SM (the H200 needs ~32 KB at its
+  // bandwidth and latency). Wide ones are tensor-bound: 64-K stages, as many as fit.
+  static const std::vector<WgmmaConfig> configs = {
+      {"wgmma-8", {2, 8, 2, 10}},    {"wgmma-16", {2, 16, 2, 10}},
+      {"wgmma-32", {2, 32, 2, 8}},   {"wgmma-64", {2, 64, 2, 6}},
+      {"wgmma-128", {2, 128, 1, 7}}, {"wgmma-256", {2, 256, 1, 5}},
+  };
+  return configs;
+}
+
+int WgmmaConfig::threads() const { return 128 * (1 + tile.consumers); }
+
+int WgmmaConfig::shared_bytes(const layout::MmaWeight& weight) const {
+  return shape_of(tile, weight).shared_bytes;
+}
+
+std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
+                                                           const layout::MmaWeight& weight,
+                                                           const Format& operand,
+                                                           const GpuLimits& gpu) const {
+  if (gpu.arch != jit::Arch::sm_90a)
+    return fmt::format("wgmma runs on sm_90a only (this is {})", jit::arch_name(gpu.arch));
+  if (weight.order != layout::FragmentOrder::Wgmma)
+    return std::string("the weight is not in the wgmma order");
+  if (operand != formats::bf16 && operand != formats::fp16)
+    return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
+  if (const char* why = kernels::wgmma_tile_error(tile, weight.group_size))
+    return fmt::format("group {}: {}", weight.group_size, why);
+  if (shared_bytes(weight) > gpu.shared_per_block)
+    return fmt::format("needs {} bytes of shared memory (the block limit is {})",
+                       shared_bytes(weight), gpu.shared_per_block);
+  // A token block at most twice the rows it serves (M = 1 takes wgmma-8, ...).
+  if (tile.tokens > 8 && m <= tile.tokens / 2)
+    return fmt::format("M = {} fills less than half of its {}-token blocks", m, tile.tokens);
+  return std::nullopt;
+}
+
+std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand) {
+  if (layout::packed16_dequant_applies(weight, operand)) return "packed16";
+  const bool exact =
+      operand == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
+  if (weight.format.is_float() && exact &&
+      layout::unscaled_dequant(weight, operand) == std::optional<std::string>("float16"))
+    return "float16";
+  return "fp32";
+}
+
+WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::MmaWeight& weight,
+                         const GpuLimits& gpu) {
+  WgmmaLaunch launch;
+  const std::int64_t tiles = weight.n_padded / 64;
+  launch.n_blocks = static_cast<int>((tiles + c.tile.consumers - 1) / c.tile.consumers);
+  launch.m_blocks = static_cast<int>((m + c.block_m() - 1) / c.block_m());
+  const std::int64_t k_chunks = weight.k_blocks / 4;
+  const std::int64_t blocks = static_cast<std::int64_t>(launch.n_blocks) * launch.m_blocks;
+  // Splits fill the SMs where the (weight block, token block) units alone would leave them
+  // idle: the split whose units round up to the fewest idle SMs in the last round, at ≥ 4
+  // stages of K each (a unit shorter than that is mostly pipeline ramp).
+  const int chunk_step = c.tile.stage_chunks;
+  int best_splits = 1;
+  double best = 0.0;
+  for (int s = 1; s <= 16; ++s) {
+    const std::int64_t per = (k_chunks + s - 1) / s;
+    if (s > 1 && per < 4 * chunk_step) break;
+    const std::int64_t units = blocks * s;
+    const double rounds = std::ceil(static_cast<double>(units) / gpu.sm_count);
+    const double efficiency = static_cast<double>(units) / (rounds * gpu.sm_count);
+    if (efficiency > best * 1.05) {
+      best = efficiency;
+      best_splits = s;
+    }
+  }
+  std::int64_t per = (k_chunks + best_splits - 1) / best_splits;
+  per = (per + chunk_step - 1) / chunk_step * chunk_step;  // stages never straddle splits
+  launch.chunks_per_split = static_cast<int>(per);
+  launch.splits = static_cast<int>((k_chunks + per - 1) / per);
+  launch.grid = static_cast<unsigned>(std::min<std::int64_t>(launch.units(), gpu.sm_count));
+  return launch;
+}
+
+std::size_t wgmma_zeroed_bytes(const WgmmaLaunch& launch, std::int64_t m,
+                               const layout::MmaWeight& weight) {
+  if (launch.splits <= 1) return 0;
+  const std::size_t sums = static_cast<std::size_t>(m) * weight.n * sizeof(float);
+  const std::size_t counters =
+      static_cast<std::size_t>(launch.m_blocks) * (weight.n_padded / 64) * sizeof(unsigned);
+  return (sums + 255) / 256 * 256 + counters;
+}
+
+jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
+                           const layout::MmaWeight& weight, const Format& operand,
+                           const Format& output, jit::Arch arch) {
+  jit::KernelSpec spec;
+  spec.arch = arch;
+  spec.family = "wgmma_gemm_sm90";
+  spec.params = {
+      jit::SpecParam::integer("consumers", c.tile.consumers),
+      jit::SpecParam::integer("tokens", c.tile.tokens),
+      jit::SpecParam::integer("stage_chunks", c.tile.stage_chunks),
+      jit::SpecParam::integer("stages", c.tile.stages),
+      jit::SpecParam::number_format("weight", weight.format),
+      jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
+      jit::SpecParam::integer("group", weight.group_size),
+      jit::SpecParam::chosen("act", operand.name()),
+      jit::SpecParam::chosen("out", output.name()),
+      jit::SpecParam::boolean("split_k", launch.splits > 1),
+      jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),
+  };
+  spec.launch.threads_per_block = c.threads();
+  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight);
+  return spec;
+}
+
+}  // namespace qgemm::dispatch

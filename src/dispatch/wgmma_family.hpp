@@ -1,0 +1,74 @@
+// The SM90 wgmma kernel family (kernels/gemm/sm90_wgmma.cuh) on the prepared wgmma order
+// (kernels/gemm/wgmma_weight_layout.cuh): its configs, the rules that say which problems a
+// config can serve, and the launch geometry and kernel spec of a config for a problem.
+//
+//   wgmma-8 .. wgmma-256   the token width (wgmma's N) of the config: one instantiation per
+//                          width, each with the stage depth and split rule that suit it
+//
+// Threads and shared memory come from kernels/gemm/sm90_wgmma_shape.cuh, evaluated here on the
+// same values the spec passes to the template. Which config a call uses is the selector's
+// business (dispatch/select.hpp).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dispatch/gpu_limits.hpp"
+#include "gemm/sm90_wgmma_shape.cuh"
+#include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
+
+namespace qgemm::dispatch {
+
+struct WgmmaConfig {
+  std::string name;  // "wgmma-8", ..., "wgmma-256" (the tuning tables' key)
+  kernels::WgmmaTile tile;
+
+  int block_m() const { return tile.tokens; }
+  int block_n() const { return 64 * tile.consumers; }
+  int threads() const;
+  int shared_bytes(const layout::MmaWeight& weight) const;
+  // Why this config cannot serve M rows of 16-bit `operand` against `weight` (in the wgmma
+  // order) on `gpu`; nullopt when it can.
+  std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
+                                                const Format& operand,
+                                                const GpuLimits& gpu) const;
+};
+
+const std::vector<WgmmaConfig>& wgmma_configs();
+
+// Whether the selector may rank the family on its own: only with QGEMM_WGMMA=1 until the family
+// has been checked and timed on an H200 (bench/NOTES.md, "SM90 wgmma"). A caller that forces a
+// wgmma config (benches, the tuner, the GPU tests) gets it either way. Read at each call, so a
+// test can set it.
+bool wgmma_ranked_by_default();
+inline constexpr const char* kWgmmaUnverified =
+    "the SM90 wgmma family is not yet verified on an H200 (QGEMM_WGMMA=1 lets the selector "
+    "rank it)";
+
+// How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
+// (kernels/dequant/wgmma_dequant.cuh).
+std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand);
+
+// One config's launch for a problem at M rows (a plan fixes it per M bucket at its largest M).
+struct WgmmaLaunch {
+  int n_blocks = 1, m_blocks = 1, splits = 1, chunks_per_split = 1;
+  unsigned grid = 1;  // persistent blocks: min(units, SMs)
+  std::int64_t units() const { return static_cast<std::int64_t>(n_blocks) * m_blocks * splits; }
+};
+
+WgmmaLaunch wgmma_launch(const WgmmaConfig& config, std::int64_t m,
+                         const layout::MmaWeight& weight, const GpuLimits& gpu);
+
+// Split-K scratch at M rows: fp32 sums [M, N] and one counter per (token block, weight tile),
+// which the kernel leaves zero (0 without split-K).
+std::size_t wgmma_zeroed_bytes(const WgmmaLaunch& launch, std::int64_t m,
+                               const layout::MmaWeight& weight);
+
+jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
+                           const layout::MmaWeight& weight, const Format& operand,
+                           const Format& output, jit::Arch arch);
+
+}  // namespace qgemm::dispatch

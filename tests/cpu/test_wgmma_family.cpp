@@ -1,0 +1,186 @@
+// The SM90 wgmma family on the CPU side (src/dispatch/wgmma_family.hpp): it is opt-in until it has
+// been verified on an H200, its launches cover the problem exactly once, its rules reject what
+// the kernel cannot hold, and its JIT specs compile for sm_90a without spills.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "dispatch/select.hpp"
+#include "dispatch/wgmma_family.hpp"
+#include "jit/cache.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::dispatch {
+namespace {
+
+const GpuLimits kH200 = GpuLimits::of_arch(jit::Arch::sm_90a, 132);
+
+GemmProblem problem_of(const std::string& scheme, std::int64_t m, std::int64_t n, std::int64_t k) {
+  GemmProblem p;
+  p.scheme = parse_scheme(scheme);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.input = p.scheme.activation.format;
+  return p;
+}
+
+Selection select_on(const GemmProblem& p, const GpuLimits& gpu, const std::string& forced = "") {
+  SelectionContext context;
+  context.gpu = gpu;
+  context.rates = GpuRates::of(gpu);
+  context.forced = forced;
+  return select(p, p.max_rows(), WeightFacts::of_scheme(p.scheme, p.n, p.k, gpu.arch), context);
+}
+
+const Verdict& verdict_of(const Selection& s, std::string_view name) {
+  for (const Verdict& v : s.verdicts)
+    if (v.candidate->name == name) return v;
+  throw std::runtime_error("no candidate " + std::string(name));
+}
+
+layout::MmaWeight wgmma_weight(const std::string& scheme, std::int64_t n, std::int64_t k) {
+  return *WeightFacts::of_scheme(parse_scheme(scheme), n, k, jit::Arch::sm_90a).wgmma;
+}
+
+// Sets QGEMM_WGMMA for one scope and restores it.
+class ScopedWgmmaSwitch {
+ public:
+  explicit ScopedWgmmaSwitch(const char* value) {
+    if (const char* old = std::getenv("QGEMM_WGMMA")) old_ = old;
+    if (value)
+      setenv("QGEMM_WGMMA", value, 1);
+    else
+      unsetenv("QGEMM_WGMMA");
+  }
+  ~ScopedWgmmaSwitch() {
+    if (old_)
+      setenv("QGEMM_WGMMA", old_->c_str(), 1);
+    else
+      unsetenv("QGEMM_WGMMA");
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+// Until the family has run on an H200, the selector ranks it only when asked to (QGEMM_WGMMA=1);
+// a forced config is served either way; off sm_90a it never serves.
+TEST(WgmmaFamily, IsOptInUntilVerified) {
+  const GemmProblem p = problem_of("w4a16", 64, 8192, 8192);
+  {
+    ScopedWgmmaSwitch off(nullptr);
+    const Selection s = select_on(p, kH200);
+    for (const WgmmaConfig& config : wgmma_configs())
+      EXPECT_EQ(verdict_of(s, config.name).rejected, kWgmmaUnverified) << config.name;
+    EXPECT_NE(s.chosen().candidate->path, Path::Wgmma);
+    const Selection forced = select_on(p, kH200, "wgmma-64");
+    EXPECT_EQ(forced.chosen().candidate->name, "wgmma-64");
+    EXPECT_GT(forced.winner_us, 0.0);
+  }
+  {
+    ScopedWgmmaSwitch on("1");
+    const Selection s = select_on(p, kH200);
+    EXPECT_TRUE(verdict_of(s, "wgmma-64").rejected.empty()) << verdict_of(s, "wgmma-64").rejected;
+    EXPECT_GT(verdict_of(s, "wgmma-64").cost.total_us, 0.0);
+    const Selection ada = select_on(p, GpuLimits::of_arch(jit::Arch::sm_89, 128));
+    EXPECT_NE(verdict_of(ada, "wgmma-64").rejected.find("sm_90a"), std::string::npos)
+        << verdict_of(ada, "wgmma-64").rejected;
+  }
+}
+
+// The rules: 16-bit operands only, a token block at most twice the rows it serves, groups that
+// the tile can hold, shared memory within the block limit.
+TEST(WgmmaFamily, RulesNameWhatTheKernelCannotHold) {
+  const layout::MmaWeight w = wgmma_weight("w4a16", 8192, 8192);
+  const WgmmaConfig* c8 = &wgmma_configs().front();
+  const WgmmaConfig* c256 = &wgmma_configs().back();
+  ASSERT_EQ(c8->name, "wgmma-8");
+  ASSERT_EQ(c256->name, "wgmma-256");
+  EXPECT_FALSE(c8->unsupported_reason(1, w, formats::bf16, kH200));
+  EXPECT_FALSE(c8->unsupported_reason(4096, w, formats::fp16, kH200));
+  EXPECT_NE(c8->unsupported_reason(1, w, formats::e4m3, kH200).value_or("").find("bf16/fp16"),
+            std::string::npos);
+  EXPECT_NE(c256->unsupported_reason(128, w, formats::bf16, kH200).value_or("").find("half"),
+            std::string::npos);
+  EXPECT_FALSE(c256->unsupported_reason(129, w, formats::bf16, kH200));
+  // The mma fragment order is not the wgmma order.
+  const layout::MmaWeight mma =
+      *WeightFacts::of_scheme(parse_scheme("w4a16"), 8192, 8192, jit::Arch::sm_90a).mma;
+  EXPECT_NE(c8->unsupported_reason(1, mma, formats::bf16, kH200).value_or("").find("order"),
+            std::string::npos);
+  for (const WgmmaConfig& config : wgmma_configs())
+    EXPECT_LE(config.shared_bytes(w), kH200.shared_per_block) << config.name;
+}
+
+// Every 64-K chunk belongs to exactly one split, a split holds whole stages, the grid never
+// exceeds the SMs, and the blocks cover N and M.
+TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
+  for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
+                        {8192, 28672},
+                        {640, 640},
+                        {5472, 2880},
+                        {4000, 10944}})
+      for (const WgmmaConfig& config : wgmma_configs())
+        for (std::int64_t m : {1, 3, 16, 17, 64, 129, 1000, 4096}) {
+          const layout::MmaWeight w = wgmma_weight(scheme, n, k);
+          if (config.unsupported_reason(m, w, formats::bf16, kH200)) continue;
+          SCOPED_TRACE(config.name + " " + scheme + " M=" + std::to_string(m) +
+                       " N=" + std::to_string(n) + " K=" + std::to_string(k));
+          const WgmmaLaunch launch = wgmma_launch(config, m, w, kH200);
+          const std::int64_t k_chunks = w.k_blocks / 4;
+          ASSERT_GE(launch.splits, 1);
+          EXPECT_EQ(launch.chunks_per_split % config.tile.stage_chunks, 0);
+          EXPECT_GE(static_cast<std::int64_t>(launch.chunks_per_split) * launch.splits, k_chunks);
+          EXPECT_LT(static_cast<std::int64_t>(launch.chunks_per_split) * (launch.splits - 1),
+                    k_chunks);
+          EXPECT_GE(static_cast<std::int64_t>(launch.n_blocks) * config.block_n(), w.n_padded);
+          EXPECT_LT(static_cast<std::int64_t>(launch.n_blocks - 1) * config.block_n(),
+                    w.n_padded);
+          EXPECT_GE(static_cast<std::int64_t>(launch.m_blocks) * config.block_m(), m);
+          EXPECT_LE(launch.grid, static_cast<unsigned>(kH200.sm_count));
+          EXPECT_GE(launch.grid, 1u);
+          EXPECT_EQ(wgmma_zeroed_bytes(launch, m, w) == 0, launch.splits == 1);
+        }
+}
+
+// The kernel specs compile for sm_90a without spills or a stack frame: each token width, each
+// dequantization (packed16, float16, fp32), stored zero points, split-K and fp16 / fp32 outputs.
+TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    const char* scheme;
+    std::int64_t m;
+    const char* config;
+    Format output;
+  };
+  const Case cases[] = {
+      {"w4a16", 1, "wgmma-8", formats::bf16},
+      {"w4a16", 4096, "wgmma-256", formats::bf16},
+      {"w=uint4:g128:s=bf16:zp=int;a=bf16", 64, "wgmma-64", formats::bf16},
+      {"mxfp4-a16", 16, "wgmma-16", formats::fp32},
+      {"w=uint6:g128:s=fp16:zp=float;a=fp16", 32, "wgmma-32", formats::fp16},
+      {"w8a16", 256, "wgmma-128", formats::bf16},
+  };
+  for (const Case& c : cases) {
+    const Scheme s = parse_scheme(c.scheme);
+    const layout::MmaWeight w = wgmma_weight(c.scheme, 8192, 8192);
+    const WgmmaConfig* config = nullptr;
+    for (const WgmmaConfig& candidate : wgmma_configs())
+      if (candidate.name == c.config) config = &candidate;
+    ASSERT_NE(config, nullptr);
+    const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, kH200);
+    const jit::KernelSpec spec =
+        wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a);
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace qgemm::dispatch
