@@ -14,14 +14,15 @@
 //             placed code × 2^(bias_act − bias) (exact), × scale rounded once (about 5 a pair)
 //
 // Every path rounds the exact (u − zero) · scale once to 16 bits, as the fp32 path does (its
-// product is exact whenever the others apply).
+// product is exact whenever the others apply). Unscaled (kScaled false: the kernel scales the
+// group's fp32 sums instead, gemm/sm90_wgmma_shape.cuh's wgmma_promotes_scales), the packed
+// paths stop before the scale: u − zero and the placed float code are exact in 16 bits.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
+#include "gemm/sm90_wgmma_shape.cuh"  // enum WgmmaDequant
 
 namespace qgemm::kernels {
-
-enum WgmmaDequant { kWgmmaFp32 = 0, kWgmmaPacked16 = 1, kWgmmaFloat16 = 2 };
 
 // The factors of one scale group for the thread's two rows (h = 0: row g, 1: row g + 8): the
 // fp32 scale and zero, or the 16-bit pairs the packed paths multiply and add.
@@ -58,7 +59,7 @@ __device__ __forceinline__ WgmmaGroupFactors wgmma_group_factors(float2 scales, 
 }
 
 // Register r of step kb (pair p = kb · 4 + r) from `factors` (the group of step kb).
-template <unsigned long long kFormat, int kZeroMode, int kDequant, bool kBf16>
+template <unsigned long long kFormat, int kZeroMode, int kDequant, bool kBf16, bool kScaled = true>
 __device__ __forceinline__ unsigned wgmma_dequant_pair(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], int p,
     const WgmmaGroupFactors& factors) {
@@ -70,8 +71,9 @@ __device__ __forceinline__ unsigned wgmma_dequant_pair(
     constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;
     constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
     const unsigned x = extract_pair<kBits>(words, p, kPattern);
-    return fma_pair<kBf16>(fma_pair<kBf16>(x, kOne, factors.offset_pair[h]),
-                           factors.scale_pair[h], kMinusZero);
+    const unsigned unscaled = fma_pair<kBf16>(x, kOne, factors.offset_pair[h]);
+    if constexpr (!kScaled) return unscaled;
+    return fma_pair<kBf16>(unscaled, factors.scale_pair[h], kMinusZero);
   } else if constexpr (kDequant == kWgmmaFloat16) {
     constexpr int kActMantissa = kBf16 ? 7 : 10;
     constexpr int kActBias = kBf16 ? 127 : 15;
@@ -86,9 +88,11 @@ __device__ __forceinline__ unsigned wgmma_dequant_pair(
     const unsigned x = extract_pair<kBits>(words, p, 0u);
     unsigned placed = (x << (kActMantissa - f.mantissa_bits)) & kMagnitudePair;
     if constexpr (f.is_signed) placed |= (x << (15 - (kBits - 1))) & 0x80008000u;
-    return fma_pair<kBf16>(fma_pair<kBf16>(placed, kRebias, kMinusZero), factors.scale_pair[h],
-                           kMinusZero);
+    const unsigned unscaled = fma_pair<kBf16>(placed, kRebias, kMinusZero);
+    if constexpr (!kScaled) return unscaled;
+    return fma_pair<kBf16>(unscaled, factors.scale_pair[h], kMinusZero);
   } else {
+    static_assert(kScaled, "the fp32 path keeps the scale (its values round)");
     const float v0 = dequantize_value<kFormat, kZeroMode>(extract_code<kBits>(words, 2 * p),
                                                           factors.scale[h], factors.zero[h]);
     const float v1 = dequantize_value<kFormat, kZeroMode>(extract_code<kBits>(words, 2 * p + 1),

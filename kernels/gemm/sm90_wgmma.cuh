@@ -147,12 +147,36 @@ struct WgmmaGemm {
   }
 
   // ---- consumers -----------------------------------------------------------------------------
+  // Scales promoted into fp32 sums (gemm/sm90_wgmma_shape.cuh): the groups' chunks and the
+  // kDequant codes of dequant/wgmma_dequant.cuh agree (kWgmmaFp32 = 0).
+  static constexpr bool kPromote = wgmma_promotes_scales(kTile, kGroup, kDequant);
+  static constexpr int kGroupChunks = kGroup / 64;  // chunks per scale group (0: one per row)
+
+  template <int kValue>
+  struct Constant {
+    static constexpr int value = kValue;
+  };
+  // f(Constant<kFirst>{}), ..., f(Constant<kLast − 1>{}): loop indices usable as template
+  // arguments (register arrays indexed by them stay in registers).
+  template <int kFirst, int kLast, class F>
+  __device__ static void static_for(F&& f) {
+    if constexpr (kFirst < kLast) {
+      f(Constant<kFirst>{});
+      static_for<kFirst + 1, kLast>(f);
+    }
+  }
+
   struct Consumer {
     int warpgroup;  // 0 .. kConsumers − 1
     int thread;     // 0 .. 127 in the warpgroup
     unsigned base;
     volatile unsigned* flags;  // one split-K flag per consumer warpgroup (shared memory)
+    // The unit's result. Scales in the weights: the wgmma add into it directly. Promoted: group
+    // j's wgmma add into group_acc[j % 2], which is scaled into acc (by group_scale[j % 2]: rows
+    // g and g + 8) once the next group's first chunk has been dequantized.
     float acc[kAccumulators];
+    float group_acc[kPromote ? 2 : 1][kPromote ? kAccumulators : 1];
+    float2 group_scale[2];
     unsigned frag[2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
 
@@ -161,9 +185,26 @@ struct WgmmaGemm {
       ptx::mbarrier_arrive(empty_barrier(base, slot));
     }
 
-    // Chunk i of the unit (stage i / kStageChunks from `it`), into fragment buffer kBuffer.
-    template <int kBuffer>
-    __device__ void chunk(const WgmmaGemmParams& p, const Unit& unit, int it, int i, bool active) {
+    // acc += group_scale[kSet] · group_acc[kSet], once that set's wgmma have completed.
+    template <int kSet>
+    __device__ void promote() {
+      if constexpr (kPromote) {
+#pragma unroll
+        for (int i = 0; i < kAccumulators; ++i) {
+          ptx::fence_operand(group_acc[kSet][i]);
+          // acc[4j + e] is row g + 8 (e / 2) (ptx/wgmma.cuh)
+          const float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
+          acc[i] = fmaf(scale, group_acc[kSet][i], acc[i]);
+        }
+      }
+    }
+
+    // Chunk i of the unit (stage i / kStageChunks from `it`), into fragment buffer kBuffer, its
+    // wgmma adding into acc (kSet −1) or group_acc[kSet]; group_start: the chunk opens a scale
+    // group (promoted scales).
+    template <int kBuffer, int kSet>
+    __device__ void chunk(const WgmmaGemmParams& p, const Unit& unit, int it, int i, bool active,
+                          bool group_start) {
       const int stage_index = it + i / kStageChunks;
       const int ch = i % kStageChunks;
       const int slot = stage_index % kStages;
@@ -190,6 +231,9 @@ struct WgmmaGemm {
           float2 z = make_float2(0.0f, 0.0f);
           if constexpr (kStoredZeros)
             z = load_float2(s_at + (kShape.scale_rows + row) * kShape.s_row_bytes);
+          if constexpr (kPromote) {
+            if (group_start) group_scale[kSet] = s;
+          }
           const WgmmaGroupFactors factors =
               wgmma_group_factors<kFormat, kZeroMode, kDequant, kBf16>(s, z);
 #pragma unroll
@@ -197,15 +241,28 @@ struct WgmmaGemm {
 #pragma unroll
             for (int r = 0; r < 4; ++r)
               frag[kBuffer][kb][r] =
-                  wgmma_dequant_pair<kFormat, kZeroMode, kDequant, kBf16>(words, kb * 4 + r,
-                                                                         factors);
+                  wgmma_dequant_pair<kFormat, kZeroMode, kDequant, kBf16, !kPromote>(
+                      words, kb * 4 + r, factors);
+        }
+        // A new group: the previous one's wgmma (the last chunk's, still in flight while this
+        // chunk dequantized) complete, then its sums are scaled into the result. Waiting for
+        // all of them (not all but this chunk's, after it is issued) keeps every accumulator
+        // read outside an open wgmma stage, which ptxas would otherwise serialize (C7514).
+        if constexpr (kPromote && kSet >= 0) {
+          if (group_start && i > 0) {
+            ptx::warpgroup_wait_group<0>();
+            promote<1 - kSet>();
+          }
         }
         ptx::warpgroup_fence();
         const unsigned a_box = stage + ch * kShape.a_box_bytes;
         const unsigned long long descriptor = ptx::make_smem_descriptor(a_box);
+        float(&target)[kAccumulators] = accumulators<kSet>();
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb)
-          Mma::mma(acc, frag[kBuffer][kb], descriptor + ((kb * 32) >> 4), (i | kb) != 0);
+        for (int kb = 0; kb < 4; ++kb) {
+          const bool accumulate = kPromote ? !(group_start && kb == 0) : (i | kb) != 0;
+          Mma::mma(target, frag[kBuffer][kb], descriptor + ((kb * 32) >> 4), accumulate);
+        }
         ptx::warpgroup_commit_group();
         ptx::warpgroup_wait_group<1>();
       }
@@ -214,6 +271,15 @@ struct WgmmaGemm {
       if (ch == 0) {
         if (pending >= 0) release(pending);
         pending = slot;
+      }
+    }
+
+    template <int kSet>
+    __device__ auto accumulators() -> float (&)[kAccumulators] {
+      if constexpr (kPromote && kSet >= 0) {
+        return group_acc[kSet];
+      } else {
+        return acc;
       }
     }
 
@@ -242,6 +308,31 @@ struct WgmmaGemm {
       return v;
     }
 
+    // The unit's chunks, two fragment buffers alternating. Promoted scales: channel scales
+    // (kGroupChunks 0) make the unit one group in set 0; groups of kGroupChunks chunks alternate
+    // between the sets, the unit starting at a group's first chunk (wgmma_split_step).
+    __device__ void mainloop(const WgmmaGemmParams& p, const Unit& unit, int it, bool active) {
+      if constexpr (!kPromote) {
+        for (int i = 0; i < unit.chunks; i += 2) {
+          chunk<0, -1>(p, unit, it, i, active, false);
+          if (i + 1 < unit.chunks) chunk<1, -1>(p, unit, it, i + 1, active, false);
+        }
+      } else if constexpr (kGroupChunks == 0) {
+        for (int i = 0; i < unit.chunks; i += 2) {
+          chunk<0, 0>(p, unit, it, i, active, i == 0);
+          if (i + 1 < unit.chunks) chunk<1, 0>(p, unit, it, i + 1, active, false);
+        }
+      } else {
+        for (int i = 0; i < unit.chunks; i += 2 * kGroupChunks)
+          static_for<0, 2 * kGroupChunks>([&](auto k) {
+            constexpr int kK = decltype(k)::value;
+            if (i + kK < unit.chunks)
+              chunk<kK % 2, kK / kGroupChunks>(p, unit, it, i + kK, active,
+                                               kK % kGroupChunks == 0);
+          });
+      }
+    }
+
     __device__ void run(const WgmmaGemmParams& p) {
       const int units = p.n_blocks * p.m_blocks * p.splits;
       int it = 0;
@@ -250,11 +341,20 @@ struct WgmmaGemm {
         const Unit unit = unit_of(p, u);
         const int tile = unit.n_block * kConsumers + warpgroup;
         const bool active = tile < p.n_tiles;
-        for (int i = 0; i < unit.chunks; i += 2) {
-          chunk<0>(p, unit, it, i, active);
-          if (i + 1 < unit.chunks) chunk<1>(p, unit, it, i + 1, active);
+        if constexpr (kPromote) {
+#pragma unroll
+          for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
         }
+        mainloop(p, unit, it, active);
         ptx::warpgroup_wait_group<0>();
+        if constexpr (kPromote) {
+          // The unit's last group (set 0 for channel scales).
+          const int last_set = kGroupChunks == 0 ? 0 : ((unit.chunks - 1) / kGroupChunks) % 2;
+          if (active) {
+            if (last_set == 0) promote<0>();
+            else promote<1>();
+          }
+        }
         release(pending);
         pending = -1;
         it += (unit.chunks + kStageChunks - 1) / kStageChunks;

@@ -17,6 +17,9 @@
 
 namespace qgemm::kernels {
 
+// How the consumers dequantize (dequant/wgmma_dequant.cuh); the spec's "dequant" parameter.
+enum WgmmaDequant { kWgmmaFp32 = 0, kWgmmaPacked16 = 1, kWgmmaFloat16 = 2 };
+
 struct WgmmaTile {
   int consumers = 2;     // consumer warpgroups: 1 or 2
   int tokens = 128;      // wgmma N: 8, 16, 32, 64, 128 or 256
@@ -54,6 +57,27 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.flags_offset = s.barriers_offset + 2 * t.stages * 8;
   s.shared_bytes = s.flags_offset + 16;
   return s;
+}
+
+// Whether the consumers keep the group scales out of the weights: they multiply the unscaled
+// weight (u − zero, exact in 16 bits) in wgmma and scale each group's fp32 sums once, in two
+// accumulator sets that alternate by group (one is scaled into the result while the next
+// group's wgmma run). That trades one multiply per pair of weights (HMUL2, a quarter of the
+// dequantization) for a few FFMA per group; it needs the group to cover whole 64-K chunks (or
+// the whole row: channel and tensor scales, applied once at the end) and registers for three
+// accumulator sets (token widths up to 64). The fp32 path rounds scaled values: it keeps the
+// scale in the weights.
+QGEMM_HOST_DEVICE constexpr bool wgmma_promotes_scales(WgmmaTile t, int group, int dequant) {
+  return t.tokens <= 64 && dequant != kWgmmaFp32 && group % 64 == 0;
+}
+
+// K chunks a split must be a multiple of: whole stages, and whole groups where the scales are
+// promoted (a group's sums are scaled once, by the split that holds all of it).
+QGEMM_HOST_DEVICE constexpr int wgmma_split_step(WgmmaTile t, int group, int dequant) {
+  const int group_chunks = wgmma_promotes_scales(t, group, dequant) && group > 0 ? group / 64 : 1;
+  int step = t.stage_chunks;
+  while (step % group_chunks != 0) step += t.stage_chunks;
+  return step;
 }
 
 // Why the config cannot be instantiated for this weight (nullptr when it can): the rules the

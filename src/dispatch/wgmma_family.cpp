@@ -24,21 +24,33 @@ bool wgmma_ranked_by_default() {
 }
 
 const std::vector<WgmmaConfig>& wgmma_configs() {
-  // {consumers, tokens, stage_chunks, stages}. Small token widths stream the weight: deep rings
-  // of 128-K stages keep ~40-70 KB of copies in flight per SM (the H200 needs ~32 KB at its
-  // bandwidth and latency). Wide ones are tensor-bound: 64-K stages, as many as fit.
+  // {consumers, tokens, stage_chunks, most stages}; the ring takes as many stages as fit the
+  // block's shared memory, up to the most (tile_for). Small token widths stream the weight:
+  // bytes in flight per SM must cover the loaded DRAM latency (~100 KB on the H200, NOTES,
+  // fifth session), and the copy engine takes ~12 bulk copies per µs and SM, so their stages
+  // are large (128 or 256 K: 4 or 8 KB of 4-bit codes per weight tile and copy). Wide ones are
+  // tensor-bound: 64-K stages, as many as fit.
   static const std::vector<WgmmaConfig> configs = {
-      {"wgmma-8", {2, 8, 2, 10}},    {"wgmma-16", {2, 16, 2, 10}},
-      {"wgmma-32", {2, 32, 2, 8}},   {"wgmma-64", {2, 64, 2, 6}},
-      {"wgmma-128", {2, 128, 1, 7}}, {"wgmma-256", {2, 256, 1, 5}},
+      {"wgmma-8", {2, 8, 2, 10}},          {"wgmma-16", {2, 16, 2, 10}},
+      {"wgmma-32", {2, 32, 2, 8}},         {"wgmma-64", {2, 64, 2, 6}},
+      {"wgmma-128", {2, 128, 1, 7}},       {"wgmma-256", {2, 256, 1, 5}},
+      {"wgmma-8-k256", {2, 8, 4, 16}},     {"wgmma-16-k256", {2, 16, 4, 16}},
   };
   return configs;
 }
 
 int WgmmaConfig::threads() const { return 128 * (1 + tile.consumers); }
 
-int WgmmaConfig::shared_bytes(const layout::MmaWeight& weight) const {
-  return shape_of(tile, weight).shared_bytes;
+kernels::WgmmaTile WgmmaConfig::tile_for(const layout::MmaWeight& weight,
+                                         const GpuLimits& gpu) const {
+  kernels::WgmmaTile fitted = tile;
+  while (fitted.stages > 2 && shape_of(fitted, weight).shared_bytes > gpu.shared_per_block)
+    --fitted.stages;
+  return fitted;
+}
+
+int WgmmaConfig::shared_bytes(const layout::MmaWeight& weight, const GpuLimits& gpu) const {
+  return shape_of(tile_for(weight, gpu), weight).shared_bytes;
 }
 
 std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
@@ -53,9 +65,9 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
     return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
   if (const char* why = kernels::wgmma_tile_error(tile, weight.group_size))
     return fmt::format("group {}: {}", weight.group_size, why);
-  if (shared_bytes(weight) > gpu.shared_per_block)
-    return fmt::format("needs {} bytes of shared memory (the block limit is {})",
-                       shared_bytes(weight), gpu.shared_per_block);
+  if (shared_bytes(weight, gpu) > gpu.shared_per_block)
+    return fmt::format("needs {} bytes of shared memory at two stages (the block limit is {})",
+                       shared_bytes(weight, gpu), gpu.shared_per_block);
   // A token block at most twice the rows it serves (M = 1 takes wgmma-8, ...).
   if (tile.tokens > 8 && m <= tile.tokens / 2)
     return fmt::format("M = {} fills less than half of its {}-token blocks", m, tile.tokens);
@@ -72,9 +84,23 @@ std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand
   return "fp32";
 }
 
+int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand) {
+  const std::string mode = wgmma_dequant(weight, operand);
+  return mode == "packed16" ? kernels::kWgmmaPacked16
+         : mode == "float16" ? kernels::kWgmmaFloat16
+                             : kernels::kWgmmaFp32;
+}
+
+bool wgmma_promotes_scales(const WgmmaConfig& config, const layout::MmaWeight& weight,
+                           const Format& operand) {
+  return kernels::wgmma_promotes_scales(config.tile, weight.group_size,
+                                        wgmma_dequant_mode(weight, operand));
+}
+
 WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::MmaWeight& weight,
-                         const GpuLimits& gpu) {
+                         const Format& operand, const GpuLimits& gpu) {
   WgmmaLaunch launch;
+  launch.stages = c.tile_for(weight, gpu).stages;
   const std::int64_t tiles = weight.n_padded / 64;
   launch.n_blocks = static_cast<int>((tiles + c.tile.consumers - 1) / c.tile.consumers);
   launch.m_blocks = static_cast<int>((m + c.block_m() - 1) / c.block_m());
@@ -82,13 +108,15 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
   const std::int64_t blocks = static_cast<std::int64_t>(launch.n_blocks) * launch.m_blocks;
   // Splits fill the SMs where the (weight block, token block) units alone would leave them
   // idle: the split whose units round up to the fewest idle SMs in the last round, at ≥ 4
-  // stages of K each (a unit shorter than that is mostly pipeline ramp).
-  const int chunk_step = c.tile.stage_chunks;
+  // stages of K each (a unit shorter than that is mostly pipeline ramp). A split holds whole
+  // stages, and whole groups where the kernel promotes the scales.
+  const int chunk_step =
+      kernels::wgmma_split_step(c.tile, weight.group_size, wgmma_dequant_mode(weight, operand));
   int best_splits = 1;
   double best = 0.0;
   for (int s = 1; s <= 16; ++s) {
     const std::int64_t per = (k_chunks + s - 1) / s;
-    if (s > 1 && per < 4 * chunk_step) break;
+    if (s > 1 && per < 4 * c.tile.stage_chunks) break;
     const std::int64_t units = blocks * s;
     const double rounds = std::ceil(static_cast<double>(units) / gpu.sm_count);
     const double efficiency = static_cast<double>(units) / (rounds * gpu.sm_count);
@@ -98,7 +126,7 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
     }
   }
   std::int64_t per = (k_chunks + best_splits - 1) / best_splits;
-  per = (per + chunk_step - 1) / chunk_step * chunk_step;  // stages never straddle splits
+  per = (per + chunk_step - 1) / chunk_step * chunk_step;
   launch.chunks_per_split = static_cast<int>(per);
   launch.splits = static_cast<int>((k_chunks + per - 1) / per);
   launch.grid = static_cast<unsigned>(std::min<std::int64_t>(launch.units(), gpu.sm_count));
@@ -124,7 +152,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::integer("consumers", c.tile.consumers),
       jit::SpecParam::integer("tokens", c.tile.tokens),
       jit::SpecParam::integer("stage_chunks", c.tile.stage_chunks),
-      jit::SpecParam::integer("stages", c.tile.stages),
+      jit::SpecParam::integer("stages", launch.stages),
       jit::SpecParam::number_format("weight", weight.format),
       jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
       jit::SpecParam::integer("group", weight.group_size),
@@ -134,7 +162,9 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),
   };
   spec.launch.threads_per_block = c.threads();
-  spec.launch.dynamic_smem_bytes = c.shared_bytes(weight);
+  kernels::WgmmaTile tile = c.tile;
+  tile.stages = launch.stages;
+  spec.launch.dynamic_smem_bytes = shape_of(tile, weight).shared_bytes;
   return spec;
 }
 

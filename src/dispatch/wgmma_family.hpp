@@ -3,7 +3,8 @@
 // config can serve, and the launch geometry and kernel spec of a config for a problem.
 //
 //   wgmma-8 .. wgmma-256   the token width (wgmma's N) of the config: one instantiation per
-//                          width, each with the stage depth and split rule that suit it
+//                          width, each with the stage size and depth that suit it
+//   wgmma-8-k256, ...      decode widths with 256-K stages (fewer, larger copies)
 //
 // Threads and shared memory come from kernels/gemm/sm90_wgmma_shape.cuh, evaluated here on the
 // same values the spec passes to the template. Which config a call uses is the selector's
@@ -24,12 +25,15 @@ namespace qgemm::dispatch {
 
 struct WgmmaConfig {
   std::string name;  // "wgmma-8", ..., "wgmma-256" (the tuning tables' key)
-  kernels::WgmmaTile tile;
+  kernels::WgmmaTile tile;  // tile.stages is the most the ring takes
 
   int block_m() const { return tile.tokens; }
   int block_n() const { return 64 * tile.consumers; }
   int threads() const;
-  int shared_bytes(const layout::MmaWeight& weight) const;
+  // The tile for `weight` on `gpu`: the deepest ring up to tile.stages that fits the block's
+  // shared memory (wider codes make larger stages), at least two stages.
+  kernels::WgmmaTile tile_for(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
+  int shared_bytes(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
   // Why this config cannot serve M rows of 16-bit `operand` against `weight` (in the wgmma
   // order) on `gpu`; nullopt when it can.
   std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
@@ -49,18 +53,26 @@ inline constexpr const char* kWgmmaUnverified =
     "rank it)";
 
 // How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
-// (kernels/dequant/wgmma_dequant.cuh).
+// (kernels/dequant/wgmma_dequant.cuh), and that mode's code (its WgmmaDequant value).
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand);
+int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand);
+
+// Whether the config's kernel scales fp32 group sums instead of the weights
+// (kernels/gemm/sm90_wgmma_shape.cuh, wgmma_promotes_scales).
+bool wgmma_promotes_scales(const WgmmaConfig& config, const layout::MmaWeight& weight,
+                           const Format& operand);
 
 // One config's launch for a problem at M rows (a plan fixes it per M bucket at its largest M).
 struct WgmmaLaunch {
+  int stages = 2;  // the ring depth that fits (WgmmaConfig::tile_for)
   int n_blocks = 1, m_blocks = 1, splits = 1, chunks_per_split = 1;
   unsigned grid = 1;  // persistent blocks: min(units, SMs)
   std::int64_t units() const { return static_cast<std::int64_t>(n_blocks) * m_blocks * splits; }
 };
 
 WgmmaLaunch wgmma_launch(const WgmmaConfig& config, std::int64_t m,
-                         const layout::MmaWeight& weight, const GpuLimits& gpu);
+                         const layout::MmaWeight& weight, const Format& operand,
+                         const GpuLimits& gpu);
 
 // Split-K scratch at M rows: fp32 sums [M, N] and one counter per (token block, weight tile),
 // which the kernel leaves zero (0 without split-K).

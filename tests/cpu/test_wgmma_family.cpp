@@ -96,7 +96,7 @@ TEST(WgmmaFamily, IsOptInUntilVerified) {
 TEST(WgmmaFamily, RulesNameWhatTheKernelCannotHold) {
   const layout::MmaWeight w = wgmma_weight("w4a16", 8192, 8192);
   const WgmmaConfig* c8 = &wgmma_configs().front();
-  const WgmmaConfig* c256 = &wgmma_configs().back();
+  const WgmmaConfig* c256 = &wgmma_configs()[5];
   ASSERT_EQ(c8->name, "wgmma-8");
   ASSERT_EQ(c256->name, "wgmma-256");
   EXPECT_FALSE(c8->unsupported_reason(1, w, formats::bf16, kH200));
@@ -112,7 +112,7 @@ TEST(WgmmaFamily, RulesNameWhatTheKernelCannotHold) {
   EXPECT_NE(c8->unsupported_reason(1, mma, formats::bf16, kH200).value_or("").find("order"),
             std::string::npos);
   for (const WgmmaConfig& config : wgmma_configs())
-    EXPECT_LE(config.shared_bytes(w), kH200.shared_per_block) << config.name;
+    EXPECT_LE(config.shared_bytes(w, kH200), kH200.shared_per_block) << config.name;
 }
 
 // Every 64-K chunk belongs to exactly one split, a split holds whole stages, the grid never
@@ -130,10 +130,12 @@ TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
           if (config.unsupported_reason(m, w, formats::bf16, kH200)) continue;
           SCOPED_TRACE(config.name + " " + scheme + " M=" + std::to_string(m) +
                        " N=" + std::to_string(n) + " K=" + std::to_string(k));
-          const WgmmaLaunch launch = wgmma_launch(config, m, w, kH200);
+          const WgmmaLaunch launch = wgmma_launch(config, m, w, formats::bf16, kH200);
           const std::int64_t k_chunks = w.k_blocks / 4;
           ASSERT_GE(launch.splits, 1);
           EXPECT_EQ(launch.chunks_per_split % config.tile.stage_chunks, 0);
+          if (wgmma_promotes_scales(config, w, formats::bf16) && w.group_size > 0)
+            EXPECT_EQ(launch.chunks_per_split % (w.group_size / 64), 0);
           EXPECT_GE(static_cast<std::int64_t>(launch.chunks_per_split) * launch.splits, k_chunks);
           EXPECT_LT(static_cast<std::int64_t>(launch.chunks_per_split) * (launch.splits - 1),
                     k_chunks);
@@ -164,6 +166,8 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
       {"mxfp4-a16", 16, "wgmma-16", formats::fp32},
       {"w=uint6:g128:s=fp16:zp=float;a=fp16", 32, "wgmma-32", formats::fp16},
       {"w8a16", 256, "wgmma-128", formats::bf16},
+      {"w4a16", 1, "wgmma-8-k256", formats::bf16},
+      {"w8a16", 16, "wgmma-16-k256", formats::bf16},
   };
   for (const Case& c : cases) {
     const Scheme s = parse_scheme(c.scheme);
@@ -172,7 +176,7 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     for (const WgmmaConfig& candidate : wgmma_configs())
       if (candidate.name == c.config) config = &candidate;
     ASSERT_NE(config, nullptr);
-    const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, kH200);
+    const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, s.activation.format, kH200);
     const jit::KernelSpec spec =
         wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a);
     SCOPED_TRACE(jit::to_string(spec));
