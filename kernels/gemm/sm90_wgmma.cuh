@@ -35,8 +35,10 @@
 // Bounds: TMA fills A past M and K with zeros; W and the scales are padded to 64 rows and 64 K
 // (code 0, scale 0); a stage past K copies only its chunks inside K and the consumers skip the
 // rest; scale rows past the last group are never read (the row index is clamped to the rows the
-// producer copied). Split-K: partial sums go to an fp32 workspace, the last split of a
-// (token block, weight tile) emits them (gemm/epilogue.cuh's protocol, per warpgroup).
+// producer copied). Split-K: partial sums are reduced into an fp32 workspace that holds each
+// (token block, weight tile) as its 128 threads' accumulators ([q][thread][4], 16-byte
+// reductions), and the last split to arrive emits them and zeroes its slice (gemm/epilogue.cuh's
+// counter protocol, per warpgroup).
 #pragma once
 
 #include "dequant/wgmma_dequant.cuh"
@@ -45,6 +47,7 @@
 #include "gemm/wgmma_gemm_params.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
 #include "ptx/bulk_copy.cuh"
+#include "ptx/reduce.cuh"
 #include "ptx/warpgroup.cuh"
 #include "ptx/wgmma.cuh"
 
@@ -362,6 +365,10 @@ struct WgmmaGemm {
       }
     }
 
+    // Float offset of the thread's sums q (acc[4q .. 4q + 3]) in a tile's split-K slice:
+    // [q][thread][4], so that one reduction instruction of the warpgroup covers 2 KB.
+    __device__ int sums_at(int q) const { return (q * 128 + thread) * 4; }
+
     __device__ void epilogue(const WgmmaGemmParams& p, const Unit& unit, int tile) {
 #pragma unroll
       for (int i = 0; i < kAccumulators; ++i) ptx::fence_operand(acc[i]);
@@ -378,14 +385,15 @@ struct WgmmaGemm {
               store_single<kOutput>(p, m, n, acc[4 * j + e] * p.global_scale);
           }
       } else {
+        // Each split adds its sums into the (token block, tile)'s slice of the workspace in
+        // the accumulators' own order, 16 bytes a reduction and coalesced across the
+        // warpgroup (sums_at); rows past M and columns past N are summed too, never emitted.
+        float* sums = p.workspace +
+                      (static_cast<long long>(unit.m_block) * p.n_tiles + tile) * 128 * kAccumulators;
 #pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
-            if (m < p.m && n < p.n)
-              atomicAdd(p.workspace + static_cast<long long>(m) * p.n + n, acc[4 * j + e]);
-          }
+        for (int q = 0; q < kAccumulators / 4; ++q)
+          ptx::reduce_add_v4(sums + sums_at(q), acc[4 * q], acc[4 * q + 1], acc[4 * q + 2],
+                             acc[4 * q + 3]);
         // The last split of (token block, tile) to arrive emits the sums (per warpgroup: the
         // other warpgroups own other tiles).
         volatile unsigned* flag = flags + warpgroup;
@@ -398,17 +406,17 @@ struct WgmmaGemm {
         if (last) {
           __threadfence();
 #pragma unroll
-          for (int j = 0; j < kTokens / 8; ++j)
+          for (int q = 0; q < kAccumulators / 4; ++q) {
+            // L2, not a stale L1 line; then zeroed for the next call.
+            const float4 sum = __ldcg(reinterpret_cast<const float4*>(sums + sums_at(q)));
+            __stcg(reinterpret_cast<float4*>(sums + sums_at(q)), make_float4(0.f, 0.f, 0.f, 0.f));
+            const float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
-              if (m < p.m && n < p.n) {
-                float* at = p.workspace + static_cast<long long>(m) * p.n + n;
-                const float sum = __ldcg(at);
-                *at = 0.0f;
-                store_single<kOutput>(p, m, n, sum * p.global_scale);
-              }
+              const int n = n0 + 8 * (e / 2), m = m0 + 8 * q + e % 2;
+              if (m < p.m && n < p.n) store_single<kOutput>(p, m, n, v[e] * p.global_scale);
             }
+          }
           if (thread == 0) *counter = 0u;
         }
         ptx::named_barrier_sync(1 + warpgroup, 128);  // the flag is read before it is rewritten

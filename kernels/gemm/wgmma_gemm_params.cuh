@@ -21,7 +21,8 @@ struct WgmmaGemmParams {
   void* c;              // [M, ldc] output
   const float* bias;    // [N] fp32, or null
   const float* row_factors;  // [M] fp32 factors of A's rows, or null
-  float* workspace;     // split-K: [M, N] fp32, zero between calls
+  float* workspace;     // split-K: [m_blocks][n_tiles][64 · tokens] fp32 (the accumulators'
+                        // order, gemm/sm90_wgmma.cuh), zero between calls
   unsigned* counters;   // split-K: one per (token block, weight tile), zero between calls
   long long ldc;
   int m, n, k;

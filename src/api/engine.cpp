@@ -479,7 +479,8 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
           dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high, *weight.facts.mma);
       break;
     case dispatch::Path::Wgmma:
-      step.zeroed_bytes = dispatch::wgmma_zeroed_bytes(launch.wgmma, high, *weight.facts.wgmma);
+      step.zeroed_bytes =
+          dispatch::wgmma_zeroed_bytes(*launch.wgmma_config, launch.wgmma, *weight.facts.wgmma);
       break;
     case dispatch::Path::Qdq:
       s.weight_chunk = take(static_cast<std::size_t>(
@@ -962,10 +963,10 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   params.chunks_per_split = planned.chunks_per_split;
   params.global_scale = static_cast<float>(w.global_scale);
   if (planned.splits > 1) {
-    // [M][N] fp32 sums, then the counters (dispatch::wgmma_zeroed_bytes).
+    // The fp32 sums of every (token block, tile), then the counters (dispatch::wgmma_zeroed_bytes).
     params.workspace = static_cast<float*>(zeroed);
-    params.counters =
-        at<unsigned>(zeroed, aligned(static_cast<std::size_t>(a.rows) * w.n * sizeof(float)));
+    params.counters = at<unsigned>(
+        zeroed, dispatch::wgmma_counters_offset(config, params.m_blocks, w));
   }
   const std::int64_t units =
       static_cast<std::int64_t>(params.n_blocks) * params.m_blocks * params.splits;

@@ -107,11 +107,19 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
   const std::int64_t k_chunks = weight.k_blocks / 4;
   const std::int64_t blocks = static_cast<std::int64_t>(launch.n_blocks) * launch.m_blocks;
   // Splits fill the SMs where the (weight block, token block) units alone would leave them
-  // idle: the split whose units round up to the fewest idle SMs in the last round, at ≥ 4
-  // stages of K each (a unit shorter than that is mostly pipeline ramp). A split holds whole
-  // stages, and whole groups where the kernel promotes the scales.
+  // idle, at ≥ 4 stages of K each (a unit shorter than that is mostly pipeline ramp), and
+  // cost the traffic of their partial sums: every split reduces its fp32 tile into the
+  // workspace and the last reads it back. The split with the best share of busy SMs in the
+  // last round, discounted by that traffic against the weight's bytes, wins (measured on an
+  // H100: M = 256 on 28672×8192 took 2.7–4× as long with 2–4 splits through per-element
+  // atomics; bench/NOTES.md, SM90 wgmma). A split holds whole stages, and whole groups where
+  // the kernel promotes the scales.
   const int chunk_step =
       kernels::wgmma_split_step(c.tile, weight.group_size, wgmma_dequant_mode(weight, operand));
+  const double weight_bytes = static_cast<double>(weight.n_padded) * weight.k_blocks * 16 *
+                              weight.format.bits / 8.0;
+  const double tile_sum_bytes =
+      static_cast<double>(launch.m_blocks) * c.block_m() * weight.n_padded * sizeof(float);
   int best_splits = 1;
   double best = 0.0;
   for (int s = 1; s <= 16; ++s) {
@@ -120,8 +128,10 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
     const std::int64_t units = blocks * s;
     const double rounds = std::ceil(static_cast<double>(units) / gpu.sm_count);
     const double efficiency = static_cast<double>(units) / (rounds * gpu.sm_count);
-    if (efficiency > best * 1.05) {
-      best = efficiency;
+    const double split_bytes = s > 1 ? 2.0 * s * tile_sum_bytes : 0.0;
+    const double score = efficiency / (1.0 + split_bytes / weight_bytes);
+    if (score > best * 1.05) {
+      best = score;
       best_splits = s;
     }
   }
@@ -133,13 +143,19 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
   return launch;
 }
 
-std::size_t wgmma_zeroed_bytes(const WgmmaLaunch& launch, std::int64_t m,
+std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_blocks,
+                                  const layout::MmaWeight& weight) {
+  const std::size_t sums = static_cast<std::size_t>(m_blocks) * config.block_m() *
+                           static_cast<std::size_t>(weight.n_padded) * sizeof(float);
+  return (sums + 255) / 256 * 256;
+}
+
+std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& launch,
                                const layout::MmaWeight& weight) {
   if (launch.splits <= 1) return 0;
-  const std::size_t sums = static_cast<std::size_t>(m) * weight.n * sizeof(float);
   const std::size_t counters =
       static_cast<std::size_t>(launch.m_blocks) * (weight.n_padded / 64) * sizeof(unsigned);
-  return (sums + 255) / 256 * 256 + counters;
+  return wgmma_counters_offset(config, launch.m_blocks, weight) + counters;
 }
 
 jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,

@@ -74,10 +74,13 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& config, std::int64_t m,
                          const layout::MmaWeight& weight, const Format& operand,
                          const GpuLimits& gpu);
 
-// Split-K scratch at M rows: fp32 sums [M, N] and one counter per (token block, weight tile),
-// which the kernel leaves zero (0 without split-K).
-std::size_t wgmma_zeroed_bytes(const WgmmaLaunch& launch, std::int64_t m,
+// Split-K scratch: an fp32 slot per accumulator of every (token block, weight tile), then one
+// counter per (token block, weight tile); the kernel leaves both zero (0 without split-K).
+std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& launch,
                                const layout::MmaWeight& weight);
+// Where the counters start in that scratch, for `m_blocks` token blocks.
+std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_blocks,
+                                  const layout::MmaWeight& weight);
 
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,

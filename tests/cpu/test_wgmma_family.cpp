@@ -145,7 +145,7 @@ TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
           EXPECT_GE(static_cast<std::int64_t>(launch.m_blocks) * config.block_m(), m);
           EXPECT_LE(launch.grid, static_cast<unsigned>(kH200.sm_count));
           EXPECT_GE(launch.grid, 1u);
-          EXPECT_EQ(wgmma_zeroed_bytes(launch, m, w) == 0, launch.splits == 1);
+          EXPECT_EQ(wgmma_zeroed_bytes(config, launch, w) == 0, launch.splits == 1);
         }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -132,6 +133,64 @@ std::string plan_text(Engine& engine, const QuantWeight& weight, std::int64_t m,
   return engine.plan(problem, weight).to_string();
 }
 
+// A fresh random A for C = A · Wᵀ (plus a fresh random fp32 bias with `with_bias`), its double
+// reference and every element's bound (gemm_check.hpp), ready for any number of GPU runs.
+struct ReferenceProblem {
+  std::int64_t m = 0;
+  std::vector<double> a, expected, bounds;
+  runtime::DeviceBuffer a_device, bias_device;
+};
+
+ReferenceProblem make_reference(const Scheme& scheme, const PackedWeight& packed,
+                                const std::vector<double>& w_ref, std::int64_t m,
+                                std::mt19937& rng, bool with_bias) {
+  const Format act = scheme.activation.format, out = scheme.output;
+  const std::int64_t n = packed.n, k = packed.k;
+  ReferenceProblem r;
+  r.m = m;
+  std::normal_distribution<double> normal(0.0, 1.0);
+  r.a.resize(static_cast<std::size_t>(m * k));
+  for (double& x : r.a) x = round_to(act, normal(rng));
+  r.expected = reference::matmul_nt(r.a.data(), w_ref.data(), m, n, k);
+  if (with_bias) {
+    std::vector<float> bias(static_cast<std::size_t>(n));
+    for (float& b : bias) b = static_cast<float>(normal(rng));
+    for (std::int64_t row = 0; row < m; ++row)
+      for (std::int64_t c = 0; c < n; ++c)
+        r.expected[static_cast<std::size_t>(row * n + c)] += bias[c];
+    r.bias_device = runtime::DeviceBuffer::from(bias);
+  }
+  r.a_device = runtime::DeviceBuffer::from(to_codes(act, r.a));
+  r.bounds = test::gemm_bounds(r.a, packed, w_ref, m, test::operand_rounding(scheme.activation, act),
+                               out, r.expected);
+  return r;
+}
+
+// Runs the reference problem on the GPU (output poisoned first) and checks every element
+// within its bound.
+void expect_matches(Engine& engine, const Scheme& scheme, const QuantWeight& weight,
+                    const ReferenceProblem& r, GemmOptions options, const std::string& label) {
+  const Format act = scheme.activation.format, out = scheme.output;
+  const std::int64_t n = weight.n(), k = weight.k(), m = r.m;
+  const bool with_bias = r.bias_device.bytes() != 0;
+  SCOPED_TRACE(label + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
+               " K=" + std::to_string(k) + (with_bias ? " bias" : ""));
+  if (with_bias) options.bias = r.bias_device.as<const float>();
+  runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
+  c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
+  engine.gemm({r.a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
+              nullptr, options);
+  const test::OutputCheck check =
+      test::check_output(test::read_output(c_device, out, r.expected.size()), r.expected,
+                         r.bounds, n);
+  EXPECT_TRUE(check.ok()) << check.describe() << "\n"
+                          << plan_text(engine, weight, m, act, out, options);
+  EXPECT_LE(check.relative, tolerance(act, out));
+  std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e worst |err|/bound %.3f\n", label.c_str(),
+              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+              check.relative, check.worst);
+}
+
 // Runs C = A · Wᵀ on the GPU for a fresh random A (output poisoned first) and checks every
 // element against the double reference of the dequantized weight within its bound
 // (gemm_check.hpp). With `with_bias`, a fresh random fp32 bias is added (options.bias is set to
@@ -140,39 +199,8 @@ void expect_matches_reference(Engine& engine, const Scheme& scheme, const Packed
                               const std::vector<double>& w_ref, const QuantWeight& weight,
                               std::int64_t m, GemmOptions options, std::mt19937& rng,
                               const std::string& label, bool with_bias = false) {
-  const Format act = scheme.activation.format, out = scheme.output;
-  const std::int64_t n = weight.n(), k = weight.k();
-  SCOPED_TRACE(label + " M=" + std::to_string(m) + " N=" + std::to_string(n) +
-               " K=" + std::to_string(k) + (with_bias ? " bias" : ""));
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> a(static_cast<std::size_t>(m * k));
-  for (double& x : a) x = round_to(act, normal(rng));
-  std::vector<double> expected = reference::matmul_nt(a.data(), w_ref.data(), m, n, k);
-  runtime::DeviceBuffer bias_device;
-  if (with_bias) {
-    std::vector<float> bias(static_cast<std::size_t>(n));
-    for (float& b : bias) b = static_cast<float>(normal(rng));
-    for (std::int64_t r = 0; r < m; ++r)
-      for (std::int64_t c = 0; c < n; ++c) expected[static_cast<std::size_t>(r * n + c)] += bias[c];
-    bias_device = runtime::DeviceBuffer::from(bias);
-    options.bias = bias_device.as<const float>();
-  }
-
-  auto a_device = runtime::DeviceBuffer::from(to_codes(act, a));
-  runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
-  c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
-  engine.gemm({a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
-              nullptr, options);
-  const std::vector<double> bounds = test::gemm_bounds(
-      a, packed, w_ref, m, test::operand_rounding(scheme.activation, act), out, expected);
-  const test::OutputCheck check =
-      test::check_output(test::read_output(c_device, out, expected.size()), expected, bounds, n);
-  EXPECT_TRUE(check.ok()) << check.describe() << "\n"
-                          << plan_text(engine, weight, m, act, out, options);
-  EXPECT_LE(check.relative, tolerance(act, out));
-  std::printf("%-44s M=%-5lld N=%-5lld K=%-5lld rel=%.3e worst |err|/bound %.3f\n", label.c_str(),
-              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-              check.relative, check.worst);
+  const ReferenceProblem r = make_reference(scheme, packed, w_ref, m, rng, with_bias);
+  expect_matches(engine, scheme, weight, r, options, label);
 }
 
 TEST(DenseGemmGpu, MatchesReferenceForEveryScheme) {
@@ -286,18 +314,21 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
       }));
     for (auto& f : compiles) f.get();
   }
+  // One reference per (weight, M), every config checked against it (the double reference of
+  // M = 4096 costs seconds on the CPU); M = 17 with a bias.
   std::size_t done = 0;
   for (std::size_t wi = 0; wi < weights.size(); ++wi) {
     const Weight& w = weights[wi];
     const std::vector<double> w_ref = dequantize_weight(w.packed);
+    std::optional<ReferenceProblem> reference;
     for (const Run& r : runs) {
       if (r.weight != wi) continue;
+      if (!reference || reference->m != r.m)
+        reference = make_reference(w.scheme, w.packed, w_ref, r.m, rng, r.m == 17);
       GemmOptions options;
       options.candidate = r.config;
-      expect_matches_reference(engine, w.scheme, w.packed, w_ref, w.weight, r.m, options, rng,
-                               w.scheme.name + " config=" + r.config + " seed=" +
-                                   std::to_string(seed),
-                               r.m == 17);
+      expect_matches(engine, w.scheme, w.weight, *reference, options,
+                     w.scheme.name + " config=" + r.config + " seed=" + std::to_string(seed));
       ++done;
     }
   }
