@@ -68,10 +68,15 @@ struct WgmmaGemm {
   // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
   static constexpr int kStepsPerGroup = kGroup == 0 || kGroup >= 64 ? 4 : kGroup / 16;
   static constexpr int kChunkGroups = 4 / kStepsPerGroup;
-  // The producer gives registers to the consumers when there are two of them (3 warpgroups:
-  // 168 a thread at launch; 40 + 2 · 232 per 128 threads fits the 64 K register file).
-  static constexpr bool kRebalance = kConsumers == 2;
-  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  // The producer gives registers to the consumers when there are several of them: the 64 K
+  // register file holds 512 per thread slot of a warpgroup, 40 stay with the producer and the
+  // consumers share the rest (2: 232 each, 3: 152, 4: 112; a multiple of 8, at most 232).
+  static constexpr bool kRebalance = kConsumers >= 2;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters =
+      (512 - kProducerRegisters) / kConsumers / 8 * 8 < 232
+          ? (512 - kProducerRegisters) / kConsumers / 8 * 8
+          : 232;
 
   struct Unit {
     int n_block, m_block, split, chunk0, chunks;

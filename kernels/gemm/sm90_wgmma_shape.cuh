@@ -21,7 +21,7 @@ namespace qgemm::kernels {
 enum WgmmaDequant { kWgmmaFp32 = 0, kWgmmaPacked16 = 1, kWgmmaFloat16 = 2 };
 
 struct WgmmaTile {
-  int consumers = 2;     // consumer warpgroups: 1 or 2
+  int consumers = 2;     // consumer warpgroups: 1 to 4
   int tokens = 128;      // wgmma N: 8, 16, 32, 64, 128 or 256
   int stage_chunks = 1;  // K chunks of 64 per stage: 1, 2 or 4
   int stages = 4;
@@ -55,7 +55,7 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.stage_bytes = round_up_to(s.a_bytes + s.w_bytes + s.s_bytes, 1024);
   s.barriers_offset = 1024 + t.stages * s.stage_bytes;
   s.flags_offset = s.barriers_offset + 2 * t.stages * 8;
-  s.shared_bytes = s.flags_offset + 16;
+  s.shared_bytes = s.flags_offset + 4 * t.consumers;
   return s;
 }
 
@@ -83,7 +83,7 @@ QGEMM_HOST_DEVICE constexpr int wgmma_split_step(WgmmaTile t, int group, int deq
 // Why the config cannot be instantiated for this weight (nullptr when it can): the rules the
 // kernel static_asserts.
 QGEMM_HOST_DEVICE constexpr const char* wgmma_tile_error(WgmmaTile t, int group) {
-  if (t.consumers != 1 && t.consumers != 2) return "one or two consumer warpgroups";
+  if (t.consumers < 1 || t.consumers > 4) return "one to four consumer warpgroups";
   if (!(t.tokens == 8 || t.tokens == 16 || t.tokens == 32 || t.tokens == 64 || t.tokens == 128 ||
         t.tokens == 256))
     return "wgmma tokens (N) of 8, 16, 32, 64, 128 or 256";

@@ -2,7 +2,8 @@
 // bytes it must move, the tensor-core work it must do, and the passes and launches beside its
 // GEMM, each over a rate measured on the GPU.
 //
-//   time = fixed + max(memory, compute) + passes
+//   time = fixed + max(memory, compute) + passes     (memory + compute where they do not
+//                                                    overlap: Cost::serial)
 //     memory   bytes the GEMM must read from HBM (the weight as the path stores it, A, C)
 //              / (copy bandwidth · the path's streaming efficiency)
 //     compute  2 · M' · N · K / (the path's tensor-core rate · occupancy), M' = M rounded up to
@@ -48,13 +49,17 @@ struct GpuRates {
   double tiled_bytes_factor = 1.5;
   double tiled_ramp_tiles = 30;
   double tiled_stream = 0.6;
-  // The SM90 wgmma family (predictions before its first measurement, bench/NOTES.md): fixed
-  // cost, weight streaming efficiency, tensor rate at wide token blocks, and the rate at which
-  // the SMs dequantize weight elements with packed16 (G elements/s; float16 0.7x, fp32 0.4x).
+  // The SM90 wgmma family (fitted to its first run, on an H100 SXM: bench/NOTES.md, "SM90
+  // wgmma"): the consumers' dequantization and the tensor work of a chunk add up instead of
+  // overlapping (per pair of weight tiles and 64-K chunk ≈ 356 + 4 · tokens cycles, i.e. the
+  // dequantization at ~5300 G weight elements/s per token block for packed16 (float16 0.7x,
+  // fp32 0.4x; promoted scales 4/3x) plus wgmma at ~950 TFLOPS), and decode's stream adds to
+  // them too (the ring refills a stage only after it is computed). Fixed cost and streaming
+  // efficiency as the other kernels'.
   double wgmma_fixed_us = 4.0;
   double wgmma_stream = 0.85;
-  double wgmma_tflops = 760;
-  double wgmma_dequant_gelems = 11000;
+  double wgmma_tflops = 950;
+  double wgmma_dequant_gelems = 5300;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
   double dequant_stream = 0.82;
@@ -79,6 +84,7 @@ struct Cost {
   double memory_us = 0;
   double compute_us = 0;
   double passes_us = 0;
+  bool serial = false;  // memory and compute add up (they do not overlap)
   std::string note;  // what shaped it ("occupancy 24 %", "2 chunks", ...)
 };
 

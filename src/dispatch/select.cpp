@@ -217,7 +217,8 @@ Cost tiled_cost(const GemmProblem& p, std::int64_t m, const MmaConfig& config,
   cost.compute_us = tflops_us(2.0 * rows * p.n * p.k, rate * k_efficiency * occupancy);
   double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
                  static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
-  if (launch.splits > 1) bytes += 2.0 * launch.splits * m * p.n * 4;  // fp32 partial sums
+  if (launch.splits > 1)  // fp32 partial sums of the padded tiles, reduced and read back
+    bytes += 2.0 * launch.splits * rows * static_cast<double>(w.n_padded) * 4;
   cost.memory_us = gbps_us(bytes, r.copy_gbps * r.tiled_stream * std::min(1.0, blocks / gpu.sm_count));
   cost.note = fmt::format("{:.0f} blocks ({:.0f} % of a wave), {} splits of {} K tiles", blocks,
                           100 * blocks / resident, launch.splits, launch.tiles_per_split);
@@ -232,10 +233,10 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   const double units = static_cast<double>(launch.units());
   const double occupancy = units / (std::ceil(units / gpu.sm_count) * gpu.sm_count);
   const double rows = static_cast<double>(launch.m_blocks) * config.block_m();
-  // Tensor work, and the dequantization (every token block dequantizes the whole weight),
-  // which overlap: the slower one bounds.
-  const double tensor_us = tflops_us(2.0 * rows * p.n * p.k,
-                                     r.wgmma_tflops * rows / (rows + 64.0) * occupancy);
+  // Tensor work on the padded token blocks, and the dequantization (every token block
+  // dequantizes the whole weight): measured to add up (GpuRates), as does the stream.
+  cost.serial = true;
+  const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, r.wgmma_tflops * occupancy);
   const std::string dequant = wgmma_dequant(w, operand);
   // Promoted scales save the multiply: a quarter of packed16's work per pair.
   const double promoted = wgmma_promotes_scales(config, w, operand) ? 4.0 / 3.0 : 1.0;
@@ -245,10 +246,11 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
                                                       : 0.4);
   const double dequant_us =
       static_cast<double>(launch.m_blocks) * p.n * p.k / (dequant_rate * 1e3 * occupancy);
-  cost.compute_us = std::max(tensor_us, dequant_us);
+  cost.compute_us = tensor_us + dequant_us;
   double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
                  static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
-  if (launch.splits > 1) bytes += 2.0 * launch.splits * m * p.n * 4;  // fp32 partial sums
+  if (launch.splits > 1)  // fp32 partial sums of the padded tiles, reduced and read back
+    bytes += 2.0 * launch.splits * rows * static_cast<double>(w.n_padded) * 4;
   cost.memory_us = gbps_us(bytes, r.copy_gbps * r.wgmma_stream * std::min(1.0, units / gpu.sm_count));
   cost.note = fmt::format("{:.0f} units on {} SMs ({:.0f} % of the last round), {} splits, {}",
                           units, launch.grid, 100 * occupancy, launch.splits, dequant);
@@ -397,8 +399,10 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       }
     }
     if (v.rejected.empty())
-      v.cost.total_us =
-          v.cost.fixed_us + std::max(v.cost.memory_us, v.cost.compute_us) + v.cost.passes_us;
+      v.cost.total_us = v.cost.fixed_us +
+                        (v.cost.serial ? v.cost.memory_us + v.cost.compute_us
+                                       : std::max(v.cost.memory_us, v.cost.compute_us)) +
+                        v.cost.passes_us;
     selection.verdicts.push_back(std::move(v));
   }
 
@@ -498,6 +502,7 @@ std::string selection_json(const Selection& selection) {
       c["cost"] = {{"fixed_us", v.cost.fixed_us},
                    {"memory_us", v.cost.memory_us},
                    {"compute_us", v.cost.compute_us},
+                   {"memory_and_compute", v.cost.serial ? "sum" : "max"},
                    {"passes_us", v.cost.passes_us},
                    {"note", v.cost.note}};
     }
@@ -518,11 +523,11 @@ std::string selection_text(const Selection& selection) {
     const Verdict& v = selection.verdicts[i];
     const char* mark = static_cast<int>(i) == selection.winner ? "*" : " ";
     if (v.rejected.empty()) {
-      text += fmt::format(" {} {:<14} {:>9.1f} µs  {} operand; fixed {:.1f} + max(memory {:.1f}, "
+      text += fmt::format(" {} {:<14} {:>9.1f} µs  {} operand; fixed {:.1f} + {}(memory {:.1f}, "
                           "compute {:.1f}) + passes {:.1f}; {}\n",
                           mark, v.candidate->name, v.cost.total_us, v.operand.name(),
-                          v.cost.fixed_us, v.cost.memory_us, v.cost.compute_us,
-                          v.cost.passes_us, v.cost.note);
+                          v.cost.fixed_us, v.cost.serial ? "sum" : "max", v.cost.memory_us,
+                          v.cost.compute_us, v.cost.passes_us, v.cost.note);
     } else {
       text += fmt::format(" {} {:<14} rejected: {}\n", mark, v.candidate->name, v.rejected);
     }

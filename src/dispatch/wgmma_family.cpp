@@ -35,6 +35,11 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-32", {2, 32, 2, 8}},         {"wgmma-64", {2, 64, 2, 6}},
       {"wgmma-128", {2, 128, 1, 7}},       {"wgmma-256", {2, 256, 1, 5}},
       {"wgmma-8-k256", {2, 8, 4, 16}},     {"wgmma-16-k256", {2, 16, 4, 16}},
+      // Decode with four consumer warpgroups (256 weight rows a block): twice the warps to
+      // hide the consumers' load → dequantize → wgmma chain, which bounds decode at two
+      // (bench/NOTES.md, SM90 wgmma, first run). Not measured yet. 640 threads leave 96
+      // registers a thread: 16 tokens with stored zero points would spill.
+      {"wgmma-8-c4", {4, 8, 2, 10}},
   };
   return configs;
 }

@@ -5,6 +5,7 @@
 //   wgmma-8 .. wgmma-256   the token width (wgmma's N) of the config: one instantiation per
 //                          width, each with the stage size and depth that suit it
 //   wgmma-8-k256, ...      decode widths with 256-K stages (fewer, larger copies)
+//   wgmma-8-c4             decode with four consumer warpgroups (256 rows a block)
 //
 // Threads and shared memory come from kernels/gemm/sm90_wgmma_shape.cuh, evaluated here on the
 // same values the spec passes to the template. Which config a call uses is the selector's

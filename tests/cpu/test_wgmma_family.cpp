@@ -168,6 +168,10 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
       {"w8a16", 256, "wgmma-128", formats::bf16},
       {"w4a16", 1, "wgmma-8-k256", formats::bf16},
       {"w8a16", 16, "wgmma-16-k256", formats::bf16},
+      {"w4a16", 1, "wgmma-8-c4", formats::bf16},
+      {"w=uint4:g128:s=bf16:zp=int;a=bf16", 8, "wgmma-8-c4", formats::bf16},
+      {"w=uint6:g128:s=fp16:zp=float;a=fp16", 1, "wgmma-8-c4", formats::fp16},
+      {"mxfp4-a16", 8, "wgmma-8-c4", formats::bf16},
   };
   for (const Case& c : cases) {
     const Scheme s = parse_scheme(c.scheme);

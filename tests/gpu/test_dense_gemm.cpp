@@ -283,6 +283,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
     std::string config;
   };
   struct Weight {
+    std::string text;  // the case's scheme as written (a preset name or the compact form)
     Scheme scheme;
     PackedWeight packed;
     QuantWeight weight;
@@ -290,7 +291,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
   std::vector<Weight> weights;
   std::vector<Run> runs;
   for (const Case& c : wgmma_cases) {
-    Weight w{parse_scheme(c.scheme), {}, {}};
+    Weight w{c.scheme, parse_scheme(c.scheme), {}, {}};
     std::vector<float> values(static_cast<std::size_t>(c.n * c.k));
     for (float& x : values) x = normal(rng);
     w.packed = quantize_weight(w.scheme.weight, values.data(), c.n, c.k);
@@ -328,7 +329,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
       GemmOptions options;
       options.candidate = r.config;
       expect_matches(engine, w.scheme, w.weight, *reference, options,
-                     w.scheme.name + " config=" + r.config + " seed=" + std::to_string(seed));
+                     w.text + " config=" + r.config + " seed=" + std::to_string(seed));
       ++done;
     }
   }
