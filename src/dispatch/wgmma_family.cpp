@@ -37,7 +37,7 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-8-k256", {2, 8, 4, 16}},     {"wgmma-16-k256", {2, 16, 4, 16}},
       // Decode with four consumer warpgroups (256 weight rows a block): twice the warps to
       // hide the consumers' load → dequantize → wgmma chain, which bounds decode at two
-      // (bench/NOTES.md, SM90 wgmma, first run). Not measured yet. 640 threads leave 96
+      // (bench/NOTES.md, SM90 wgmma, first run). Not measured yet. Four consumers get 112
       // registers a thread: 16 tokens with stored zero points would spill.
       {"wgmma-8-c4", {4, 8, 2, 10}},
   };
