@@ -187,8 +187,10 @@ int main(int argc, char** argv) {
     if (wgmma) {
       configs = {""};
       for (int tokens : {8, 16, 32, 64, 128, 256})
-        if (tokens <= 2 * std::max<long long>(c.m, 8) && (c.m < 256 || tokens >= 128))
+        if (tokens <= 2 * std::max<long long>(c.m, 8) && (c.m < 256 || tokens >= 128)) {
           configs.push_back("wgmma-" + std::to_string(tokens));
+          if (tokens >= 64) configs.push_back("wgmma-" + std::to_string(tokens) + "-tx");
+        }
       if (c.m <= 16) configs.insert(configs.end(), {"wgmma-8-k256", "wgmma-8-c4"});
       if (c.m == 16) configs.push_back("wgmma-16-k256");
       configs.push_back(c.m <= 16 ? "decode" : c.m <= 256 ? "medium" : "prefill");

@@ -47,19 +47,21 @@
 #include "gemm/wgmma_gemm_params.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
 #include "ptx/bulk_copy.cuh"
+#include "ptx/mma_sync.cuh"  // stmatrix
 #include "ptx/reduce.cuh"
 #include "ptx/warpgroup.cuh"
 #include "ptx/wgmma.cuh"
 
 namespace qgemm::kernels {
 
-template <int kConsumers, int kTokens, int kStageChunks, int kStages, unsigned long long kFormat,
-          int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant>
+template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
+          unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
+          bool kSplitK, int kDequant>
 struct WgmmaGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
-  static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages};
+  static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages, kTransform};
   static constexpr WgmmaShape kShape = wgmma_shape(kTile, kBits, kGroup, kStoredZeros);
   static_assert(wgmma_tile_error(kTile, kGroup) == nullptr,
                 "wgmma config and weight disagree (wgmma_tile_error says why)");
@@ -71,8 +73,10 @@ struct WgmmaGemm {
   // The producer gives registers to the consumers when there are several of them: the 64 K
   // register file holds 512 per thread slot of a warpgroup, 40 stay with the producer and the
   // consumers share the rest (2: 232 each, 3: 152, 4: 112; a multiple of 8, at most 232).
+  // With transform warps in its warpgroup it keeps 112 (their words, 16 fragment registers,
+  // the scales and stmatrix addresses) and two consumers take 200 each.
   static constexpr bool kRebalance = kConsumers >= 2;
-  static constexpr int kProducerRegisters = 40;
+  static constexpr int kProducerRegisters = kTransform ? 112 : 40;
   static constexpr int kConsumerRegisters =
       (512 - kProducerRegisters) / kConsumers / 8 * 8 < 232
           ? (512 - kProducerRegisters) / kConsumers / 8 * 8
@@ -112,6 +116,18 @@ struct WgmmaGemm {
   }
   __device__ static unsigned stage_address(unsigned base, int slot) {
     return base + 1024 + slot * kShape.stage_bytes;
+  }
+  // Transform: buffer b holds one chunk's dequantized tiles (tile t at t · 8 KB); `filled` counts
+  // the transform warps' arrivals, `drained` the consumers' once their wgmma have read it.
+  __device__ static unsigned filled_barrier(unsigned base, int b) {
+    return base + kShape.barriers_offset + (2 * kStages + b) * 8;
+  }
+  __device__ static unsigned drained_barrier(unsigned base, int b) {
+    return base + kShape.barriers_offset + (2 * kStages + kWgmmaTransformBuffers + b) * 8;
+  }
+  __device__ static unsigned dequantized_address(unsigned base, int b, int tile) {
+    return base + kShape.dequantized_offset + b * kShape.dequantized_buffer_bytes +
+           tile * kShape.dequantized_tile_bytes;
   }
 
   // ---- producer ------------------------------------------------------------------------------
@@ -154,6 +170,130 @@ struct WgmmaGemm {
     }
   }
 
+  // ---- dequantization (the consumers' registers, or the transform warpgroup's) --------------
+  __device__ static void load_words(unsigned at, unsigned (&words)[kBits]) {
+    if constexpr (kBits % 4 == 0) {
+#pragma unroll
+      for (int w = 0; w < kBits; w += 4)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(words[w]), "=r"(words[w + 1]), "=r"(words[w + 2]), "=r"(words[w + 3])
+                     : "r"(at + w * 4));
+    } else if constexpr (kBits % 2 == 0) {
+#pragma unroll
+      for (int w = 0; w < kBits; w += 2)
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                     : "=r"(words[w]), "=r"(words[w + 1])
+                     : "r"(at + w * 4));
+    } else {
+#pragma unroll
+      for (int w = 0; w < kBits; ++w)
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(words[w]) : "r"(at + w * 4));
+    }
+  }
+  __device__ static float2 load_float2(unsigned at) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(at));
+    return v;
+  }
+
+  // The 16 wgmma A-fragment registers of thread `thread` for weight tile `tile` of the block
+  // (0 .. kConsumers − 1) in chunk i of the unit, from the stage at `stage`: its words and the
+  // scales of the chunk's groups (rows g and g + 8 of its warp are adjacent: scale_column),
+  // dequantized scaled or unscaled (promoted scales). Returns the scales of the chunk's first
+  // group.
+  template <bool kScaled>
+  __device__ static float2 dequantize_tile_chunk(const WgmmaGemmParams& p, const Unit& unit,
+                                                 unsigned stage, int i, int tile, int thread,
+                                                 unsigned (&frag)[4][4]) {
+    const int ch = i % kStageChunks;
+    // The thread's words: kBits consecutive 32-bit words (one 16-byte load for 4 bits).
+    unsigned words[kBits];
+    load_words(stage + kShape.a_bytes + tile * kShape.w_tile_bytes + ch * kShape.w_chunk_bytes +
+                   thread * kBits * 4,
+               words);
+    const int c = unit.chunk0 + i - ch;  // the stage's first chunk
+    const int rows = stage_scale_rows(p, c, min(kStageChunks, unit.chunks - (i - ch)));
+    const int lane = thread % 32, warp = thread / 32;
+    const unsigned s_at =
+        stage + kShape.a_bytes + kShape.w_bytes + (tile * 64 + warp * 16 + (lane / 4) * 2) * 4;
+    float2 first = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int gi = 0; gi < kChunkGroups; ++gi) {
+      int row = 0;
+      if constexpr (kShape.scale_rows > 1)
+        row = min((ch * 64 + gi * kStepsPerGroup * 16) / kGroup, rows - 1);
+      const float2 s = load_float2(s_at + row * kShape.s_row_bytes);
+      float2 z = make_float2(0.0f, 0.0f);
+      if constexpr (kStoredZeros)
+        z = load_float2(s_at + (kShape.scale_rows + row) * kShape.s_row_bytes);
+      if (gi == 0) first = s;
+      const WgmmaGroupFactors factors =
+          wgmma_group_factors<kFormat, kZeroMode, kDequant, kBf16>(s, z);
+#pragma unroll
+      for (int kb = gi * kStepsPerGroup; kb < (gi + 1) * kStepsPerGroup; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          frag[kb][r] = wgmma_dequant_pair<kFormat, kZeroMode, kDequant, kBf16, kScaled>(
+              words, kb * 4 + r, factors);
+    }
+    return first;
+  }
+
+  // ---- transform warps ---------------------------------------------------------------------------
+  // Warps 1-3 of the producer's warpgroup dequantize every weight tile of each chunk into buffer
+  // tc % kWgmmaTransformBuffers (tc: the chunks so far), in the layout the consumers' wgmma read
+  // as their A operand: 64 rows of 64 k (128 bytes) with the 128-byte swizzle, the 16-byte piece
+  // j of row r at piece j ^ (r % 8) (ptx/wgmma.cuh's descriptor). A chunk's work is one task per
+  // (tile, 16-row slice w), done as consumer warp w would do it in registers (its thread
+  // w · 32 + lane's words and scales), the tasks dealt round-robin over the transform warps. A
+  // task's fragment of k16 step kb (rows g, g + 8; k 2t.. and 2t + 8..) is four 8×8 matrices,
+  // stored by one stmatrix.x4: lane L addresses row 16 w + 8 ((L / 8) & 1) + L % 8 of matrix
+  // L / 8, piece 2 kb + L / 16.
+  struct Transformer {
+    int warp;  // 0 .. kWgmmaTransformWarps − 1
+    int lane;
+    unsigned base;
+
+    __device__ void run(const WgmmaGemmParams& p) {
+      const int units = p.n_blocks * p.m_blocks * p.splits;
+      const int half = lane / 16;  // matrices 2, 3: k 8 .. 15 of the step
+      int it = 0, tc = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const Unit unit = unit_of(p, u);
+        const int tiles = min(kConsumers, p.n_tiles - unit.n_block * kConsumers);
+        for (int i = 0; i < unit.chunks; ++i, ++tc) {
+          const int stage_index = it + i / kStageChunks;
+          const int ch = i % kStageChunks;
+          const int slot = stage_index % kStages;
+          if (ch == 0)
+            ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+          const int b = tc % kWgmmaTransformBuffers;
+          ptx::mbarrier_wait_parity(drained_barrier(base, b),
+                                    ((tc / kWgmmaTransformBuffers) & 1) ^ 1);
+          const unsigned stage = stage_address(base, slot);
+          for (int task = warp; task < tiles * 4; task += kWgmmaTransformWarps) {
+            const int t = task / 4, w = task % 4;
+            unsigned frag[4][4];
+            dequantize_tile_chunk<true>(p, unit, stage, i, t, w * 32 + lane, frag);
+            const int row = w * 16 + 8 * ((lane / 8) & 1) + lane % 8;
+            const unsigned row_at = dequantized_address(base, b, t) + row * 128;
+#pragma unroll
+            for (int kb = 0; kb < 4; ++kb)
+              ptx::stmatrix_x4(row_at + (((2 * kb + half) ^ (row % 8)) << 4), frag[kb]);
+          }
+          // Our stores, then the consumers' wgmma (the async proxy) read them.
+          ptx::fence_proxy_async_shared();
+          ptx::mbarrier_arrive(filled_barrier(base, b));
+          // The stage's weight and scales are read: release it (the consumers release it too,
+          // once their wgmma have read its activations).
+          if (ch == kStageChunks - 1 || i == unit.chunks - 1)
+            ptx::mbarrier_arrive(empty_barrier(base, slot));
+        }
+        it += (unit.chunks + kStageChunks - 1) / kStageChunks;
+      }
+    }
+  };
+
   // ---- consumers -----------------------------------------------------------------------------
   // Scales promoted into fp32 sums (gemm/sm90_wgmma_shape.cuh): the groups' chunks and the
   // kDequant codes of dequant/wgmma_dequant.cuh agree (kWgmmaFp32 = 0).
@@ -185,8 +325,12 @@ struct WgmmaGemm {
     float acc[kAccumulators];
     float group_acc[kPromote ? 2 : 1][kPromote ? kAccumulators : 1];
     float2 group_scale[2];
-    unsigned frag[2][4][4];
+    unsigned frag[kTransform ? 1 : 2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
+    // Transform: the chunks consumed so far (tc, as the transform warpgroup counts them), and
+    // the dequantized buffer to release once the wgmma issued so far have completed.
+    int chunks_done;
+    int pending_buffer;
 
     __device__ void release(int slot) {
       ptx::fence_proxy_async_shared();  // our ld.shared of the stage before TMA refills it
@@ -219,38 +363,10 @@ struct WgmmaGemm {
       if (ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
       if (active) {
         const unsigned stage = stage_address(base, slot);
-        // The thread's words: kBits consecutive 32-bit words (one 16-byte load for 4 bits).
-        unsigned words[kBits];
-        const unsigned w_at = stage + kShape.a_bytes + warpgroup * kShape.w_tile_bytes +
-                              ch * kShape.w_chunk_bytes + thread * kBits * 4;
-        load_words(w_at, words);
-        // Scales: rows g and g + 8 of the thread's warp are adjacent (scale_column).
-        const int c = unit.chunk0 + i - ch;  // the stage's first chunk
-        const int rows = stage_scale_rows(p, c, min(kStageChunks, unit.chunks - (i - ch)));
-        const int lane = thread % 32, warp = thread / 32;
-        const unsigned s_at = stage + kShape.a_bytes + kShape.w_bytes +
-                              (warpgroup * 64 + warp * 16 + (lane / 4) * 2) * 4;
-#pragma unroll
-        for (int gi = 0; gi < kChunkGroups; ++gi) {
-          int row = 0;
-          if constexpr (kShape.scale_rows > 1)
-            row = min((ch * 64 + gi * kStepsPerGroup * 16) / kGroup, rows - 1);
-          const float2 s = load_float2(s_at + row * kShape.s_row_bytes);
-          float2 z = make_float2(0.0f, 0.0f);
-          if constexpr (kStoredZeros)
-            z = load_float2(s_at + (kShape.scale_rows + row) * kShape.s_row_bytes);
-          if constexpr (kPromote) {
-            if (group_start) group_scale[kSet] = s;
-          }
-          const WgmmaGroupFactors factors =
-              wgmma_group_factors<kFormat, kZeroMode, kDequant, kBf16>(s, z);
-#pragma unroll
-          for (int kb = gi * kStepsPerGroup; kb < (gi + 1) * kStepsPerGroup; ++kb)
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-              frag[kBuffer][kb][r] =
-                  wgmma_dequant_pair<kFormat, kZeroMode, kDequant, kBf16, !kPromote>(
-                      words, kb * 4 + r, factors);
+        const float2 first_scale =
+            dequantize_tile_chunk<!kPromote>(p, unit, stage, i, warpgroup, thread, frag[kBuffer]);
+        if constexpr (kPromote) {
+          if (group_start) group_scale[kSet] = first_scale;
         }
         // A new group: the previous one's wgmma (the last chunk's, still in flight while this
         // chunk dequantized) complete, then its sums are scaled into the result. Waiting for
@@ -282,6 +398,38 @@ struct WgmmaGemm {
       }
     }
 
+    // Transform: chunk i of the unit from the dequantized buffer of chunk count tc: both wgmma
+    // operands from shared memory. The previous chunk's buffer (and stage, when this chunk
+    // opens one) is released once its wgmma have completed.
+    __device__ void chunk_shared(const Unit& unit, int it, int i, bool active) {
+      const int stage_index = it + i / kStageChunks;
+      const int ch = i % kStageChunks;
+      const int slot = stage_index % kStages;
+      const int tc = chunks_done + i;
+      const int b = tc % kWgmmaTransformBuffers;
+      if (ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+      ptx::mbarrier_wait_parity(filled_barrier(base, b), (tc / kWgmmaTransformBuffers) & 1);
+      if (active) {
+        ptx::warpgroup_fence();
+        const unsigned long long weight =
+            ptx::make_smem_descriptor(dequantized_address(base, b, warpgroup));
+        const unsigned long long activations =
+            ptx::make_smem_descriptor(stage_address(base, slot) + ch * kShape.a_box_bytes);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+          Mma::mma_shared(acc, weight + ((kb * 32) >> 4), activations + ((kb * 32) >> 4),
+                          (i | kb) != 0);
+        ptx::warpgroup_commit_group();
+        ptx::warpgroup_wait_group<1>();
+      }
+      if (pending_buffer >= 0) ptx::mbarrier_arrive(drained_barrier(base, pending_buffer));
+      pending_buffer = b;
+      if (ch == 0) {
+        if (pending >= 0) release(pending);
+        pending = slot;
+      }
+    }
+
     template <int kSet>
     __device__ auto accumulators() -> float (&)[kAccumulators] {
       if constexpr (kPromote && kSet >= 0) {
@@ -291,36 +439,13 @@ struct WgmmaGemm {
       }
     }
 
-    __device__ static void load_words(unsigned at, unsigned (&words)[kBits]) {
-      if constexpr (kBits % 4 == 0) {
-#pragma unroll
-        for (int w = 0; w < kBits; w += 4)
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(words[w]), "=r"(words[w + 1]), "=r"(words[w + 2]), "=r"(words[w + 3])
-                       : "r"(at + w * 4));
-      } else if constexpr (kBits % 2 == 0) {
-#pragma unroll
-        for (int w = 0; w < kBits; w += 2)
-          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                       : "=r"(words[w]), "=r"(words[w + 1])
-                       : "r"(at + w * 4));
-      } else {
-#pragma unroll
-        for (int w = 0; w < kBits; ++w)
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(words[w]) : "r"(at + w * 4));
-      }
-    }
-    __device__ static float2 load_float2(unsigned at) {
-      float2 v;
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(at));
-      return v;
-    }
-
     // The unit's chunks, two fragment buffers alternating. Promoted scales: channel scales
     // (kGroupChunks 0) make the unit one group in set 0; groups of kGroupChunks chunks alternate
     // between the sets, the unit starting at a group's first chunk (wgmma_split_step).
     __device__ void mainloop(const WgmmaGemmParams& p, const Unit& unit, int it, bool active) {
-      if constexpr (!kPromote) {
+      if constexpr (kTransform) {
+        for (int i = 0; i < unit.chunks; ++i) chunk_shared(unit, it, i, active);
+      } else if constexpr (!kPromote) {
         for (int i = 0; i < unit.chunks; i += 2) {
           chunk<0, -1>(p, unit, it, i, active, false);
           if (i + 1 < unit.chunks) chunk<1, -1>(p, unit, it, i + 1, active, false);
@@ -345,6 +470,8 @@ struct WgmmaGemm {
       const int units = p.n_blocks * p.m_blocks * p.splits;
       int it = 0;
       pending = -1;
+      chunks_done = 0;
+      pending_buffer = -1;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = unit_of(p, u);
         const int tile = unit.n_block * kConsumers + warpgroup;
@@ -365,6 +492,11 @@ struct WgmmaGemm {
         }
         release(pending);
         pending = -1;
+        if constexpr (kTransform) {
+          ptx::mbarrier_arrive(drained_barrier(base, pending_buffer));
+          pending_buffer = -1;
+          chunks_done += unit.chunks;
+        }
         it += (unit.chunks + kStageChunks - 1) / kStageChunks;
         if (active) epilogue(p, unit, tile);
       }
@@ -433,17 +565,34 @@ struct WgmmaGemm {
     const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(shared));
     const unsigned base = (raw + 1023u) & ~1023u;  // A boxes need 1024-byte alignment
     if (threadIdx.x == 0) {
+      // A stage is free once the consumers (and the transform warps) are done with it.
+      constexpr int kTransformThreads = kTransform ? 32 * kWgmmaTransformWarps : 0;
       for (int s = 0; s < kStages; ++s) {
         ptx::mbarrier_init(full_barrier(base, s), 1);
-        ptx::mbarrier_init(empty_barrier(base, s), kConsumers * 128);
+        ptx::mbarrier_init(empty_barrier(base, s), kConsumers * 128 + kTransformThreads);
       }
+      if constexpr (kTransform)
+        for (int b = 0; b < kWgmmaTransformBuffers; ++b) {
+          ptx::mbarrier_init(filled_barrier(base, b), kTransformThreads);
+          ptx::mbarrier_init(drained_barrier(base, b), kConsumers * 128);
+        }
       ptx::fence_barrier_init();
     }
     __syncthreads();
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
       if constexpr (kRebalance) ptx::warpgroup_registers_decrease<kProducerRegisters>();
+      const int warp = threadIdx.x / 32;
       if (threadIdx.x == 0) produce(p, base);
+      if constexpr (kTransform) {
+        if (warp >= 1) {
+          Transformer transformer;
+          transformer.warp = warp - 1;
+          transformer.lane = threadIdx.x % 32;
+          transformer.base = base;
+          transformer.run(p);
+        }
+      }
       return;
     }
     if constexpr (kRebalance) ptx::warpgroup_registers_increase<kConsumerRegisters>();
@@ -460,13 +609,13 @@ struct WgmmaGemm {
 // Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16; kDequant = WgmmaDequant; kThreads and kDynamicSmemBytes come
 // from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
-template <int kConsumers, int kTokens, int kStageChunks, int kStages, unsigned long long kFormat,
-          int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
-          int kThreads, int kDynamicSmemBytes>
+template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
+          unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
+          bool kSplitK, int kDequant, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
-  using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kFormat, kZeroMode, kGroup,
-                         kActivation == 0, kOutput, kSplitK, kDequant>;
+  using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
+                         kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

@@ -2,14 +2,19 @@
 // shared memory, as constexpr functions that the kernel evaluates at compile time and the
 // dispatcher (src/dispatch/wgmma_family.cpp) at run time.
 //
-//   block   warpgroup 0: the producer (one thread issues every copy)
+//   block   warpgroup 0: the producer (one thread of warp 0 issues every copy); with
+//           `transform`, warps 1-3 dequantize every weight tile of a chunk into shared memory
 //           warpgroups 1 .. consumers: one 64-row weight tile each (block_n = 64 · consumers)
 //   stage   A  stage_chunks boxes of tokens × 64 activations (128-byte rows, 128-byte swizzle,
 //              1024-byte aligned: wgmma's B operand as TMA writes it)
 //           W  consumers × stage_chunks × 128 threads × bits words (gemm/wgmma_weight_layout.cuh)
 //           S  scale rows × block_n floats (the stage's groups), then as many zero rows
 //           (the stage rounded up to 1024 bytes)
-//   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [full, empty barriers]
+//   dequantized weight (transform only): kWgmmaTransformBuffers buffers of one chunk, each
+//           consumers tiles of 64 rows × 64 k 16-bit values in the same K-major 128-byte-swizzled
+//           rows as A (wgmma's A operand from shared memory), 8 KB a tile
+//   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [dequantized buffers]
+//           [full, empty barriers per stage] [filled, drained barriers per buffer]
 //           [one split-K flag per consumer]
 #pragma once
 
@@ -17,20 +22,30 @@
 
 namespace qgemm::kernels {
 
-// How the consumers dequantize (dequant/wgmma_dequant.cuh); the spec's "dequant" parameter.
+// How the weight is dequantized (dequant/wgmma_dequant.cuh); the spec's "dequant" parameter.
 enum WgmmaDequant { kWgmmaFp32 = 0, kWgmmaPacked16 = 1, kWgmmaFloat16 = 2 };
 
+// Chunks the transform warps may run ahead of the consumers, and how many there are (warps 1-3
+// of the producer's warpgroup: a fourth warpgroup would cap every thread at 128 registers,
+// fewer than a 64×256 wgmma's 128 accumulators need).
+inline constexpr int kWgmmaTransformBuffers = 2;
+inline constexpr int kWgmmaTransformWarps = 3;
+
 struct WgmmaTile {
-  int consumers = 2;     // consumer warpgroups: 1 to 4
-  int tokens = 128;      // wgmma N: 8, 16, 32, 64, 128 or 256
-  int stage_chunks = 1;  // K chunks of 64 per stage: 1, 2 or 4
+  int consumers = 2;      // consumer warpgroups: 1 to 4
+  int tokens = 128;       // wgmma N: 8, 16, 32, 64, 128 or 256
+  int stage_chunks = 1;   // K chunks of 64 per stage: 1, 2 or 4
   int stages = 4;
+  bool transform = false; // transform warps dequantize into shared memory (the consumers'
+                          // wgmma read both operands there); else each consumer dequantizes its
+                          // tile into registers
 };
 
 struct WgmmaShape {
   int threads = 0, block_n = 0, stage_k = 0;
   int a_box_bytes = 0, a_bytes = 0, w_chunk_bytes = 0, w_tile_bytes = 0, w_bytes = 0;
   int scale_rows = 0, s_row_bytes = 0, s_bytes = 0, stage_bytes = 0;
+  int dequantized_offset = 0, dequantized_tile_bytes = 0, dequantized_buffer_bytes = 0;
   int barriers_offset = 0, flags_offset = 0, shared_bytes = 0;
 };
 
@@ -53,8 +68,13 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.s_row_bytes = s.block_n * 4;
   s.s_bytes = s.scale_rows * s.s_row_bytes * (stored_zeros ? 2 : 1);
   s.stage_bytes = round_up_to(s.a_bytes + s.w_bytes + s.s_bytes, 1024);
-  s.barriers_offset = 1024 + t.stages * s.stage_bytes;
-  s.flags_offset = s.barriers_offset + 2 * t.stages * 8;
+  s.dequantized_offset = 1024 + t.stages * s.stage_bytes;
+  s.dequantized_tile_bytes = t.transform ? 64 * 64 * 2 : 0;
+  s.dequantized_buffer_bytes = t.consumers * s.dequantized_tile_bytes;
+  s.barriers_offset =
+      s.dequantized_offset + (t.transform ? kWgmmaTransformBuffers : 0) * s.dequantized_buffer_bytes;
+  const int barriers = 2 * t.stages + (t.transform ? 2 * kWgmmaTransformBuffers : 0);
+  s.flags_offset = s.barriers_offset + barriers * 8;
   s.shared_bytes = s.flags_offset + 4 * t.consumers;
   return s;
 }
@@ -66,9 +86,10 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
 // dequantization) for a few FFMA per group; it needs the group to cover whole 64-K chunks (or
 // the whole row: channel and tensor scales, applied once at the end) and registers for three
 // accumulator sets (token widths up to 64). The fp32 path rounds scaled values: it keeps the
-// scale in the weights.
+// scale in the weights; so do the transform warps (their dequantization is off the consumers'
+// path).
 QGEMM_HOST_DEVICE constexpr bool wgmma_promotes_scales(WgmmaTile t, int group, int dequant) {
-  return t.tokens <= 64 && dequant != kWgmmaFp32 && group % 64 == 0;
+  return !t.transform && t.tokens <= 64 && dequant != kWgmmaFp32 && group % 64 == 0;
 }
 
 // K chunks a split must be a multiple of: whole stages, and whole groups where the scales are
@@ -84,6 +105,7 @@ QGEMM_HOST_DEVICE constexpr int wgmma_split_step(WgmmaTile t, int group, int deq
 // kernel static_asserts.
 QGEMM_HOST_DEVICE constexpr const char* wgmma_tile_error(WgmmaTile t, int group) {
   if (t.consumers < 1 || t.consumers > 4) return "one to four consumer warpgroups";
+  if (t.transform && t.consumers != 2) return "the transform warps serve two consumers";
   if (!(t.tokens == 8 || t.tokens == 16 || t.tokens == 32 || t.tokens == 64 || t.tokens == 128 ||
         t.tokens == 256))
     return "wgmma tokens (N) of 8, 16, 32, 64, 128 or 256";

@@ -1,4 +1,4 @@
-// Warp-level tensor-core instructions: ldmatrix and mma.sync m16n8k16 (SM80+; on SM75, fp16
+// Warp-level tensor-core instructions: ldmatrix, stmatrix (SM90+) and mma.sync m16n8k16 (SM80+; on SM75, fp16
 // only, as two m16n8k8 over the k halves: a0, a1 with b0, then a2, a3 with b1).
 //
 // mma.m16n8k16 fragments (lane = 0..31, g = lane / 4, t = lane % 4), 16-bit operands:
@@ -31,6 +31,16 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned shared_ad
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])
                : "r"(shared_address));
+}
+
+// The inverse of ldmatrix_x4 (SM90+): lane i gives the address of row (i % 8) of matrix i / 8,
+// and r[j] of every lane is its (row g, k 2t..2t+1) pair of matrix j, so an A fragment
+// {a0, a1, a2, a3} lands as rows 0-7 / 8-15 × k 0-7 / 8-15 (matrices 0, 1, 2, 3).
+__device__ __forceinline__ void stmatrix_x4(unsigned shared_address, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                   shared_address),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 template <bool kBf16>

@@ -56,10 +56,14 @@ struct GpuRates {
   // fp32 0.4x; promoted scales 4/3x) plus wgmma at ~950 TFLOPS), and decode's stream adds to
   // them too (the ring refills a stage only after it is computed). Fixed cost and streaming
   // efficiency as the other kernels'.
+  // With transform warps (a prediction, not yet measured) the dequantization runs beside the
+  // wgmma on three warps of their own, ~300 cycles per 8192 weight elements and SM: the slower
+  // of the two bounds, and the stream overlaps them.
   double wgmma_fixed_us = 4.0;
   double wgmma_stream = 0.85;
   double wgmma_tflops = 950;
   double wgmma_dequant_gelems = 5300;
+  double wgmma_transform_gelems = 6300;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
   double dequant_stream = 0.82;

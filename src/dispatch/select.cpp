@@ -234,26 +234,30 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   const double occupancy = units / (std::ceil(units / gpu.sm_count) * gpu.sm_count);
   const double rows = static_cast<double>(launch.m_blocks) * config.block_m();
   // Tensor work on the padded token blocks, and the dequantization (every token block
-  // dequantizes the whole weight): measured to add up (GpuRates), as does the stream.
-  cost.serial = true;
+  // dequantizes the whole weight): measured to add up in the consumers (GpuRates), as does the
+  // stream; with transform warps the slower one bounds (predicted).
+  const bool transform = config.tile.transform;
+  cost.serial = !transform;
   const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, r.wgmma_tflops * occupancy);
   const std::string dequant = wgmma_dequant(w, operand);
   // Promoted scales save the multiply: a quarter of packed16's work per pair.
   const double promoted = wgmma_promotes_scales(config, w, operand) ? 4.0 / 3.0 : 1.0;
-  const double dequant_rate = r.wgmma_dequant_gelems * promoted *
+  const double dequant_rate = (transform ? r.wgmma_transform_gelems : r.wgmma_dequant_gelems) *
+                              promoted *
                               (dequant == "packed16"  ? 1.0
                                : dequant == "float16" ? 0.7
                                                       : 0.4);
   const double dequant_us =
       static_cast<double>(launch.m_blocks) * p.n * p.k / (dequant_rate * 1e3 * occupancy);
-  cost.compute_us = tensor_us + dequant_us;
+  cost.compute_us = transform ? std::max(tensor_us, dequant_us) : tensor_us + dequant_us;
   double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
                  static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
   if (launch.splits > 1)  // fp32 partial sums of the padded tiles, reduced and read back
     bytes += 2.0 * launch.splits * rows * static_cast<double>(w.n_padded) * 4;
   cost.memory_us = gbps_us(bytes, r.copy_gbps * r.wgmma_stream * std::min(1.0, units / gpu.sm_count));
-  cost.note = fmt::format("{:.0f} units on {} SMs ({:.0f} % of the last round), {} splits, {}",
-                          units, launch.grid, 100 * occupancy, launch.splits, dequant);
+  cost.note = fmt::format("{:.0f} units on {} SMs ({:.0f} % of the last round), {} splits, {}{}",
+                          units, launch.grid, 100 * occupancy, launch.splits, dequant,
+                          transform ? " by transform warps" : "");
   return cost;
 }
 
@@ -322,6 +326,10 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         const WgmmaConfig& config = *candidate.wgmma;
         if (!wgmma_ranked_by_default() && context.forced != candidate.name) {
           reject(kWgmmaUnverified);
+          break;
+        }
+        if (!config.measured && context.forced != candidate.name) {
+          reject(kWgmmaConfigUnmeasured);
           break;
         }
         if (!weight.wgmma) {

@@ -37,9 +37,15 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-8-k256", {2, 8, 4, 16}},     {"wgmma-16-k256", {2, 16, 4, 16}},
       // Decode with four consumer warpgroups (256 weight rows a block): twice the warps to
       // hide the consumers' load → dequantize → wgmma chain, which bounds decode at two
-      // (bench/NOTES.md, SM90 wgmma, first run). Not measured yet. Four consumers get 112
-      // registers a thread: 16 tokens with stored zero points would spill.
-      {"wgmma-8-c4", {4, 8, 2, 10}},
+      // (bench/NOTES.md, SM90 wgmma, first run). Four consumers get 112 registers a thread: 16
+      // tokens with stored zero points would spill.
+      {"wgmma-8-c4", {4, 8, 2, 10}, false},
+      // Transform warps dequantize into shared memory and the consumers' wgmma read both
+      // operands there: the dequantization leaves the wgmma warps, which measured to add its
+      // time to the tensor work instead of overlapping it (NOTES, SM90 wgmma, first run).
+      {"wgmma-64-tx", {2, 64, 2, 6, true}, false},
+      {"wgmma-128-tx", {2, 128, 1, 7, true}, false},
+      {"wgmma-256-tx", {2, 256, 1, 5, true}, false},
   };
   return configs;
 }
@@ -174,6 +180,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::integer("tokens", c.tile.tokens),
       jit::SpecParam::integer("stage_chunks", c.tile.stage_chunks),
       jit::SpecParam::integer("stages", launch.stages),
+      jit::SpecParam::boolean("transform", c.tile.transform),
       jit::SpecParam::number_format("weight", weight.format),
       jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
       jit::SpecParam::integer("group", weight.group_size),

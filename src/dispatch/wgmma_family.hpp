@@ -27,6 +27,9 @@ namespace qgemm::dispatch {
 struct WgmmaConfig {
   std::string name;  // "wgmma-8", ..., "wgmma-256" (the tuning tables' key)
   kernels::WgmmaTile tile;  // tile.stages is the most the ring takes
+  // Whether the config has been checked and timed on a GPU (bench/NOTES.md). The selector ranks
+  // an unmeasured one only when it is forced (benches, the tuner, the GPU tests).
+  bool measured = true;
 
   int block_m() const { return tile.tokens; }
   int block_n() const { return 64 * tile.consumers; }
@@ -52,6 +55,8 @@ bool wgmma_ranked_by_default();
 inline constexpr const char* kWgmmaUnverified =
     "the SM90 wgmma family is not yet verified on an H200 (QGEMM_WGMMA=1 lets the selector "
     "rank it)";
+inline constexpr const char* kWgmmaConfigUnmeasured =
+    "this config has not run on a GPU yet (a forced run takes it; bench/NOTES.md, SM90 wgmma)";
 
 // How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
 // (kernels/dequant/wgmma_dequant.cuh), and that mode's code (its WgmmaDequant value).

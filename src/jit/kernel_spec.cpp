@@ -219,6 +219,7 @@ const std::vector<KernelFamily>& kernel_families() {
         {"tokens", ParamKind::Int, {}},
         {"stage_chunks", ParamKind::Int, {}},
         {"stages", ParamKind::Int, {}},
+        {"transform", ParamKind::Bool, {}},
         {"weight", ParamKind::Format, {}},
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
         {"group", ParamKind::Int, {}},

@@ -66,8 +66,9 @@ class ScopedWgmmaSwitch {
   std::optional<std::string> old_;
 };
 
-// Until the family has run on an H200, the selector ranks it only when asked to (QGEMM_WGMMA=1);
-// a forced config is served either way; off sm_90a it never serves.
+// Until the family has run on an H200, the selector ranks it only when asked to (QGEMM_WGMMA=1),
+// and even then not the configs that have never run; a forced config is served either way; off
+// sm_90a it never serves.
 TEST(WgmmaFamily, IsOptInUntilVerified) {
   const GemmProblem p = problem_of("w4a16", 64, 8192, 8192);
   {
@@ -88,6 +89,11 @@ TEST(WgmmaFamily, IsOptInUntilVerified) {
     const Selection ada = select_on(p, GpuLimits::of_arch(jit::Arch::sm_89, 128));
     EXPECT_NE(verdict_of(ada, "wgmma-64").rejected.find("sm_90a"), std::string::npos)
         << verdict_of(ada, "wgmma-64").rejected;
+    // Configs that have not run on a GPU yet serve only forced runs.
+    for (const WgmmaConfig& config : wgmma_configs())
+      if (!config.measured)
+        EXPECT_EQ(verdict_of(s, config.name).rejected, kWgmmaConfigUnmeasured) << config.name;
+    EXPECT_EQ(select_on(p, kH200, "wgmma-64-tx").chosen().candidate->name, "wgmma-64-tx");
   }
 }
 
@@ -172,6 +178,10 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
       {"w=uint4:g128:s=bf16:zp=int;a=bf16", 8, "wgmma-8-c4", formats::bf16},
       {"w=uint6:g128:s=fp16:zp=float;a=fp16", 1, "wgmma-8-c4", formats::fp16},
       {"mxfp4-a16", 8, "wgmma-8-c4", formats::bf16},
+      {"w4a16", 4096, "wgmma-256-tx", formats::bf16},
+      {"mxfp4-a16", 256, "wgmma-128-tx", formats::fp32},
+      {"w=uint4:g128:s=bf16:zp=int;a=bf16", 64, "wgmma-64-tx", formats::bf16},
+      {"w=e4m3:ch:s=fp32;a=bf16;o=bf16", 4096, "wgmma-256-tx", formats::bf16},
   };
   for (const Case& c : cases) {
     const Scheme s = parse_scheme(c.scheme);
