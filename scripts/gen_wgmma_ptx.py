@@ -68,35 +68,40 @@ template <int kTokens, bool kBf16>
 struct Wgmma;
 '''
 
-def statement(n, bf16):
+def asm_body(n, bf16, setp_operand, operands_text):
+    """The asm statement's text lines: the wgmma with its N / 2 accumulators (%0 ..), then the
+    A and B operands as `operands_text`, predicated on operand `setp_operand` != 0."""
     regs = n // 2
     t = "bf16" if bf16 else "f16"
-    d_list = ", ".join(f"%{i}" for i in range(regs))
-    a0 = regs
+    names = [f"%{i}" for i in range(regs)]
+    chunks = [", ".join(names[i:i + 16]) for i in range(0, regs, 16)]  # 16 per line
+    lines = ['        "{\\n"',
+             '        ".reg .pred p;\\n"',
+             f'        "setp.ne.b32 p, %{setp_operand}, 0;\\n"',
+             f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "',
+             '        "{"']
+    for ci, c in enumerate(chunks):
+        sep = ", " if ci + 1 < len(chunks) else ""
+        lines.append(f'        "{c}{sep}"')
+    lines.append(f'        "}}, {operands_text};\\n"')
+    lines.append('        "}\\n"')
+    outs = [f'"+f"(d[{i}])' for i in range(regs)]
+    out_lines = ["          " + ", ".join(outs[i:i + 8]) for i in range(0, regs, 8)]
+    lines.append("        : " + (",\n".join(out_lines)).lstrip())
+    return lines
+
+
+def statement(n, bf16):
+    regs = n // 2
+    a0 = regs  # the first operand after the accumulators
     lines = []
     lines.append(f"template <>\nstruct Wgmma<{n}, {'true' if bf16 else 'false'}> {{")
     lines.append(f"  static constexpr int kAccumulators = {regs};")
     lines.append("  __device__ __forceinline__ static void mma(float (&d)[kAccumulators], const unsigned (&a)[4],")
     lines.append("                                         unsigned long long b, int accumulate) {")
     lines.append("    asm volatile(")
-    lines.append('        "{\\n"')
-    lines.append('        ".reg .pred p;\\n"')
-    lines.append(f'        "setp.ne.b32 p, %{a0 + 5}, 0;\\n"')
-    lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "')
-    # split the d list in chunks for readability
-    names = [f"%{i}" for i in range(regs)]
-    chunks = [", ".join(names[i:i + 16]) for i in range(0, regs, 16)]
-    lines.append('        "{"')
-    for ci, c in enumerate(chunks):
-        sep = ", " if ci + 1 < len(chunks) else ""
-        lines.append(f'        "{c}{sep}"')
-    lines.append(f'        "}}, {{%{a0}, %{a0+1}, %{a0+2}, %{a0+3}}}, %{a0+4}, p, 1, 1, 0;\\n"')
-    lines.append('        "}\\n"')
-    outs = [f'"+f"(d[{i}])' for i in range(regs)]
-    out_lines = []
-    for i in range(0, regs, 8):
-        out_lines.append("          " + ", ".join(outs[i:i + 8]))
-    lines.append("        : " + (",\n".join(out_lines)).lstrip())
+    lines += asm_body(n, bf16, a0 + 5,
+                      f"{{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1, 0")
     lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));')
     lines.append("  }")
     # The same step with A from shared memory (both operands K-major: no transposes).
@@ -104,17 +109,7 @@ def statement(n, bf16):
     lines.append("                                                unsigned long long a, unsigned long long b,")
     lines.append("                                                int accumulate) {")
     lines.append("    asm volatile(")
-    lines.append('        "{\\n"')
-    lines.append('        ".reg .pred p;\\n"')
-    lines.append(f'        "setp.ne.b32 p, %{a0 + 2}, 0;\\n"')
-    lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "')
-    lines.append('        "{"')
-    for ci, c in enumerate(chunks):
-        sep = ", " if ci + 1 < len(chunks) else ""
-        lines.append(f'        "{c}{sep}"')
-    lines.append(f'        "}}, %{a0}, %{a0+1}, p, 1, 1, 0, 0;\\n"')
-    lines.append('        "}\\n"')
-    lines.append("        : " + (",\n".join(out_lines)).lstrip())
+    lines += asm_body(n, bf16, a0 + 2, f"%{a0}, %{a0 + 1}, p, 1, 1, 0, 0")
     lines.append('        : "l"(a), "l"(b), "r"(accumulate));')
     lines.append("  }")
     lines.append("};")
