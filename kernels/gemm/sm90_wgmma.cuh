@@ -1,5 +1,6 @@
 // Dense GEMM on Hopper tensor cores (sm_90a): C[M, N] = A[M, K] · dequant(W)[N, K]ᵀ through
-// wgmma.mma_async, with the dequantized weight as the register operand.
+// wgmma.mma_async, with the dequantized weight as the register operand (or, with transform
+// warps, as a shared-memory operand).
 //
 // Operands are swapped: each consumer warpgroup computes Cᵀ = W · Aᵀ for a 64-row weight tile
 // (wgmma's M = 64) and a block of kTokens tokens (wgmma's N = 8 .. 256), so one instantiation
@@ -23,7 +24,17 @@
 //                                                                   └─ chunk i − 1 done: its
 //                                                                      stage is released when
 //                                                                      chunk i opens a new one
-//     so the dequantization of chunk i + 1 runs while chunk i's wgmma are in flight.
+//     so the dequantization of chunk i + 1 runs while chunk i's wgmma are in flight. For token
+//     widths ≤ 64 the group scales may be promoted: unscaled weights, fp32 group sums scaled
+//     into the result (gemm/sm90_wgmma_shape.cuh, wgmma_promotes_scales).
+//
+//   transform (kTransform): warps 1-3 of warpgroup 0 dequantize each chunk's tiles into one of
+//   two shared buffers (K-major, 128-byte swizzle: wgmma's A from shared memory); a consumer
+//   waits for the buffer's `filled` barrier, issues 4 wgmma with both operands in shared memory,
+//   and releases the previous chunk's buffer (`drained`) once its wgmma have completed:
+//
+//     transform:  [wait drained b] dequant tiles → stmatrix → buf b  fence.proxy.async  arrive filled b
+//     consumer:   [wait filled b] 4 × wgmma(buf b, A box)  commit  wait(≤ 1)  arrive drained b'
 //
 //   shared memory: see gemm/sm90_wgmma_shape.cuh. A stage's A box of chunk ch is kTokens rows of
 //   64 values (128 B) with TMA's 128-byte swizzle, which is the K-major layout the wgmma matrix
@@ -170,7 +181,7 @@ struct WgmmaGemm {
     }
   }
 
-  // ---- dequantization (the consumers' registers, or the transform warpgroup's) --------------
+  // ---- dequantization (into the consumers' registers, or by the transform warps) ------------
   __device__ static void load_words(unsigned at, unsigned (&words)[kBits]) {
     if constexpr (kBits % 4 == 0) {
 #pragma unroll
@@ -327,7 +338,7 @@ struct WgmmaGemm {
     float2 group_scale[2];
     unsigned frag[kTransform ? 1 : 2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
-    // Transform: the chunks consumed so far (tc, as the transform warpgroup counts them), and
+    // Transform: the chunks consumed so far (tc, as the transform warps count them), and
     // the dequantized buffer to release once the wgmma issued so far have completed.
     int chunks_done;
     int pending_buffer;
