@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "dispatch/gpu_limits.hpp"
 #include "gemm_check.hpp"
 #include "gpu_test_util.hpp"
 #include "jit/catalog.hpp"
@@ -142,7 +143,8 @@ struct Graph {
 // Every path, through run() and through gemm(), captured into a graph after one warm call and
 // replayed twice on fresh activations: the streamed and tiled mma.sync kernels (16-bit and 8-bit
 // operands, split-K), dequantize + cuBLAS from the mma layout and from the canonical form, with
-// quantized activations, and cuBLASLt FP8.
+// quantized activations, cuBLASLt FP8, and the SM90 wgmma family (register and transform paths,
+// split-K; on sm_90a).
 TEST(PlanGpu, EveryPathCapturesIntoAGraphAndReplaysOnFreshInputs) {
   QGEMM_REQUIRE_GPU();
   const std::uint32_t seed = fresh_seed();
@@ -164,13 +166,27 @@ TEST(PlanGpu, EveryPathCapturesIntoAGraphAndReplaysOnFreshInputs) {
       {"w=uint4:g48:s=bf16:zp=int;a=bf16;o=bf16", 17, 640, 2016, "qdq"},
       {"w8a8-fp8", 64, 640, 2048, "cublaslt-fp8"},
       {"nvfp4", 16, 640, 2048, ""},
+      // The SM90 wgmma family (sm_90a only): split-K decode, a wide token block, transform warps.
+      {"w4a16", 1, 640, 2048, "wgmma-8"},
+      {"w4a16", 300, 640, 2048, "wgmma-256"},
+      {"w4a16", 64, 640, 2048, "wgmma-64-tx"},
   };
+  const bool sm90 =
+      dispatch::GpuLimits::of_device(runtime::device_info(0)).arch == jit::Arch::sm_90a;
   for (const Case& c : cases) {
     const std::string label = std::string(c.scheme) + " M=" + std::to_string(c.m) + " " +
                               (*c.candidate ? c.candidate : "selector") + " seed " +
                               std::to_string(seed);
     SCOPED_TRACE(label);
+    const bool wgmma = std::string(c.candidate).rfind("wgmma", 0) == 0;
+    if (wgmma && !sm90) {
+      std::printf("%s: skipped (the wgmma family needs sm_90a)\n", label.c_str());
+      continue;
+    }
+    // While the family is opt-in, prepare_weight keeps its order only with QGEMM_WGMMA=1.
+    if (wgmma) setenv("QGEMM_WGMMA", "1", 1);
     const Weight w = make_weight(engine, c.scheme, c.n, c.k, rng);
+    if (wgmma) unsetenv("QGEMM_WGMMA");
     GemmProblem problem = gemm_problem(w.prepared, c.m, formats::bf16, w.scheme.output);
     problem.candidate = c.candidate;
     GemmPlan plan;
