@@ -2,8 +2,9 @@
 # The SM90 wgmma family on the device machine: build, the forced-config correctness test (subset
 # first, under a time limit: a wrong mbarrier protocol hangs rather than fails), memcheck of the
 # subset when it fails, then the full test and the --wgmma bench rows. Logs go to $OUT.
-#   scripts/wgmma_session.sh [--bench-only | --test-only | --quick]
+#   scripts/wgmma_session.sh [--bench-only | --test-only | --quick | --sanitize]
 # --quick: the subset test, then the bench's --wgmma-quick rows (a short device call).
+# --sanitize: the subset under compute-sanitizer memcheck, then racecheck (0 errors expected).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
@@ -17,6 +18,14 @@ summary() {  # failures (the first lines of each), then the count of checked run
   grep -E "Failure|FAILED|worst|checked|timed out" "$1" | head -${2:-40}
   echo "runs printed: $(grep -c 'rel=' "$1")"
 }
+if [ "${1:-}" = "--sanitize" ]; then
+  for tool in memcheck racecheck; do
+    QGEMM_GPU_TEST_SUBSET=1 timeout 280 compute-sanitizer --tool $tool --error-exitcode 9 \
+      --print-limit 20 $tests "$filter" > "$out/$tool.log" 2>&1
+    echo "$tool rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/$tool.log")"
+  done
+  exit 0
+fi
 if [ "${1:-}" != "--bench-only" ]; then
   QGEMM_GPU_TEST_SUBSET=1 timeout 150 stdbuf -oL $tests "$filter" > "$out/subset.log" 2>&1
   rc=$?; echo "subset rc=$rc at ${SECONDS}s"; summary "$out/subset.log"
