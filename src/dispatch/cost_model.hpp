@@ -81,6 +81,12 @@ struct GpuRates {
   static GpuRates of(const GpuLimits& gpu);
 };
 
+// Split-K's extra traffic: each of `splits` splits reduces its fp32 partial sums of the padded
+// output tiles (rows × n_padded) into a workspace, and the last one reads them back.
+inline double split_partial_bytes(int splits, double rows, double n_padded) {
+  return splits > 1 ? 2.0 * splits * rows * n_padded * 4.0 : 0.0;
+}
+
 // A prediction, by parts (µs).
 struct Cost {
   double total_us = 0;

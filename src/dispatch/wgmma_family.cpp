@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "dispatch/cost_model.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::dispatch {
@@ -129,8 +130,7 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
       kernels::wgmma_split_step(c.tile, weight.group_size, wgmma_dequant_mode(weight, operand));
   const double weight_bytes = static_cast<double>(weight.n_padded) * weight.k_blocks * 16 *
                               weight.format.bits / 8.0;
-  const double tile_sum_bytes =
-      static_cast<double>(launch.m_blocks) * c.block_m() * weight.n_padded * sizeof(float);
+  const double rows = static_cast<double>(launch.m_blocks) * c.block_m();
   int best_splits = 1;
   double best = 0.0;
   for (int s = 1; s <= 16; ++s) {
@@ -139,7 +139,8 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
     const std::int64_t units = blocks * s;
     const double rounds = std::ceil(static_cast<double>(units) / gpu.sm_count);
     const double efficiency = static_cast<double>(units) / (rounds * gpu.sm_count);
-    const double split_bytes = s > 1 ? 2.0 * s * tile_sum_bytes : 0.0;
+    const double split_bytes =
+        split_partial_bytes(s, rows, static_cast<double>(weight.n_padded));
     const double score = efficiency / (1.0 + split_bytes / weight_bytes);
     if (score > best * 1.05) {
       best = score;
