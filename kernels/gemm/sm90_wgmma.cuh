@@ -128,6 +128,20 @@ struct WgmmaGemm {
   __device__ static unsigned stage_address(unsigned base, int slot) {
     return base + 1024 + slot * kShape.stage_bytes;
   }
+  // Where chunk i of a unit whose first stage is the it-th stage used lies in the ring: its
+  // stage's slot, its place in the stage, and that stage's `full` phase parity.
+  struct ChunkPlace {
+    int slot, ch, full_parity;
+  };
+  __device__ static ChunkPlace place_of(int it, int i) {
+    const int stage_index = it + i / kStageChunks;
+    return {stage_index % kStages, i % kStageChunks, (stage_index / kStages) & 1};
+  }
+  // Waits for the chunk's stage to land (once per stage: at its first chunk).
+  __device__ static void wait_stage(unsigned base, const ChunkPlace& at) {
+    if (at.ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, at.slot), at.full_parity);
+  }
+
   // Transform: buffer b holds one chunk's dequantized tiles (tile t at t · 8 KB); `filled` counts
   // the transform warps' arrivals, `drained` the consumers' once their wgmma have read it.
   __device__ static unsigned filled_barrier(unsigned base, int b) {
@@ -273,11 +287,9 @@ struct WgmmaGemm {
         const Unit unit = unit_of(p, u);
         const int tiles = min(kConsumers, p.n_tiles - unit.n_block * kConsumers);
         for (int i = 0; i < unit.chunks; ++i, ++tc) {
-          const int stage_index = it + i / kStageChunks;
-          const int ch = i % kStageChunks;
-          const int slot = stage_index % kStages;
-          if (ch == 0)
-            ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+          const ChunkPlace at = place_of(it, i);
+          const int ch = at.ch, slot = at.slot;
+          wait_stage(base, at);
           const int b = tc % kWgmmaTransformBuffers;
           ptx::mbarrier_wait_parity(drained_barrier(base, b),
                                     ((tc / kWgmmaTransformBuffers) & 1) ^ 1);
@@ -368,10 +380,9 @@ struct WgmmaGemm {
     template <int kBuffer, int kSet>
     __device__ void chunk(const WgmmaGemmParams& p, const Unit& unit, int it, int i, bool active,
                           bool group_start) {
-      const int stage_index = it + i / kStageChunks;
-      const int ch = i % kStageChunks;
-      const int slot = stage_index % kStages;
-      if (ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+      const ChunkPlace at = place_of(it, i);
+      const int ch = at.ch, slot = at.slot;
+      wait_stage(base, at);
       if (active) {
         const unsigned stage = stage_address(base, slot);
         const float2 first_scale =
@@ -413,12 +424,11 @@ struct WgmmaGemm {
     // operands from shared memory. The previous chunk's buffer (and stage, when this chunk
     // opens one) is released once its wgmma have completed.
     __device__ void chunk_shared(const Unit& unit, int it, int i, bool active) {
-      const int stage_index = it + i / kStageChunks;
-      const int ch = i % kStageChunks;
-      const int slot = stage_index % kStages;
+      const ChunkPlace at = place_of(it, i);
+      const int ch = at.ch, slot = at.slot;
       const int tc = chunks_done + i;
       const int b = tc % kWgmmaTransformBuffers;
-      if (ch == 0) ptx::mbarrier_wait_parity(full_barrier(base, slot), (stage_index / kStages) & 1);
+      wait_stage(base, at);
       ptx::mbarrier_wait_parity(filled_barrier(base, b), (tc / kWgmmaTransformBuffers) & 1);
       if (active) {
         ptx::warpgroup_fence();
