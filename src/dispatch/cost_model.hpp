@@ -81,10 +81,10 @@ struct GpuRates {
   static GpuRates of(const GpuLimits& gpu);
 };
 
-// Split-K's extra traffic: each of `splits` splits reduces its fp32 partial sums of the padded
-// output tiles (rows × n_padded) into a workspace, and the last one reads them back.
-inline double split_partial_bytes(int splits, double rows, double n_padded) {
-  return splits > 1 ? 2.0 * splits * rows * n_padded * 4.0 : 0.0;
+// Split-K's extra traffic: each of `splits` splits adds its fp32 partial sums of a rows × cols
+// output (as the kernel's workspace holds it) into the workspace, and the last reads them back.
+inline double split_partial_bytes(int splits, double rows, double cols) {
+  return splits > 1 ? 2.0 * splits * rows * cols * 4.0 : 0.0;
 }
 
 // A prediction, by parts (µs).

@@ -217,7 +217,8 @@ Cost tiled_cost(const GemmProblem& p, std::int64_t m, const MmaConfig& config,
   cost.compute_us = tflops_us(2.0 * rows * p.n * p.k, rate * k_efficiency * occupancy);
   double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
                  static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
-  bytes += split_partial_bytes(launch.splits, rows, static_cast<double>(w.n_padded));
+  // The tiled kernel's partial sums are [M][N] (gemm/epilogue.cuh).
+  bytes += split_partial_bytes(launch.splits, static_cast<double>(m), static_cast<double>(p.n));
   cost.memory_us = gbps_us(bytes, r.copy_gbps * r.tiled_stream * std::min(1.0, blocks / gpu.sm_count));
   cost.note = fmt::format("{:.0f} blocks ({:.0f} % of a wave), {} splits of {} K tiles", blocks,
                           100 * blocks / resident, launch.splits, launch.tiles_per_split);
@@ -251,6 +252,7 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   cost.compute_us = transform ? std::max(tensor_us, dequant_us) : tensor_us + dequant_us;
   double bytes = mma_weight_bytes(w) + static_cast<double>(m) * p.k * operand.storage_bytes() +
                  static_cast<double>(m) * p.n * p.scheme.output.storage_bytes();
+  // The wgmma kernel's partial sums cover the padded tiles (gemm/sm90_wgmma.cuh).
   bytes += split_partial_bytes(launch.splits, rows, static_cast<double>(w.n_padded));
   cost.memory_us = gbps_us(bytes, r.copy_gbps * r.wgmma_stream * std::min(1.0, units / gpu.sm_count));
   cost.note = fmt::format("{:.0f} units on {} SMs ({:.0f} % of the last round), {} splits, {}{}",
