@@ -6,6 +6,8 @@
 //                          width, each with the stage size and depth that suit it
 //   wgmma-8-k256, ...      decode widths with 256-K stages (fewer, larger copies)
 //   wgmma-8-c4             decode with four consumer warpgroups (256 rows a block)
+//   wgmma-64-tx, ...       transform warps dequantize into shared memory; the consumers' wgmma
+//                          read both operands there
 //
 // Threads and shared memory come from kernels/gemm/sm90_wgmma_shape.cuh, evaluated here on the
 // same values the spec passes to the template. Which config a call uses is the selector's
