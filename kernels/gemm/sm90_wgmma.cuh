@@ -81,17 +81,26 @@ struct WgmmaGemm {
   // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
   static constexpr int kStepsPerGroup = kGroup == 0 || kGroup >= 64 ? 4 : kGroup / 16;
   static constexpr int kChunkGroups = 4 / kStepsPerGroup;
-  // The producer gives registers to the consumers when there are several of them: the 64 K
-  // register file holds 512 per thread slot of a warpgroup, 40 stay with the producer and the
-  // consumers share the rest (2: 232 each, 3: 152, 4: 112; a multiple of 8, at most 232).
-  // With transform warps in its warpgroup it keeps 112 (their words, 16 fragment registers,
-  // the scales and stmatrix addresses) and two consumers take 200 each.
+  // The producer gives registers to the consumers when there are several of them. setmaxnreg
+  // only moves registers inside the block's launch allocation: every thread starts with the
+  // most that __launch_bounds__(threads, 1) leaves (65536 / threads, rounded down to 8; ptxas
+  // gives a setmaxnreg kernel exactly that), and a consumer's increase waits until the
+  // producer's decrease has freed enough. Asking for more than the allocation holds never
+  // returns (measured: four consumers at 112 and the transform split at 112 + 2 × 200 hung on
+  // an H100). So the consumers share what the producer leaves, a multiple of 8 and at most
+  // 232 (2 consumers: 232, 3: 152, 4: 104). With transform warps in its warpgroup the producer
+  // keeps 112 (their words, 16 fragment registers, the scales and stmatrix addresses) and two
+  // consumers take 192 each.
   static constexpr bool kRebalance = kConsumers >= 2;
+  static constexpr int kLaunchRegisters = 65536 / (128 * (1 + kConsumers)) / 8 * 8;
   static constexpr int kProducerRegisters = kTransform ? 112 : 40;
-  static constexpr int kConsumerRegisters =
-      (512 - kProducerRegisters) / kConsumers / 8 * 8 < 232
-          ? (512 - kProducerRegisters) / kConsumers / 8 * 8
-          : 232;
+  static constexpr int kConsumerShare =
+      (kLaunchRegisters * (1 + kConsumers) - kProducerRegisters) / kConsumers / 8 * 8;
+  static constexpr int kConsumerRegisters = kConsumerShare < 232 ? kConsumerShare : 232;
+  static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <=
+                    kLaunchRegisters * (1 + kConsumers),
+                "the rebalanced registers exceed the block's launch allocation (setmaxnreg.inc "
+                "would wait forever)");
 
   struct Unit {
     int n_block, m_block, split, chunk0, chunks;
