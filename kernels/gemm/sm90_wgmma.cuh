@@ -49,7 +49,8 @@
 // producer copied). Split-K: partial sums are reduced into an fp32 workspace that holds each
 // (token block, weight tile) as its 128 threads' accumulators ([q][thread][4], 16-byte
 // reductions), and the last split to arrive emits them and zeroes its slice (gemm/epilogue.cuh's
-// counter protocol, per warpgroup).
+// counter protocol, per warpgroup). 16-bit outputs leave through a per-warpgroup staging slice
+// (stmatrix.trans, then 16-byte row pieces; Consumer::emit draws it).
 #pragma once
 
 #include "dequant/wgmma_dequant.cuh"
@@ -539,19 +540,7 @@ struct WgmmaGemm {
     __device__ void epilogue(const WgmmaGemmParams& p, const Unit& unit, int tile) {
 #pragma unroll
       for (int i = 0; i < kAccumulators; ++i) ptx::fence_operand(acc[i]);
-      const int lane = thread % 32, warp = thread / 32;
-      const int n0 = tile * 64 + warp * 16 + lane / 4;
-      const int m0 = unit.m_block * kTokens + 2 * (lane % 4);
-      if constexpr (!kSplitK) {
-#pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
-            if (m < p.m && n < p.n)
-              store_single<kOutput>(p, m, n, acc[4 * j + e] * p.global_scale);
-          }
-      } else {
+      if constexpr (kSplitK) {
         // Each split adds its sums into the (token block, tile)'s slice of the workspace in
         // the accumulators' own order, 16 bytes a reduction and coalesced across the
         // warpgroup (sums_at); rows past M and columns past N are summed too, never emitted.
@@ -570,23 +559,110 @@ struct WgmmaGemm {
         if (thread == 0) *flag = atomicAdd(counter, 1u) == static_cast<unsigned>(p.splits - 1);
         ptx::named_barrier_sync(1 + warpgroup, 128);
         const bool last = *flag != 0u;
-        if (last) {
-          __threadfence();
+        ptx::named_barrier_sync(1 + warpgroup, 128);  // the flag is read before it is rewritten
+        if (!last) return;
+        __threadfence();
+        if (thread == 0) *counter = 0u;
 #pragma unroll
-          for (int q = 0; q < kAccumulators / 4; ++q) {
-            // L2, not a stale L1 line; then zeroed for the next call.
-            const float4 sum = __ldcg(reinterpret_cast<const float4*>(sums + sums_at(q)));
-            __stcg(reinterpret_cast<float4*>(sums + sums_at(q)), make_float4(0.f, 0.f, 0.f, 0.f));
-            const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+        for (int q = 0; q < kAccumulators / 4; ++q) {
+          // L2, not a stale L1 line; then zeroed for the next call.
+          const float4 sum = __ldcg(reinterpret_cast<const float4*>(sums + sums_at(q)));
+          __stcg(reinterpret_cast<float4*>(sums + sums_at(q)), make_float4(0.f, 0.f, 0.f, 0.f));
+          acc[4 * q] = sum.x, acc[4 * q + 1] = sum.y, acc[4 * q + 2] = sum.z;
+          acc[4 * q + 3] = sum.w;
+        }
+      }
+      emit(p, unit.m_block, tile);
+    }
+
+    // C[m][n] = acc · global_scale · row_factor[m] + bias[n] for the tile's 64 rows × kTokens
+    // tokens (acc[4j + e]: weight row n0 + 8 (e / 2), token m0 + 8j + e % 2; ptx/wgmma.cuh).
+    // 16-bit outputs pass through the warpgroup's staging slice, epilogue_tokens at a time, so
+    // that C is written in 16-byte pieces along its rows rather than 2-byte ones down columns:
+    //
+    //   fragment  warp w holds n 16w .. 16w + 15; per 8 tokens j, two 8×8 matrices (n half h):
+    //             lane (g, t) has (n 16w + 8h + g, tokens 8j + 2t, + 1) = acc[4j + 2h], + 1
+    //   staging   stmatrix.trans writes each matrix as 8 token rows × 8 n: token row r of the
+    //             slice, chunk c = 2w + h (8 n = 16 bytes), at r · 128 + 16 · (c ^ (r % 8)) (the
+    //             XOR spreads a matrix's 8 rows over 8 bank groups)
+    //   copy      8 threads a token row: chunk c to C[m][64 · tile + 8c ..], 16-byte stores where
+    //             the row piece lies inside N and is 16-byte aligned, element stores elsewhere
+    __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile) {
+      const int lane = thread % 32, warp = thread / 32;
+      const int n0 = tile * 64 + warp * 16 + lane / 4;
+      const int m0 = m_block * kTokens + 2 * (lane % 4);
+      float bias[2] = {0.0f, 0.0f};
+      if (p.bias) {
+        if (n0 < p.n) bias[0] = p.bias[n0];
+        if (n0 + 8 < p.n) bias[1] = p.bias[n0 + 8];
+      }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int n = n0 + 8 * (e / 2), m = m0 + 8 * q + e % 2;
-              if (m < p.m && n < p.n) store_single<kOutput>(p, m, n, v[e] * p.global_scale);
+      for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int m = m0 + 8 * j + e % 2;
+          float v = acc[4 * j + e] * p.global_scale;
+          if (p.row_factors && m < p.m) v *= p.row_factors[m];
+          acc[4 * j + e] = v + bias[e / 2];
+        }
+      if constexpr (kOutput == kOutFp32) {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
+            if (m < p.m && n < p.n)
+              static_cast<float*>(p.c)[static_cast<long long>(m) * p.ldc + n] = acc[4 * j + e];
+          }
+      } else {
+        constexpr int kSlice = kShape.epilogue_tokens;
+        const unsigned staging =
+            base + kShape.epilogue_offset + warpgroup * kShape.epilogue_bytes;
+        const auto pack = [](float low, float high) {
+          return static_cast<unsigned>(to_output_half<kOutput>(low)) |
+                 static_cast<unsigned>(to_output_half<kOutput>(high)) << 16;
+        };
+#pragma unroll
+        for (int s = 0; s < kTokens / kSlice; ++s) {
+          if (m_block * kTokens + s * kSlice >= p.m) break;  // the same for the warpgroup
+          // Lane L addresses row L % 8 of matrix L / 8: (8 tokens j + (L / 8) / 2, n half
+          // (L / 8) % 2) for x4, (j, L / 8) for x2.
+          const int r = lane % 8, i = lane / 8;
+          if constexpr (kSlice == 8) {
+            const unsigned frag[2] = {pack(acc[0], acc[1]), pack(acc[2], acc[3])};
+            ptx::stmatrix_x2_trans(staging + r * 128 + (((2 * warp + i % 2) ^ r) << 4), frag);
+          } else {
+#pragma unroll
+            for (int jj = 0; jj < kSlice / 8; jj += 2) {
+              const int j = s * kSlice / 8 + jj;
+              const unsigned frag[4] = {pack(acc[4 * j], acc[4 * j + 1]),
+                                        pack(acc[4 * j + 2], acc[4 * j + 3]),
+                                        pack(acc[4 * j + 4], acc[4 * j + 5]),
+                                        pack(acc[4 * j + 6], acc[4 * j + 7])};
+              const int row = 8 * (jj + i / 2) + r;
+              ptx::stmatrix_x4_trans(staging + row * 128 + (((2 * warp + i % 2) ^ r) << 4), frag);
             }
           }
-          if (thread == 0) *counter = 0u;
+          ptx::named_barrier_sync(1 + warpgroup, 128);
+#pragma unroll
+          for (int at = thread; at < kSlice * 8; at += 128) {
+            const int row = at / 8, c = at % 8;
+            const int m = m_block * kTokens + s * kSlice + row, n = tile * 64 + 8 * c;
+            if (m < p.m && n < p.n) {
+              const uint4 piece = ptx::load_shared_16(staging + row * 128 + ((c ^ (row % 8)) << 4));
+              unsigned short* out =
+                  static_cast<unsigned short*>(p.c) + static_cast<long long>(m) * p.ldc + n;
+              if (n + 8 <= p.n && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
+                *reinterpret_cast<uint4*>(out) = piece;
+              } else {
+                const unsigned words[4] = {piece.x, piece.y, piece.z, piece.w};
+                for (int e = 0; e < 8 && n + e < p.n; ++e)
+                  out[e] = static_cast<unsigned short>(words[e / 2] >> (16 * (e % 2)));
+              }
+            }
+          }
+          ptx::named_barrier_sync(1 + warpgroup, 128);  // read before the next slice is stored
         }
-        ptx::named_barrier_sync(1 + warpgroup, 128);  // the flag is read before it is rewritten
       }
     }
   };

@@ -13,9 +13,11 @@
 //   dequantized weight (transform only): kWgmmaTransformBuffers buffers of one chunk, each
 //           consumers tiles of 64 rows × 64 k 16-bit values in the same K-major 128-byte-swizzled
 //           rows as A (wgmma's A operand from shared memory), 8 KB a tile
+//   staging (16-bit outputs): per consumer, epilogue_tokens rows × 64 outputs (128-byte rows):
+//           the accumulators transposed by stmatrix so that C is written along its rows
 //   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [dequantized buffers]
-//           [full, empty barriers per stage] [filled, drained barriers per buffer]
-//           [one split-K flag per consumer]
+//           [staging per consumer] [full, empty barriers per stage]
+//           [filled, drained barriers per buffer] [one split-K flag per consumer]
 #pragma once
 
 #include "common/host_device.cuh"
@@ -46,6 +48,7 @@ struct WgmmaShape {
   int a_box_bytes = 0, a_bytes = 0, w_chunk_bytes = 0, w_tile_bytes = 0, w_bytes = 0;
   int scale_rows = 0, s_row_bytes = 0, s_bytes = 0, stage_bytes = 0;
   int dequantized_offset = 0, dequantized_tile_bytes = 0, dequantized_buffer_bytes = 0;
+  int epilogue_tokens = 0, epilogue_offset = 0, epilogue_bytes = 0;
   int barriers_offset = 0, flags_offset = 0, shared_bytes = 0;
 };
 
@@ -71,8 +74,11 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.dequantized_offset = 1024 + t.stages * s.stage_bytes;
   s.dequantized_tile_bytes = t.transform ? 64 * 64 * 2 : 0;
   s.dequantized_buffer_bytes = t.consumers * s.dequantized_tile_bytes;
-  s.barriers_offset =
+  s.epilogue_offset =
       s.dequantized_offset + (t.transform ? kWgmmaTransformBuffers : 0) * s.dequantized_buffer_bytes;
+  s.epilogue_tokens = t.tokens < 32 ? t.tokens : 32;
+  s.epilogue_bytes = s.epilogue_tokens * 128;
+  s.barriers_offset = s.epilogue_offset + t.consumers * s.epilogue_bytes;
   const int barriers = 2 * t.stages + (t.transform ? 2 * kWgmmaTransformBuffers : 0);
   s.flags_offset = s.barriers_offset + barriers * 8;
   s.shared_bytes = s.flags_offset + 4 * t.consumers;

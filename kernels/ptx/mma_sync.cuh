@@ -43,6 +43,34 @@ __device__ __forceinline__ void stmatrix_x4(unsigned shared_address, const unsig
                : "memory");
 }
 
+// stmatrix with .trans: lane i gives the address of row (i % 8) of stored matrix i / 8, and
+// r[j] of every lane is its (row g, cols 2t..2t+1) pair of matrix j, stored transposed: stored
+// row c holds column c of the fragment's matrix (an accumulator tile written token-major).
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned shared_address,
+                                                  const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                   shared_address),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x2_trans(unsigned shared_address,
+                                                  const unsigned (&r)[2]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1,%2};\n" ::"r"(
+                   shared_address),
+               "r"(r[0]), "r"(r[1])
+               : "memory");
+}
+
+// 16 bytes of shared memory (a staged row piece read back).
+__device__ __forceinline__ uint4 load_shared_16(unsigned shared_address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(shared_address)
+               : "memory");
+  return v;
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                              unsigned b1) {
