@@ -77,8 +77,8 @@ int main(int argc, char** argv) {
   // --decode: the M <= 16 cases only, every decode config (no dequant + cuBLAS).
   const bool decode = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
   // --wgmma: the SM90 issue's W4A16 rows, every wgmma config that fits M against the choice.
-  // --wgmma-quick: the rows where split-K and the token width decide (M 1, 64, 256 on
-  // 28672×8192, M 16 on 8192×28672, M 64 on 8192²).
+  // --wgmma-quick: the rows where split-K, the four-consumer decode and the transform warps
+  // decide (M 1 on both weights, M 64 and 256 on 28672×8192, M 1024 and 4096 on 8192²).
   const bool wgmma_quick = argc > 1 && std::strcmp(argv[1], "--wgmma-quick") == 0;
   const bool wgmma = wgmma_quick || (argc > 1 && std::strcmp(argv[1], "--wgmma") == 0);
   if (wgmma) setenv("QGEMM_WGMMA", "1", 1);  // the selector ranks the family (it is opt-in)
@@ -116,10 +116,11 @@ int main(int argc, char** argv) {
     for (long long m : {1, 4096}) cases.push_back({"mxfp4-a16", m, 8192, 8192});
     if (wgmma_quick)
       cases = {{"w4a16", 1, 28672, 8192},
+               {"w4a16", 1, 8192, 8192},
                {"w4a16", 64, 28672, 8192},
                {"w4a16", 256, 28672, 8192},
-               {"w4a16", 16, 8192, 28672},
-               {"w4a16", 64, 8192, 8192}};
+               {"w4a16", 1024, 8192, 8192},
+               {"w4a16", 4096, 8192, 8192}};
   }
   if (decode)
     cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.m > 16; }),
