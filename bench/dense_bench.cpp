@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   // decide (M 1 on both weights, M 64 and 256 on 28672×8192, M 1024 and 4096 on 8192²).
   const bool wgmma_quick = argc > 1 && std::strcmp(argv[1], "--wgmma-quick") == 0;
   const bool wgmma = wgmma_quick || (argc > 1 && std::strcmp(argv[1], "--wgmma") == 0);
-  if (wgmma) setenv("QGEMM_WGMMA", "1", 1);  // the selector ranks the family (it is opt-in)
+  if (wgmma) setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (forced configs)
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},

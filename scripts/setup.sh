@@ -24,5 +24,22 @@ elif ! command -v nvcc >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nvidia-cuda-toolkit
 fi
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${QGEMM_BUILD_TYPE:-RelWithDebInfo} >/dev/null
+# The Python package (python/): nanobind, numpy, safetensors and pytest from PyPI in a virtual
+# environment inside the build directory, whose interpreter CMake then builds the module for.
+# Without venv support or the registry the package is not built, and ctest reports its suite as
+# skipped with the reason.
+venv="$(mkdir -p "$build_dir" && cd "$build_dir" && pwd)/python-env"
+python_args=()
+python_modules="import nanobind, numpy, safetensors, pytest"
+if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
+  "$venv/bin/python" -c "$python_modules" 2>/dev/null ||
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy safetensors \
+      pytest >/dev/null 2>&1 || true
+  if "$venv/bin/python" -c "$python_modules" 2>/dev/null; then
+    python_args=(-DPython_EXECUTABLE="$venv/bin/python")
+  fi
+fi
+
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${QGEMM_BUILD_TYPE:-RelWithDebInfo} \
+  "${python_args[@]}" >/dev/null
 cmake --build "$build_dir" -j"$(nproc)"

@@ -390,9 +390,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
         case dispatch::Path::Qdq: want_qdq = true; break;
       }
     }
-    // While the family is opt-in (dispatch::wgmma_ranked_by_default), opting in keeps its order
-    // so that any wgmma config can be forced on the weight.
-    if (facts.wgmma && dispatch::wgmma_ranked_by_default()) want_wgmma = true;
+    if (facts.wgmma && dispatch::wgmma_order_on_every_weight()) want_wgmma = true;
     if (want_qdq && !want_canonical) want_mma = true;
     if (!want_mma && !want_canonical && !want_wgmma) want_mma = true;  // qdq alone
   }

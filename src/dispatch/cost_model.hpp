@@ -49,21 +49,22 @@ struct GpuRates {
   double tiled_bytes_factor = 1.5;
   double tiled_ramp_tiles = 30;
   double tiled_stream = 0.6;
-  // The SM90 wgmma family (fitted to its first run, on an H100 SXM: bench/NOTES.md, "SM90
-  // wgmma"): the consumers' dequantization and the tensor work of a chunk add up instead of
-  // overlapping (per pair of weight tiles and 64-K chunk ≈ 356 + 4 · tokens cycles, i.e. the
-  // dequantization at ~5300 G weight elements/s per token block for packed16 (float16 0.7x,
-  // fp32 0.4x; promoted scales 4/3x) plus wgmma at ~950 TFLOPS), and decode's stream adds to
-  // them too (the ring refills a stage only after it is computed). Fixed cost and streaming
-  // efficiency as the other kernels'.
-  // With transform warps (a prediction, not yet measured) the dequantization runs beside the
-  // wgmma on three warps of their own, ~300 cycles per 8192 weight elements and SM: the slower
-  // of the two bounds, and the stream overlaps them.
+  // The SM90 wgmma family (fitted on an H100 SXM: bench/NOTES.md, "SM90 wgmma"): the
+  // consumers' dequantization and the tensor work of a chunk add up instead of overlapping (per
+  // pair of weight tiles and 64-K chunk ≈ 356 + 4 · tokens cycles, i.e. the dequantization at
+  // ~5300 G weight elements/s per token block for packed16 (float16 0.7x, fp32 0.4x; promoted
+  // scales 4/3x) plus wgmma at ~1010 TFLOPS since the staged epilogue (950 before it: 8192²
+  // M = 1024 / 4096 took 189 / 746 µs, from 201 / 786)), and decode's stream adds to them too
+  // (the ring refills a stage only after it is computed). Fixed cost and streaming efficiency
+  // as the other kernels'.
+  // With transform warps the dequantization runs beside the wgmma on three warps of their own
+  // and the slower of the two bounds: measured at only ~1160 G elements/s (8192² M = 1024 /
+  // 4096: 238 / 928 µs), a sixth of the ~6300 predicted, so those configs are held back.
   double wgmma_fixed_us = 4.0;
   double wgmma_stream = 0.85;
-  double wgmma_tflops = 950;
+  double wgmma_tflops = 1010;
   double wgmma_dequant_gelems = 5300;
-  double wgmma_transform_gelems = 6300;
+  double wgmma_transform_gelems = 1160;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
   double dequant_stream = 0.82;

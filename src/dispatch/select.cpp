@@ -325,11 +325,11 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       case Path::Wgmma: {
         const WgmmaConfig& config = *candidate.wgmma;
         if (!wgmma_ranked_by_default() && context.forced != candidate.name) {
-          reject(kWgmmaUnverified);
+          reject(kWgmmaSwitchedOff);
           break;
         }
-        if (!config.measured && context.forced != candidate.name) {
-          reject(kWgmmaConfigUnmeasured);
+        if (!config.held_back.empty() && context.forced != candidate.name) {
+          reject(config.held_back + " (a forced run takes it)");
           break;
         }
         if (!weight.wgmma) {

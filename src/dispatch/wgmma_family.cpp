@@ -21,8 +21,21 @@ kernels::WgmmaShape shape_of(const kernels::WgmmaTile& tile, const layout::MmaWe
 
 bool wgmma_ranked_by_default() {
   const char* value = std::getenv("QGEMM_WGMMA");
+  return !(value && std::string_view(value) == "0");
+}
+
+bool wgmma_order_on_every_weight() {
+  const char* value = std::getenv("QGEMM_WGMMA");
   return value && std::string_view(value) == "1";
 }
+
+// The designs that measured no better (bench/NOTES.md, SM90 wgmma, second session; H100).
+constexpr const char* kFourConsumersHeldBack =
+    "four consumers measured no faster than two at decode (H100: 21.2 / 74.3 us against "
+    "22.0 / 73.4 on 8192x8192 / 28672x8192 at M = 1)";
+constexpr const char* kTransformHeldBack =
+    "the transform warps measured 1.25-1.85x slower than dequantizing in the consumers (H100, "
+    "M 64-4096: the three warps cannot keep up with the tensor cores)";
 
 const std::vector<WgmmaConfig>& wgmma_configs() {
   // {consumers, tokens, stage_chunks, most stages}; the ring takes as many stages as fit the
@@ -38,15 +51,15 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-8-k256", {2, 8, 4, 16}},     {"wgmma-16-k256", {2, 16, 4, 16}},
       // Decode with four consumer warpgroups (256 weight rows a block): twice the warps to
       // hide the consumers' load → dequantize → wgmma chain, which bounds decode at two
-      // (bench/NOTES.md, SM90 wgmma, first run). Four consumers get 112 registers a thread: 16
+      // (bench/NOTES.md, SM90 wgmma, first run). Four consumers get 104 registers a thread: 16
       // tokens with stored zero points would spill.
-      {"wgmma-8-c4", {4, 8, 2, 10}, false},
+      {"wgmma-8-c4", {4, 8, 2, 10}, kFourConsumersHeldBack},
       // Transform warps dequantize into shared memory and the consumers' wgmma read both
       // operands there: the dequantization leaves the wgmma warps, which measured to add its
       // time to the tensor work instead of overlapping it (NOTES, SM90 wgmma, first run).
-      {"wgmma-64-tx", {2, 64, 2, 6, true}, false},
-      {"wgmma-128-tx", {2, 128, 1, 7, true}, false},
-      {"wgmma-256-tx", {2, 256, 1, 5, true}, false},
+      {"wgmma-64-tx", {2, 64, 2, 6, true}, kTransformHeldBack},
+      {"wgmma-128-tx", {2, 128, 1, 7, true}, kTransformHeldBack},
+      {"wgmma-256-tx", {2, 256, 1, 5, true}, kTransformHeldBack},
   };
   return configs;
 }

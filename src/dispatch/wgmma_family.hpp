@@ -29,9 +29,9 @@ namespace qgemm::dispatch {
 struct WgmmaConfig {
   std::string name;  // "wgmma-8", ..., "wgmma-256" (the tuning tables' key)
   kernels::WgmmaTile tile;  // tile.stages is the most the ring takes
-  // Whether the config has been checked and timed on a GPU (bench/NOTES.md). The selector ranks
-  // an unmeasured one only when it is forced (benches, the tuner, the GPU tests).
-  bool measured = true;
+  // Why the selector ranks this config only when it is forced (benches, the tuner, the GPU
+  // tests); empty: ranked like the rest. A design that measured slower stays servable this way.
+  std::string held_back;
 
   int block_m() const { return tile.tokens; }
   int block_n() const { return 64 * tile.consumers; }
@@ -49,16 +49,16 @@ struct WgmmaConfig {
 
 const std::vector<WgmmaConfig>& wgmma_configs();
 
-// Whether the selector may rank the family on its own: only with QGEMM_WGMMA=1 until the family
-// has been checked and timed on an H200 (bench/NOTES.md, "SM90 wgmma"). A caller that forces a
-// wgmma config (benches, the tuner, the GPU tests) gets it either way. Read at each call, so a
-// test can set it.
+// QGEMM_WGMMA, read at each call (so a test can set it):
+//   unset  the selector ranks the family; a weight keeps the wgmma order where it wins some M
+//   0      the selector leaves the family out (a switch for bisecting a deployment)
+//   1      ranked, and every weight the family can serve keeps the wgmma order, so that any
+//          config can be forced on it (benches, the tuner, the GPU tests)
+// A forced config is served whenever the weight has the order.
 bool wgmma_ranked_by_default();
-inline constexpr const char* kWgmmaUnverified =
-    "the SM90 wgmma family is not yet verified on an H200 (QGEMM_WGMMA=1 lets the selector "
-    "rank it)";
-inline constexpr const char* kWgmmaConfigUnmeasured =
-    "this config has not run on a GPU yet (a forced run takes it; bench/NOTES.md, SM90 wgmma)";
+bool wgmma_order_on_every_weight();
+inline constexpr const char* kWgmmaSwitchedOff =
+    "QGEMM_WGMMA=0 keeps the SM90 wgmma family out of the ranking (a forced config still runs)";
 
 // How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
 // (kernels/dequant/wgmma_dequant.cuh), and that mode's code (its WgmmaDequant value).

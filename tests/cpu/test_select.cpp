@@ -125,11 +125,21 @@ TEST(Select, ModelFollowsTheClearCutMeasurements) {
     EXPECT_EQ(select_for(problem_of("w4a16", m, 28672, 8192)).chosen().candidate->path,
               Path::MmaStreamed)
         << "M=" << m;
+  // SM90 wgmma from M = 64 (H100: 8192² M = 64 40.5 µs against 84.2 for the best mma.sync
+  // tile; 28672×8192 M = 256 186 against 865 and qdq's ~250); dequantize + cuBLAS where the
+  // wgmma kernel's serial dequantization costs more than qdq's one pass (28672×8192 M = 4096:
+  // 2905 against ~2450).
   EXPECT_EQ(select_for(problem_of("w4a16", 64, 8192, 8192)).chosen().candidate->path,
+            Path::Wgmma);
+  EXPECT_EQ(select_for(problem_of("w4a16", 256, 28672, 8192)).chosen().candidate->path,
+            Path::Wgmma);
+  EXPECT_EQ(select_for(problem_of("w4a16", 4096, 28672, 8192)).chosen().candidate->path,
+            Path::Qdq);
+  // Off SM90 the tiled mma.sync kernel takes M = 64.
+  EXPECT_EQ(select_for(problem_of("w4a16", 64, 8192, 8192), GpuLimits::of_arch(jit::Arch::sm_89, 128))
+                .chosen()
+                .candidate->path,
             Path::MmaTiled);
-  for (std::int64_t m : {1024, 4096})
-    EXPECT_EQ(select_for(problem_of("w4a16", m, 28672, 8192)).chosen().candidate->path, Path::Qdq)
-        << "M=" << m;
   // 8-bit float weights against 8-bit float activations at prefill: cuBLASLt FP8 (its per-token
   // × per-channel scaling costs it nothing there: 376 against 374 µs, 8192², M = 4096).
   EXPECT_EQ(select_for(problem_of("w8a8-fp8", 4096, 8192, 8192)).chosen().candidate->path,

@@ -255,7 +255,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
   if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
-  setenv("QGEMM_WGMMA", "1", 1);  // prepare_weight keeps the wgmma order where it would win
+  setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (any config can be forced)
   const std::uint32_t seed = fresh_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);

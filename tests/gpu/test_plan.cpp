@@ -183,7 +183,8 @@ TEST(PlanGpu, EveryPathCapturesIntoAGraphAndReplaysOnFreshInputs) {
       std::printf("%s: skipped (the wgmma family needs sm_90a)\n", label.c_str());
       continue;
     }
-    // While the family is opt-in, prepare_weight keeps its order only with QGEMM_WGMMA=1.
+    // QGEMM_WGMMA=1: prepare_weight keeps the wgmma order on every weight, so that any config
+    // can be forced (dispatch/wgmma_family.hpp).
     if (wgmma) setenv("QGEMM_WGMMA", "1", 1);
     const Weight w = make_weight(engine, c.scheme, c.n, c.k, rng);
     if (wgmma) unsetenv("QGEMM_WGMMA");
