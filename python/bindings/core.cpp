@@ -7,7 +7,10 @@
 //   arrays out  numpy arrays that own a copy of the C++ vector (capsule-freed)
 //   errors      qgemm::Error becomes qgemm.Error (a ValueError) with the C++ message, which names
 //               the argument and the rule
-// The GPU Engine is not bound yet (#18 part 1 continues with DLPack device tensors).
+//   device     Engine.gemm takes CUDA arrays through DLPack (torch, CuPy, JAX), 2-D with unit
+//              column stride, and the caller's stream as an integer (torch:
+//              torch.cuda.current_stream().cuda_stream); it writes into the `out` array given
+#include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -21,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/format.hpp"
 #include "qgemm/quant.hpp"
@@ -68,6 +72,35 @@ const char* granularity_name(qgemm::WeightGranularity g) {
     case qgemm::WeightGranularity::Block: return "block";
   }
   return "?";
+}
+
+using CudaArray = nb::ndarray<nb::device::cuda>;
+
+// A CUDA array as a DeviceMatrix: 2-D, unit column stride, bf16 / fp16 / fp32, on `device`.
+qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int device) {
+  qgemm::require(t.ndim() == 2, "Engine.gemm: {} must be 2-D ({} dimensions given)", name,
+                 t.ndim());
+  qgemm::require(t.stride(1) == 1 || t.shape(1) == 1,
+                 "Engine.gemm: {} must have unit column stride (stride {} given)", name,
+                 t.stride(1));
+  qgemm::require(t.device_id() == device, "Engine.gemm: {} is on GPU {}, the engine on GPU {}",
+                 name, t.device_id(), device);
+  qgemm::DeviceMatrix m;
+  const nb::dlpack::dtype dt = t.dtype();
+  if (dt == nb::dtype<float>())
+    m.dtype = qgemm::formats::fp32;
+  else if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16)
+    m.dtype = qgemm::formats::fp16;
+  else if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16)
+    m.dtype = qgemm::formats::bf16;
+  else
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("Engine.gemm: {} must be bf16, fp16 or fp32", name));
+  m.data = t.data();
+  m.rows = static_cast<std::int64_t>(t.shape(0));
+  m.cols = static_cast<std::int64_t>(t.shape(1));
+  m.stride = t.shape(0) > 1 ? static_cast<std::int64_t>(t.stride(0)) : m.cols;
+  return m;
 }
 
 // A Scheme whose weight part is `weight`: PackedWeight carries only the weight's quantization.
@@ -189,6 +222,49 @@ NB_MODULE(_core, m) {
                         {static_cast<size_t>(w.n), static_cast<size_t>(w.k)});
       },
       nb::arg("weight"), "The exact dequantized weight, float64 [n, k].");
+
+  nb::class_<qgemm::QuantWeight>(m, "QuantWeight",
+                                 "A weight prepared on a GPU in the layouts its plans use.")
+      .def_prop_ro("n", &qgemm::QuantWeight::n)
+      .def_prop_ro("k", &qgemm::QuantWeight::k)
+      .def_prop_ro("device_bytes", &qgemm::QuantWeight::device_bytes);
+
+  nb::class_<qgemm::Engine>(m, "Engine", "One per GPU: prepares weights and runs GEMMs.")
+      .def(nb::init<int>(), nb::arg("device") = 0)
+      .def_prop_ro("device", &qgemm::Engine::device)
+      .def_prop_ro("sm_count", &qgemm::Engine::sm_count)
+      .def(
+          "prepare_weight",
+          [](qgemm::Engine& e, const qgemm::PackedWeight& w, const qgemm::Scheme& scheme) {
+            qgemm::require(scheme.weight == w.quant,
+                           "Engine.prepare_weight: the scheme's weight part ({}) differs from the "
+                           "weight's ({})",
+                           qgemm::to_string(scheme), qgemm::to_string(scheme_of(w)));
+            nb::gil_scoped_release release;
+            return e.prepare_weight(w, scheme.activation);
+          },
+          nb::arg("weight"), nb::arg("scheme"),
+          "Uploads a packed weight in the kernel layouts; the scheme's activation part says how "
+          "gemm() quantizes 16-bit activations for it.")
+      .def(
+          "gemm",
+          [](qgemm::Engine& e, const CudaArray& a, const qgemm::QuantWeight& w,
+             const CudaArray& out, std::uintptr_t stream, const std::string& candidate) {
+            const qgemm::DeviceMatrix am = device_matrix(a, "a", e.device());
+            const qgemm::DeviceMatrix cm = device_matrix(out, "out", e.device());
+            qgemm::require(am.cols == w.k() && cm.rows == am.rows && cm.cols == w.n(),
+                           "Engine.gemm: a [{}, {}] · weightᵀ [{}, {}] needs out [{}, {}] ({}, {} "
+                           "given)",
+                           am.rows, am.cols, w.k(), w.n(), am.rows, w.n(), cm.rows, cm.cols);
+            qgemm::GemmOptions options;
+            options.candidate = candidate;
+            nb::gil_scoped_release release;
+            e.gemm(am, w, cm, reinterpret_cast<void*>(stream), options);
+          },
+          nb::arg("a"), nb::arg("weight"), nb::arg("out"), nb::arg("stream") = 0,
+          nb::arg("candidate") = "",
+          "out = a · dequant(weight)ᵀ on the given CUDA stream (an integer handle; 0: the "
+          "legacy default stream). a: bf16/fp16 [m, k]; out: fp16/bf16/fp32 [m, n].");
 
   m.def(
       "reference_gemm",

@@ -2,7 +2,9 @@
 
 The host side lives here: schemes, round-to-nearest quantization into qgemm's canonical packed
 form, exact dequantization, the CPU reference GEMM, and checkpoint import
-(`qgemm.checkpoint`). Errors raise `qgemm.Error` (a ValueError) with the library's message.
+(`qgemm.checkpoint`); and the GPU: `Engine(device)` prepares a weight
+(`prepare_weight`) and runs `gemm(a, weight, out, stream)` on CUDA arrays passed through DLPack
+(torch, CuPy, JAX). Errors raise `qgemm.Error` (a ValueError) with the library's message.
 
     import numpy as np, qgemm
     scheme = qgemm.Scheme("w4a16")
@@ -11,8 +13,10 @@ form, exact dequantization, the CPU reference GEMM, and checkpoint import
 """
 
 from ._core import (
+    Engine,
     Error,
     PackedWeight,
+    QuantWeight,
     Scheme,
     __version__,
     dequantize_weight,
@@ -23,8 +27,10 @@ from ._core import (
 )
 
 __all__ = [
+    "Engine",
     "Error",
     "PackedWeight",
+    "QuantWeight",
     "Scheme",
     "__version__",
     "dequantize_weight",

@@ -1,0 +1,52 @@
+"""The GPU Engine through DLPack (torch tensors), against the CPU reference, element by element.
+
+Needs torch with CUDA and a GPU: skipped, with the reason, elsewhere."""
+
+import numpy as np
+import pytest
+
+import qgemm
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+
+def run(scheme_text, m, n, k, seed, out_dtype=torch.bfloat16):
+    rng = np.random.default_rng(seed)
+    scheme = qgemm.Scheme(scheme_text)
+    packed = qgemm.quantize_weight(scheme, (rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+    engine = qgemm.Engine(0)
+    weight = engine.prepare_weight(packed, scheme)
+    a_host = rng.standard_normal((m, k)).astype(np.float32)
+    in_dtype = torch.float16 if scheme.activation_format == "fp16" else torch.bfloat16
+    a = torch.from_numpy(a_host).to("cuda", in_dtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)  # poisoned
+    stream = torch.cuda.current_stream()
+    engine.gemm(a, weight, out, stream.cuda_stream)
+    stream.synchronize()
+    reference = qgemm.reference_gemm(scheme, a.float().cpu().numpy(), packed)
+    return out.float().cpu().numpy(), reference
+
+
+@pytest.mark.parametrize("scheme, m", [("w4a16", 1), ("w4a16", 17), ("gptq-w4a16-g128", 64),
+                                       ("mxfp4-a16", 256), ("w8a16", 1024)])
+def test_gemm_matches_the_reference(scheme, m):
+    got, ref = run(scheme, m, 640, 2880, seed=m)
+    # The kernels accumulate in fp32 in another order and round once to the output type.
+    bound = np.abs(ref) / 128 + 1e-3 * np.sqrt(np.mean(ref**2)) + 1e-6
+    assert np.all(np.isfinite(got))
+    assert np.all(np.abs(got - ref) <= bound), np.max(np.abs(got - ref) / bound)
+
+
+def test_gemm_refuses_mismatched_arrays():
+    scheme = qgemm.Scheme("w4a16")
+    packed = qgemm.quantize_weight(scheme, np.ones((64, 128), np.float32))
+    engine = qgemm.Engine(0)
+    weight = engine.prepare_weight(packed, scheme)
+    a = torch.ones((4, 96), device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((4, 64), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(qgemm.Error, match="needs out"):
+        engine.gemm(a, weight, out)
+    with pytest.raises(qgemm.Error, match="bf16, fp16 or fp32"):
+        engine.gemm(torch.ones((4, 128), device="cuda", dtype=torch.int32), weight, out)
