@@ -94,9 +94,14 @@ class Engine {
   // Repacks a canonical packed weight into the kernel layout and uploads it. `activation` says
   // how gemm() quantizes bf16/fp16 activations for it (the scheme's activation part; default:
   // not at all). StaticTensor takes `static_activation_scale` (the calibrated scale; <= 0: each
-  // call's tensor absmax, as quantize_activation does).
+  // call's tensor absmax, as quantize_activation does). `max_rows`: the most rows a call will
+  // have; the weight keeps the layouts the selector picks for M up to it, so that a deployment
+  // that only decodes (say 16) holds one layout where the whole range may need two (on SM90 the
+  // mma.sync layout for decode and the wgmma order from M ≈ 16 on: twice the weight's bytes).
+  // A later call with more rows is still served, by the candidates the kept layouts allow.
   QuantWeight prepare_weight(const PackedWeight& weight, const ActivationQuant& activation = {},
-                             double static_activation_scale = 0.0);
+                             double static_activation_scale = 0.0,
+                             std::int64_t max_rows = 65536);
 
   // The plan for `problem` against `weight`: the selector's choice per M bucket, every kernel
   // compiled and loaded, and the workspace of `stream` sized for it. Error(Unsupported) when

@@ -235,17 +235,19 @@ NB_MODULE(_core, m) {
       .def_prop_ro("sm_count", &qgemm::Engine::sm_count)
       .def(
           "prepare_weight",
-          [](qgemm::Engine& e, const qgemm::PackedWeight& w, const qgemm::Scheme& scheme) {
+          [](qgemm::Engine& e, const qgemm::PackedWeight& w, const qgemm::Scheme& scheme,
+             std::int64_t max_rows) {
             qgemm::require(scheme.weight == w.quant,
                            "Engine.prepare_weight: the scheme's weight part ({}) differs from the "
                            "weight's ({})",
                            qgemm::to_string(scheme), qgemm::to_string(scheme_of(w)));
             nb::gil_scoped_release release;
-            return e.prepare_weight(w, scheme.activation);
+            return e.prepare_weight(w, scheme.activation, 0.0, max_rows);
           },
-          nb::arg("weight"), nb::arg("scheme"),
-          "Uploads a packed weight in the kernel layouts; the scheme's activation part says how "
-          "gemm() quantizes 16-bit activations for it.")
+          nb::arg("weight"), nb::arg("scheme"), nb::arg("max_rows") = 65536,
+          "Uploads a packed weight in the kernel layouts the selector picks for calls of up to "
+          "max_rows rows (fewer rows can mean fewer layouts, hence less memory); the scheme's "
+          "activation part says how gemm() quantizes 16-bit activations for it.")
       .def(
           "gemm",
           [](qgemm::Engine& e, const CudaArray& a, const qgemm::QuantWeight& w,

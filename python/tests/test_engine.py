@@ -12,12 +12,12 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device visible to torch", allow_module_level=True)
 
 
-def run(scheme_text, m, n, k, seed, out_dtype=torch.bfloat16):
+def run(scheme_text, m, n, k, seed, out_dtype=torch.bfloat16, max_rows=65536):
     rng = np.random.default_rng(seed)
     scheme = qgemm.Scheme(scheme_text)
     packed = qgemm.quantize_weight(scheme, (rng.standard_normal((n, k)) * 0.05).astype(np.float32))
     engine = qgemm.Engine(0)
-    weight = engine.prepare_weight(packed, scheme)
+    weight = engine.prepare_weight(packed, scheme, max_rows)
     a_host = rng.standard_normal((m, k)).astype(np.float32)
     in_dtype = torch.float16 if scheme.activation_format == "fp16" else torch.bfloat16
     a = torch.from_numpy(a_host).to("cuda", in_dtype)
@@ -50,3 +50,18 @@ def test_gemm_refuses_mismatched_arrays():
         engine.gemm(a, weight, out)
     with pytest.raises(qgemm.Error, match="bf16, fp16 or fp32"):
         engine.gemm(torch.ones((4, 128), device="cuda", dtype=torch.int32), weight, out)
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability() != (9, 0),
+                    reason="two layouts (mma.sync and wgmma) exist on SM90 only")
+def test_a_decode_only_weight_holds_one_layout_and_still_serves_prefill():
+    scheme = qgemm.Scheme("w4a16")
+    # 8192²: decode (M ≤ 8) on mma.sync, M ≈ 16–1024 on wgmma (the model's choices, as measured).
+    packed = qgemm.quantize_weight(scheme, np.ones((8192, 8192), np.float32))
+    engine = qgemm.Engine(0)
+    full = engine.prepare_weight(packed, scheme).device_bytes
+    decode_only = engine.prepare_weight(packed, scheme, max_rows=8).device_bytes
+    assert decode_only < 0.7 * full, (decode_only, full)
+    got, ref = run("w4a16", 256, 640, 2880, seed=3, max_rows=8)
+    bound = np.abs(ref) / 128 + 1e-3 * np.sqrt(np.mean(ref**2)) + 1e-6
+    assert np.all(np.abs(got - ref) <= bound)

@@ -335,9 +335,10 @@ int Engine::device() const { return impl_->device; }
 int Engine::sm_count() const { return impl_->info.sm_count; }
 
 QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQuant& activation,
-                                   double static_activation_scale) {
+                                   double static_activation_scale, std::int64_t max_rows) {
   impl_->make_current();
   check_packed_weight(weight, "prepare_weight");
+  require(max_rows >= 1, "prepare_weight: max_rows must be at least 1 ({} given)", max_rows);
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->id = next_weight_id++;
   prepared->quant = weight.quant;
@@ -362,8 +363,8 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   // Which layouts: the mma layout and the wgmma order where some M would run on their
   // families; the canonical codes where the mma layout cannot hold the weight (dequantize +
   // cuBLAS reads them) or where cuBLASLt FP8 would serve some M. Dequantize + cuBLAS reads the
-  // mma layout when there are no canonical codes. The selector is asked over M = 1 .. 64 Ki
-  // with the scheme the weight was prepared for.
+  // mma layout when there are no canonical codes. The selector is asked over the powers of two
+  // up to max_rows (and max_rows itself) with the scheme the weight was prepared for.
   Scheme prepared_scheme;
   prepared_scheme.weight = weight.quant;
   prepared_scheme.activation = prepared->activation;
@@ -379,9 +380,12 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     want_mma = false;
     bool want_qdq = false;
     const dispatch::SelectionContext context = impl_->selection_context(probe);
-    for (std::int64_t high = 1; high <= 65536; high *= 2) {
-      probe.m = high;  // gemm()'s plans are of one exact M
-      const dispatch::Selection s = dispatch::select(probe, high, facts, context);
+    std::vector<std::int64_t> probed_rows;
+    for (std::int64_t rows = 1; rows < max_rows; rows *= 2) probed_rows.push_back(rows);
+    probed_rows.push_back(max_rows);
+    for (const std::int64_t rows : probed_rows) {
+      probe.m = rows;  // gemm()'s plans are of one exact M
+      const dispatch::Selection s = dispatch::select(probe, rows, facts, context);
       switch (s.chosen().candidate->path) {
         case dispatch::Path::CublasLtFp8: want_canonical = true; break;
         case dispatch::Path::MmaStreamed:
