@@ -7,9 +7,9 @@
 //   arrays out  numpy arrays that own a copy of the C++ vector (capsule-freed)
 //   errors      qgemm::Error becomes qgemm.Error (a ValueError) with the C++ message, which names
 //               the argument and the rule
-//   device     Engine.gemm takes CUDA arrays through DLPack (torch, CuPy, JAX), 2-D with unit
-//              column stride, and the caller's stream as an integer (torch:
-//              torch.cuda.current_stream().cuda_stream); it writes into the `out` array given
+//   device      Engine.gemm takes CUDA arrays through DLPack (torch, CuPy, JAX), 2-D with unit
+//               column stride, and the caller's stream as an integer (torch:
+//               torch.cuda.current_stream().cuda_stream); it writes into the `out` array given
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -18,7 +18,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
