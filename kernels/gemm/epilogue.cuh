@@ -18,10 +18,10 @@ __device__ __forceinline__ unsigned short to_output_half(float v) {
   return kOutput == kOutBf16 ? ptx::float_to_bf16_bits(v) : ptx::float_to_fp16_bits(v);
 }
 
-// Params: DenseGemmParams or WgmmaGemmParams (gemm/wgmma_gemm_params.cuh): c, ldc, m, n, bias,
-// row_factors and workspace are what these read.
-template <int kOutput, class Params>
-__device__ __forceinline__ void store_single(const Params& p, int row, int col, float v) {
+// (The SM90 wgmma kernel applies the same bias and row factors in its staged epilogue,
+// gemm/sm90_wgmma.cuh, with the loads hoisted out of its per-token loop.)
+template <int kOutput>
+__device__ __forceinline__ void store_single(const DenseGemmParams& p, int row, int col, float v) {
   if (p.row_factors) v *= p.row_factors[row];
   if (p.bias) v += p.bias[col];
   const long long at = static_cast<long long>(row) * p.ldc + col;
@@ -33,8 +33,8 @@ __device__ __forceinline__ void store_single(const Params& p, int row, int col, 
 }
 
 // Columns col and col + 1 of one row (either may lie past N or M: skipped).
-template <int kOutput, class Params>
-__device__ __forceinline__ void store_pair(const Params& p, int row, int col, float v0,
+template <int kOutput>
+__device__ __forceinline__ void store_pair(const DenseGemmParams& p, int row, int col, float v0,
                                            float v1) {
   if (row >= p.m || col >= p.n) return;
   const bool pair = col + 1 < p.n;
@@ -52,8 +52,7 @@ __device__ __forceinline__ void store_pair(const Params& p, int row, int col, fl
 }
 
 // One partial sum of a split: into the workspace (rows past M and columns past N skipped).
-template <class Params>
-__device__ __forceinline__ void add_split_pair(const Params& p, int row, int col,
+__device__ __forceinline__ void add_split_pair(const DenseGemmParams& p, int row, int col,
                                                float v0, float v1) {
   if (row >= p.m) return;
   float* at = p.workspace + static_cast<long long>(row) * p.n + col;

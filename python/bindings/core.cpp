@@ -109,6 +109,14 @@ qgemm::Scheme scheme_of(const qgemm::PackedWeight& w) {
   return s;
 }
 
+// Error unless `scheme` quantizes weights as `w` is quantized (`function` names the caller).
+void require_weight_of(const qgemm::Scheme& scheme, const qgemm::PackedWeight& w,
+                       const char* function) {
+  qgemm::require(scheme.weight == w.quant,
+                 "{}: the scheme's weight part ({}) differs from the weight's ({})", function,
+                 qgemm::to_string(scheme), qgemm::to_string(scheme_of(w)));
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -236,10 +244,7 @@ NB_MODULE(_core, m) {
           "prepare_weight",
           [](qgemm::Engine& e, const qgemm::PackedWeight& w, const qgemm::Scheme& scheme,
              std::int64_t max_rows) {
-            qgemm::require(scheme.weight == w.quant,
-                           "Engine.prepare_weight: the scheme's weight part ({}) differs from the "
-                           "weight's ({})",
-                           qgemm::to_string(scheme), qgemm::to_string(scheme_of(w)));
+            require_weight_of(scheme, w, "Engine.prepare_weight");
             nb::gil_scoped_release release;
             return e.prepare_weight(w, scheme.activation, 0.0, max_rows);
           },
@@ -271,10 +276,7 @@ NB_MODULE(_core, m) {
       "reference_gemm",
       [](const qgemm::Scheme& scheme, const HostMatrix<float>& a, const qgemm::PackedWeight& w,
          std::optional<nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>> bias) {
-        qgemm::require(scheme.weight == w.quant,
-                       "reference_gemm: the scheme's weight part ({}) differs from the weight's "
-                       "({})",
-                       qgemm::to_string(scheme), qgemm::to_string(scheme_of(w)));
+        require_weight_of(scheme, w, "reference_gemm");
         const auto m_rows = static_cast<std::int64_t>(a.shape(0));
         qgemm::require(static_cast<std::int64_t>(a.shape(1)) == w.k,
                        "reference_gemm: a has {} columns, the weight's k is {}", a.shape(1), w.k);

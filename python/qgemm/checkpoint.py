@@ -77,10 +77,9 @@ def _unpack_words(words: np.ndarray, bits: int, axis: int, order=None) -> np.nda
     per_word = 32 // bits
     order = tuple(range(per_word)) if order is None else order
     words = np.ascontiguousarray(np.moveaxis(np.asarray(words), axis, -1)).view(np.uint32)
-    fields = [(words >> np.uint32(t * bits)) & np.uint32((1 << bits) - 1) for t in range(per_word)]
     out = np.empty(words.shape[:-1] + (words.shape[-1] * per_word,), np.uint32)
-    for t, field in enumerate(fields):
-        out[..., order[t]::per_word] = field
+    for t in range(per_word):
+        out[..., order[t]::per_word] = (words >> np.uint32(t * bits)) & np.uint32((1 << bits) - 1)
     return np.moveaxis(out, -1, axis)
 
 
