@@ -118,7 +118,7 @@ class ColdL2Timer:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         for i in range(repeats):
-            torch.sum(self.flush, out=self.sink)
+            torch.sum(self.flush, dim=0, out=self.sink)
             if self.sleep_cycles:
                 torch.cuda._sleep(self.sleep_cycles)  # touches no memory: the L2 stays cold
             starts[i].record()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A whole-library check on the device machine, in two calls that fit its 10-minute limit:
+#   scripts/h200_session.sh tests   build, every GPU test (sampled matrices), the Python engine test
+#   scripts/h200_session.sh bench   sanitizers over the wgmma family, the hopper/decode/fallback
+#                                   gates, Humming on the issue #15 rows
+# Logs go to $OUT (or ./gpu_out); the short table comes last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_out}; mkdir -p "$out"
+export QGEMM_CACHE_DIR=/tmp/qgemm-cache
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$out/info.txt"
+if [ ! -x build-gpu/qgemm ] || [ ! -x build-gpu/tests/qgemm_tests_gpu ]; then
+  OUT="$out" scripts/gpu_build.sh || exit 1
+  echo "built at ${SECONDS}s"
+fi
+case "${1:-tests}" in
+tests)
+  # Sampled matrices keep the whole GPU suite within the call (most of its time is NVRTC).
+  QGEMM_GPU_TEST_SUBSET=1 timeout 330 ctest --test-dir build-gpu -L gpu -j4 --output-on-failure \
+    > "$out/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$? at ${SECONDS}s"
+  grep -E "tests passed|Failed|\*\*\*Skipped|Timeout" "$out/gpu_tests.log" | head -20
+  PYTHONPATH=build-gpu/python timeout 120 python3 -m pytest -q -rs python/tests \
+    > "$out/pytest.log" 2>&1
+  echo "pytest rc=$? at ${SECONDS}s"; tail -8 "$out/pytest.log"
+  ;;
+bench)
+  tests=build-gpu/tests/qgemm_tests_gpu
+  for tool in memcheck racecheck synccheck; do
+    QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+      --print-limit 20 $tests --gtest_filter='WgmmaGemmGpu.*' > "$out/$tool.log" 2>&1
+    echo "$tool rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/$tool.log")"
+  done
+  for recipe in hopper decode fallback; do
+    timeout 200 build-gpu/qgemm bench bench/recipes/$recipe.yaml --gate 1.10 \
+      --json "$out/$recipe.json" > "$out/$recipe.txt" 2> "$out/$recipe.log"
+    echo "gate $recipe rc=$? at ${SECONDS}s"; tail -3 "$out/$recipe.log"
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 200 python3 bench/humming_bench.py \
+    --rows issue15 --json "$out/humming15.json" > "$out/humming15.txt" 2>&1
+  echo "humming rc=$? at ${SECONDS}s"
+  cat "$out/hopper.txt"; tail -25 "$out/humming15.txt"
+  ;;
+esac
