@@ -4,6 +4,10 @@
 // (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
 //
 //   build/bench/qgemm_dense_bench [--quick | --a8 | --decode | --wgmma | --wgmma-quick]
+//                                 [--case SCHEME:M:N:K] [--config NAME]
+// --case runs that one case (in the mode's configs); --config runs only that config (its launches
+// then are one warm-up and the timed repeats, so `ncu --launch-skip 1 --launch-count 1` profiles
+// it).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -133,6 +137,24 @@ int main(int argc, char** argv) {
              {"w8a8-int8", 1024, 8192, 8192},
              {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 64, 8192, 8192},
              {"w=int4:g128:s=bf16;a=int8:t;o=bf16", 128, 8192, 8192}};
+  std::string only_config;
+  bool config_given = false;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--case") == 0) {
+      Case one;
+      char scheme[128] = {};
+      if (std::sscanf(argv[i + 1], "%127[^:]:%lld:%lld:%lld", scheme, &one.m, &one.n, &one.k) != 4) {
+        std::fprintf(stderr, "--case %s: expected SCHEME:M:N:K\n", argv[i + 1]);
+        return 2;
+      }
+      one.scheme = scheme;
+      cases = {one};
+    } else if (std::strcmp(argv[i], "--config") == 0) {
+      only_config = argv[i + 1];  // "" (the selector's choice) is "auto"
+      if (only_config == "auto") only_config.clear();
+      config_given = true;
+    }
+  }
   std::mt19937 rng(std::random_device{}());
   qgemm::Engine engine(0);
   cublasHandle_t cublas;
@@ -197,6 +219,7 @@ int main(int argc, char** argv) {
       configs.push_back(c.m <= 16 ? "decode" : c.m <= 256 ? "medium" : "prefill");
     }
     if (!quick && !decode && !wgmma) configs.push_back("qdq");
+    if (config_given) configs = {only_config};
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;
       options.candidate = config;

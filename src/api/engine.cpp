@@ -500,12 +500,18 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
       auto matmul = std::make_shared<detail::Fp8Step>();
       matmul->matmul.emplace(runtime::Fp8Matmul::prepare(cublaslt(), shape));  // Unsupported: no algorithm
       step.fp8 = std::move(matmul);
+      const auto code_scales_bytes = [&] {
+        return static_cast<std::size_t>(runtime::fp8_scale_layout(modes.activation, high, k).count) *
+               sizeof(float);
+      };
       if (launch.prep == dispatch::ActivationPrep::Quantize) {
         s.codes = take(static_cast<std::size_t>(high * k));
-        s.code_scales =
-            take(static_cast<std::size_t>(runtime::fp8_scale_layout(modes.activation, high, k).count) *
-                 sizeof(float));
+        s.code_scales = take(code_scales_bytes());
         s.absmax = take(sizeof(float));
+      } else if (dispatch::transposes_code_scales(p.scheme.activation, modes.activation)) {
+        step.fp8->code_scales.emplace(
+            runtime::Block1x128ScaleTranspose::prepare(cublaslt(), high, k));
+        s.code_scales = take(code_scales_bytes());
       }
       s.blas = take(step.fp8->matmul->workspace_bytes());
       break;
@@ -879,6 +885,11 @@ void Engine::Impl::run_fp8(const detail::PlanData& plan, const detail::PlanStep&
   } else {
     operands.a = codes->codes;
     operands.a_scales = static_cast<const float*>(codes->scales);
+    if (step.fp8->code_scales) {
+      float* a_scales = at<float>(scratch, step.scratch.code_scales);
+      step.fp8->code_scales->run(operands.a_scales, a_scales, cu_stream);
+      operands.a_scales = a_scales;
+    }
   }
   operands.w = weight.codes.as<const void>();
   operands.w_scales = weight.fp8_scales.as<const float>();

@@ -22,6 +22,8 @@ namespace qgemm::detail {
 // thread at a time runs it.
 struct Fp8Step {
   std::optional<runtime::Fp8Matmul> matmul;
+  // Pre-quantized g128 codes: their scales into cuBLASLt's 1x128 layout (scratch code_scales).
+  std::optional<runtime::Block1x128ScaleTranspose> code_scales;
   std::mutex mutex;
 };
 

@@ -43,13 +43,24 @@ std::string cublaslt_unsupported_reason(const GemmProblem& p, std::int64_t m,
                        runtime::fp8_scale_mode_name(modes->weight));
   if (p.m_max > p.m) return "cuBLASLt's descriptors hold M: it serves plans of one exact M";
   if (p.bias) return "the bias is not wired into the cuBLASLt FP8 call";
-  if (p.prequantized && modes->activation != runtime::Fp8ScaleMode::OuterVector &&
-      !(modes->activation == runtime::Fp8ScaleMode::Tensor &&
-        p.scheme.activation.scaling == ActivationScaling::StaticTensor))
+  if (p.prequantized && !cublaslt_reads_code_scales(p.scheme.activation, modes->activation) &&
+      !transposes_code_scales(p.scheme.activation, modes->activation))
     return fmt::format("pre-quantized codes carry their scales in the canonical layout, not "
                        "cuBLASLt's {} layout (pass bf16/fp16 activations)",
                        runtime::fp8_scale_mode_name(modes->activation));
   return {};
+}
+
+bool cublaslt_reads_code_scales(const ActivationQuant& quant, runtime::Fp8ScaleMode mode) {
+  // The canonical grid of per-token scales is [rows]; of a static scale, [0].
+  return mode == runtime::Fp8ScaleMode::OuterVector ||
+         (mode == runtime::Fp8ScaleMode::Tensor && quant.scaling == ActivationScaling::StaticTensor);
+}
+
+bool transposes_code_scales(const ActivationQuant& quant, runtime::Fp8ScaleMode mode) {
+  return mode == runtime::Fp8ScaleMode::Block1x128 &&
+         quant.scaling == ActivationScaling::DynamicGroup &&
+         quant.group == runtime::kFp8ScaleBlock && quant.scale_format == formats::fp32;
 }
 
 }  // namespace qgemm::dispatch

@@ -501,4 +501,57 @@ void Fp8Matmul::run(const Operands& operands, void* workspace, std::size_t works
   check(status, "cublasLtMatmul (FP8)");
 }
 
+struct Block1x128ScaleTranspose::Plan {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatrixTransformDesc_t transform = nullptr;
+  cublasLtMatrixLayout_t canonical = nullptr, out = nullptr;
+  ~Plan() {
+    if (out) cublasLtMatrixLayoutDestroy(out);
+    if (canonical) cublasLtMatrixLayoutDestroy(canonical);
+    if (transform) cublasLtMatrixTransformDescDestroy(transform);
+  }
+};
+
+Block1x128ScaleTranspose::Block1x128ScaleTranspose(std::unique_ptr<Plan> plan)
+    : plan_(std::move(plan)) {}
+Block1x128ScaleTranspose::~Block1x128ScaleTranspose() = default;
+Block1x128ScaleTranspose::Block1x128ScaleTranspose(Block1x128ScaleTranspose&&) noexcept = default;
+Block1x128ScaleTranspose& Block1x128ScaleTranspose::operator=(Block1x128ScaleTranspose&&) noexcept =
+    default;
+
+Block1x128ScaleTranspose Block1x128ScaleTranspose::prepare(const CublasLt& cublaslt,
+                                                           std::int64_t rows, std::int64_t k) {
+  const Fp8ScaleLayout layout = fp8_scale_layout(Fp8ScaleMode::Block1x128, rows, k);
+  auto plan = std::make_unique<Plan>();
+  plan->handle = static_cast<cublasLtHandle_t>(cublaslt.handle());
+  check(cublasLtMatrixTransformDescCreate(&plan->transform, CUDA_R_32F),
+        "cublasLtMatrixTransformDescCreate");
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  check(cublasLtMatrixTransformDescSetAttribute(plan->transform,
+                                                CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA, &transpose,
+                                                sizeof(transpose)),
+        "set TRANSA");
+  // Column-major views: the canonical [rows][blocks] is blocks × rows (ld blocks); its transpose
+  // rows × blocks, ld = the layout's block stride, is [b · stride + r].
+  check(cublasLtMatrixLayoutCreate(&plan->canonical, CUDA_R_32F, static_cast<std::uint64_t>(layout.blocks),
+                                   static_cast<std::uint64_t>(rows), layout.blocks),
+        "cublasLtMatrixLayoutCreate (canonical scales)");
+  check(cublasLtMatrixLayoutCreate(&plan->out, CUDA_R_32F, static_cast<std::uint64_t>(rows),
+                                   static_cast<std::uint64_t>(layout.blocks), layout.block_stride),
+        "cublasLtMatrixLayoutCreate (1x128 scales)");
+  return Block1x128ScaleTranspose(std::move(plan));
+}
+
+void Block1x128ScaleTranspose::run(const float* canonical, float* out, CUstream stream) const {
+  require(canonical != nullptr && out != nullptr,
+          "Block1x128ScaleTranspose: scales = {}, out = {} (rule: non-null)", fmt::ptr(canonical),
+          fmt::ptr(out));
+  const float one = 1.0f, zero = 0.0f;
+  // beta = 0: no B operand (null B and layout, as cuBLASLt allows).
+  check(cublasLtMatrixTransform(plan_->handle, plan_->transform, &one, canonical, plan_->canonical,
+                                &zero, nullptr, nullptr, out, plan_->out,
+                                stream),
+        "cublasLtMatrixTransform (1x128 scales)");
+}
+
 }  // namespace qgemm::runtime

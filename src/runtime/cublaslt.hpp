@@ -214,4 +214,26 @@ class Fp8Matmul {
   std::unique_ptr<Plan> plan_;
 };
 
+// Pre-quantized activations carry g128 scales in the canonical grid, row-major [rows][blocks]
+// (include/qgemm/quant.hpp); cuBLASLt reads Block1x128 scales [b · stride + r] (the table above).
+// One cublasLtMatrixTransform per call turns the first into the second (a transpose of
+// rows · blocks floats: microseconds beside the product). Like Fp8Matmul, prepare() makes the
+// descriptors once and run() only enqueues (graph-capturable).
+class Block1x128ScaleTranspose {
+ public:
+  static Block1x128ScaleTranspose prepare(const CublasLt& cublaslt, std::int64_t rows,
+                                          std::int64_t k);
+  ~Block1x128ScaleTranspose();
+  Block1x128ScaleTranspose(Block1x128ScaleTranspose&&) noexcept;
+  Block1x128ScaleTranspose& operator=(Block1x128ScaleTranspose&&) noexcept;
+
+  // canonical: fp32 [rows][ceil(k/128)]; out: fp8_scale_layout(Block1x128, rows, k).count floats.
+  void run(const float* canonical, float* out, CUstream stream) const;
+
+ private:
+  struct Plan;
+  explicit Block1x128ScaleTranspose(std::unique_ptr<Plan> plan);
+  std::unique_ptr<Plan> plan_;
+};
+
 }  // namespace qgemm::runtime

@@ -174,6 +174,30 @@ TEST(Select, CublasLtFp8Rules) {
                   .rejected.empty());
 }
 
+// Pre-quantized codes: cuBLASLt reads per-token scales as the canonical grid holds them (against
+// per-channel weights), and g128 fp32 scales after a transpose into its 1x128 layout; per-token
+// codes against 128x128 weight blocks would need their scale repeated per 1x128 block.
+TEST(Select, CublasLtFp8TakesPreQuantizedCodesWhoseScalesItCanRead) {
+  auto prequantized = [](const std::string& scheme, std::int64_t m) {
+    GemmProblem p = problem_of(scheme, m, 7168, 18432);
+    p.prequantized = true;
+    return verdict_of(select_for(p), "cublaslt-fp8").rejected;
+  };
+  EXPECT_EQ(prequantized("w8a8-fp8", 256), "");
+  EXPECT_EQ(prequantized("fp8-block", 256), "");
+  EXPECT_EQ(select_for([] {
+              GemmProblem p = problem_of("fp8-block", 4096, 7168, 18432);
+              p.prequantized = true;
+              return p;
+            }())
+                .chosen()
+                .candidate->path,
+            Path::CublasLtFp8);
+  EXPECT_TRUE(contains(prequantized("w=e4m3:b128x128:s=fp32;a=e4m3:tok;o=bf16", 256),
+                       "canonical layout"))
+      << prequantized("w=e4m3:b128x128:s=fp32;a=e4m3:tok;o=bf16", 256);
+}
+
 // Every k16 block belongs to exactly one split: the splits reach K, and the last one is needed;
 // the grid covers N and M.
 TEST(MmaFamily, LaunchesCoverTheProblemExactlyOnce) {
