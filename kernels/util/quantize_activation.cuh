@@ -36,10 +36,14 @@
 //            mma's K order: operand8[r][operand8_position(c)], rows of ldo = round_up(k, 16)
 //            bytes whose positions of c >= k hold 0; row_factors as for operand.
 //
-// One block per row (grid-stride over rows). A row-wide cell (static, token) is walked by all
-// threads with a block reduction for its absmax; short cells (group, mx, nv) are walked by L
-// lanes each, L = the largest power of two dividing G (≤ 32), lane l of a cell taking its
-// elements l, l + L, l + 2L, ... so that a warp's loads are contiguous. Non-finite inputs are
+// One block per row (grid-stride over rows). A thread takes W consecutive values at a time:
+// W = 8 (one 16-byte load; 8 or 4 bytes of codes, 16 bytes of operand stored at once) where
+// args.vector8 says every row start is 16-byte aligned (k, lda, ldo and G multiples of 8; not
+// operand8), else W = 1. A row-wide cell (static, token) is walked by all threads with a block
+// reduction for its absmax; short cells (group, mx, nv) of G / W runs are walked by L lanes
+// each, L = the largest power of two dividing G / W (≤ 32), lane l of a cell taking its runs
+// l, l + L, l + 2L, ... so that a warp's loads are contiguous. Either width computes every code
+// the same way, element by element. Non-finite inputs are
 // not diagnosed here (the host quantizer rejects them); in operand mode they become NaN, so the
 // rows they touch come out NaN rather than finite and wrong.
 #pragma once
@@ -58,6 +62,28 @@ __device__ __forceinline__ float load_half(const unsigned short* base, long long
     return ptx::bf16_bits_to_float(base[index]);
   } else {
     return ptx::fp16_bits_to_float(base[index]);
+  }
+}
+
+template <int kInput>
+__device__ __forceinline__ float half_bits_to_float(unsigned bits) {
+  if constexpr (kInput == kBf16) {
+    return ptx::bf16_bits_to_float(static_cast<unsigned short>(bits));
+  } else {
+    return ptx::fp16_bits_to_float(static_cast<unsigned short>(bits));
+  }
+}
+
+// Values index .. index + 7 (base + index 16-byte aligned).
+template <int kInput>
+__device__ __forceinline__ void load_half8(const unsigned short* base, long long index,
+                                           float (&x)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(base + index);
+  const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = half_bits_to_float<kInput>(words[i] & 0xffffu);
+    x[2 * i + 1] = half_bits_to_float<kInput>(words[i] >> 16);
   }
 }
 
@@ -179,7 +205,44 @@ struct ActivationQuantizer {
     }
   }
 
-  template <int kThreads>
+  // Emits elements col .. col + 7 of `row` (all of them below k; the outputs 8-, 4- or 16-byte
+  // aligned: args.vector8), as emit() does each.
+  __device__ __forceinline__ static void emit8(const QuantizeActivationArgs& args, long long row, long long col,
+                               const float (&x)[8], double divisor, double inverse, float scale,
+                               float factor) {
+    static_assert(kEmit != kEmitOperand8, "operand8 permutes K: one element at a time");
+    unsigned code[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) code[e] = encode_quotient<kCode>(x[e], divisor, inverse);
+    if constexpr (kEmit == kEmitCodes) {
+      if constexpr (code_format.bits == 8) {
+        uint2 bytes = make_uint2(0u, 0u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          bytes.x |= (code[e] & 0xffu) << (8 * e);
+          bytes.y |= (code[e + 4] & 0xffu) << (8 * e);
+        }
+        *reinterpret_cast<uint2*>(args.codes + row * args.k + col) = bytes;
+      } else {
+        unsigned nibbles = 0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) nibbles |= (code[e] & 15u) << (4 * e);
+        *reinterpret_cast<unsigned*>(args.codes + row * (args.k / 2) + col / 2) = nibbles;
+      }
+    } else {
+      const float folded = args.fold_row_factors ? factor : 1.0f;
+      unsigned halves[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        halves[e] = isfinite(x[e]) ? operand_bits<kCode, kScaling, kOperand>(code[e], scale, folded)
+                                   : (kOperand == kBf16 ? 0x7fc0u : 0x7e00u);
+      *reinterpret_cast<uint4*>(args.operand + row * args.ldo + col) =
+          make_uint4(halves[0] | halves[1] << 16, halves[2] | halves[3] << 16,
+                     halves[4] | halves[5] << 16, halves[6] | halves[7] << 16);
+    }
+  }
+
+  template <int kThreads, int kWidth>
   __device__ static void row_wide(const QuantizeActivationArgs& args, long long row,
                                   const unsigned short* input, float* warp_absmax,
                                   double* shared_scale) {
@@ -190,9 +253,18 @@ struct ActivationQuantizer {
                                                     *args.tensor_absmax, args.element_max, 1.0);
     } else {
       float absmax = 0.0f;
+      if constexpr (kWidth == 8) {
+        for (long long col = threadIdx.x * 8ll; col < args.k; col += kThreads * 8ll) {
+          float x[8];
+          load_half8<kInput>(input, col, x);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) absmax = fmaxf(absmax, fabsf(x[e]));
+        }
+      } else {
 #pragma unroll 8
-      for (long long col = threadIdx.x; col < args.k; col += kThreads)
-        absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
+        for (long long col = threadIdx.x; col < args.k; col += kThreads)
+          absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, col)));
+      }
       absmax = block_absmax<kThreads>(absmax, warp_absmax);
       if (threadIdx.x == 0)
         *shared_scale = cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, 1.0);
@@ -213,13 +285,24 @@ struct ActivationQuantizer {
     // Whole warps walk the row together (emit pairs 4-bit codes across lanes); operand8 walks
     // its padding too.
     const double inverse = 1.0 / scale;
-    const long long columns = kEmit == kEmitOperand8 ? (args.k + 15) / 16 * 16 : args.k;
-    for (long long base = 0; base < columns; base += kThreads) {
-      const long long col = base + threadIdx.x;
-      const bool valid = col < args.k;
-      const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-      emit(args, row, col, valid, x, scale, inverse, static_cast<float>(scale),
-           static_cast<float>(scale));
+    if constexpr (kWidth == 8) {
+      // Not unrolled: 8 quotients in flight already fill the 128 registers of 512 threads.
+#pragma unroll 1
+      for (long long col = threadIdx.x * 8ll; col < args.k; col += kThreads * 8ll) {
+        float x[8];
+        load_half8<kInput>(input, col, x);
+        emit8(args, row, col, x, scale, inverse, static_cast<float>(scale),
+              static_cast<float>(scale));
+      }
+    } else {
+      const long long columns = kEmit == kEmitOperand8 ? (args.k + 15) / 16 * 16 : args.k;
+      for (long long base = 0; base < columns; base += kThreads) {
+        const long long col = base + threadIdx.x;
+        const bool valid = col < args.k;
+        const float x = valid ? load_half<kInput>(input, col) : 0.0f;
+        emit(args, row, col, valid, x, scale, inverse, static_cast<float>(scale),
+             static_cast<float>(scale));
+      }
     }
     __syncthreads();  // shared_scale and warp_absmax are reused by the next row
   }
@@ -228,30 +311,42 @@ struct ActivationQuantizer {
   // (its scale from the values it has, as on the host). A lane walks its elements of the cell
   // whether or not they exist, so that the warp stays together for the shuffles; elements at
   // col >= k are neither read nor written (emit pairs a 4-bit code with col + 1 only below k).
-  template <int kThreads>
+  template <int kThreads, int kWidth>
   __device__ static void short_cells(const QuantizeActivationArgs& args, long long row,
                                      const unsigned short* input, double tensor_scale) {
     const long long group = args.group;
-    const int lanes = static_cast<int>(group & -group) < 32 ? static_cast<int>(group & -group) : 32;
-    const long long per_lane = group / lanes;
+    const long long runs = group / kWidth;  // runs of kWidth values per cell
+    const int lanes = static_cast<int>(runs & -runs) < 32 ? static_cast<int>(runs & -runs) : 32;
+    const long long per_lane = runs / lanes;
+    const long long step = static_cast<long long>(lanes) * kWidth;  // between a lane's runs
     const int cells_per_warp = 32 / lanes;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sub = lane % lanes;
     const long long cells = (args.k + group - 1) / group;
     for (long long first = static_cast<long long>(warp) * cells_per_warp; first < cells;
          first += static_cast<long long>(kThreads / 32) * cells_per_warp) {
       const long long cell = first + lane / lanes;
-      const long long begin = cell * group + sub;
-      // The lane's elements begin + i · lanes exist (col < k) for i < present: all per_lane of
-      // them but in the last cell, none past it (it starts at or past k). Counted once per cell
-      // (a 64-bit compare per element made ptxas spill 8-12 bytes for sm_90a).
+      const long long begin = cell * group + sub * kWidth;
+      // The lane's runs begin + i · step exist (col < k; a run wholly, k being a multiple of
+      // kWidth) for i < present: all per_lane of them but in the last cell, none past it (it
+      // starts at or past k). Counted once per cell (a 64-bit compare per element made ptxas
+      // spill 8-12 bytes for sm_90a).
       const long long ahead = args.k - begin;
       const int present = ahead >= group ? static_cast<int>(per_lane)
                           : ahead <= 0   ? 0
-                                         : static_cast<int>((ahead + lanes - 1) / lanes);
+                                         : static_cast<int>((ahead + step - 1) / step);
       float absmax = 0.0f;
 #pragma unroll 4
-      for (long long i = 0; i < per_lane; ++i)
-        if (i < present) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * lanes)));
+      for (long long i = 0; i < per_lane; ++i) {
+        if (i >= present) continue;
+        if constexpr (kWidth == 8) {
+          float x[8];
+          load_half8<kInput>(input, begin + i * step, x);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) absmax = fmaxf(absmax, fabsf(x[e]));
+        } else {
+          absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * step)));
+        }
+      }
       for (int offset = lanes / 2; offset > 0; offset >>= 1)
         absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
       const double scale =
@@ -263,12 +358,20 @@ struct ActivationQuantizer {
       }
       const double divisor = scale * tensor_scale;
       const double inverse = 1.0 / divisor;
+      const float factor = row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
       for (long long i = 0; i < per_lane; ++i) {
-        const long long col = begin + i * lanes;
+        const long long col = begin + i * step;
         const bool valid = i < present;
-        const float x = valid ? load_half<kInput>(input, col) : 0.0f;
-        emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale),
-             row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale)));
+        if constexpr (kWidth == 8) {
+          if (valid) {
+            float x[8];
+            load_half8<kInput>(input, col, x);
+            emit8(args, row, col, x, divisor, inverse, static_cast<float>(scale), factor);
+          }
+        } else {
+          const float x = valid ? load_half<kInput>(input, col) : 0.0f;
+          emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale), factor);
+        }
       }
     }
     if (threadIdx.x == 0) {
@@ -283,6 +386,11 @@ struct ActivationQuantizer {
   }
 };
 
+template <int kWidth>
+struct Width {
+  static constexpr int value = kWidth;
+};
+
 template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kInput,
           int kEmit, int kOperand, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads)
@@ -294,14 +402,25 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double shared_scale;
   const double tensor_scale =
       kScaling == kScaleNv ? nv_tensor_scale(*args.tensor_absmax, args.nv_denominator) : 1.0;
-  for (long long row = blockIdx.x; row < args.m; row += gridDim.x) {
-    const unsigned short* input = args.input + row * args.lda;
-    if constexpr (kScaling == kScaleStatic || kScaling == kScaleToken) {
-      Quantizer::template row_wide<kThreads>(args, row, input, warp_absmax, &shared_scale);
-    } else {
-      Quantizer::template short_cells<kThreads>(args, row, input, tensor_scale);
+  auto rows = [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    for (long long row = blockIdx.x; row < args.m; row += gridDim.x) {
+      const unsigned short* input = args.input + row * args.lda;
+      if constexpr (kScaling == kScaleStatic || kScaling == kScaleToken) {
+        Quantizer::template row_wide<kThreads, kWidth>(args, row, input, warp_absmax,
+                                                      &shared_scale);
+      } else {
+        Quantizer::template short_cells<kThreads, kWidth>(args, row, input, tensor_scale);
+      }
+    }
+  };
+  if constexpr (kEmit != kEmitOperand8) {
+    if (args.vector8) {
+      rows(Width<8>{});
+      return;
     }
   }
+  rows(Width<1>{});
 }
 
 // Quantized activations given in the canonical packed form -> the 16-bit operand and row

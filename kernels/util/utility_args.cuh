@@ -62,6 +62,10 @@ struct QuantizeActivationArgs {
   // K-block of 128 (scale_copies cells, cell stride m).
   long long scale_row_stride, scale_cell_stride;
   long long scale_copies;  // static / token: cells the row's scale is written to (≥ 1)
+  // 1: input, codes and operand rows all start 16-byte aligned (k, lda, ldo and group multiples
+  // of 8, the pointers 16-byte aligned) and the emission is not operand8, so threads take 8
+  // values at a time; 0: one. Set by launch_quantize_activation.
+  int vector8;
 };
 
 // Canonical packed quantized activations -> the operand and row factors (operand mode above).

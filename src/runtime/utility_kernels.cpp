@@ -91,9 +91,18 @@ bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale) {
 
 void launch_quantize_activation(const LoadedKernel& kernel,
                                 const kernels::QuantizeActivationArgs& args, CUstream stream) {
+  // Eight values per thread where every row of every array the emission touches starts 16 bytes
+  // aligned (the kernel's vector8; operand8's permuted K stays one at a time, and its operand
+  // pointer is then the only one set besides the input).
+  auto aligned16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  kernels::QuantizeActivationArgs launched = args;
+  launched.vector8 = args.operand8 == nullptr && args.k % 8 == 0 && args.lda % 8 == 0 &&
+                     aligned16(args.input) && args.group % 8 == 0 &&
+                     (args.codes == nullptr || aligned16(args.codes)) &&
+                     (args.operand == nullptr || (aligned16(args.operand) && args.ldo % 8 == 0));
   // One block per row (grid-stride over rows beyond the cap).
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535));
-  launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+  launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, launched, stream);
 }
 
 void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandActivationArgs& args,
