@@ -8,6 +8,9 @@ out=${OUT:-gpu_out}; mkdir -p "$out"
 extra=()
 # xxhash.h travels in .deps/include (copied from Debian's libxxhash-dev) where the image lacks it.
 [ -f /usr/include/xxhash.h ] || extra+=(-DXXHASH_INCLUDE_DIR=$PWD/.deps/include)
+# More configure arguments, e.g. QGEMM_CMAKE_ARGS=-DQGEMM_PYTHON=OFF.
+read -r -a more <<< "${QGEMM_CMAKE_ARGS:-}"
+extra+=("${more[@]}")
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" > "$out/build.log" 2>&1 \
   || { tail -30 "$out/build.log"; exit 1; }
 targets=()

@@ -3,6 +3,8 @@
 #   scripts/h200_session.sh tests   build, every GPU test (sampled matrices), the Python engine test
 #   scripts/h200_session.sh bench   sanitizers over the wgmma family, the hopper/decode/fallback
 #                                   gates, Humming on the issue #15 rows
+#   scripts/h200_session.sh profile SCHEME:M:N:K CONFIG...   the forced configs' times on one case,
+#                                   then ncu of each CONFIG (a wgmma/decode candidate name)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +44,20 @@ bench)
     --rows issue15 --json "$out/humming15.json" > "$out/humming15.txt" 2>&1
   echo "humming rc=$? at ${SECONDS}s"
   cat "$out/hopper.txt"; tail -25 "$out/humming15.txt"
+  ;;
+profile)
+  case_=$2; shift 2
+  bench=build-gpu/bench/qgemm_dense_bench
+  timeout 120 $bench --wgmma --case "$case_" > "$out/profile_times.txt" 2>&1
+  echo "times rc=$?"; cat "$out/profile_times.txt"
+  for config in "$@"; do
+    timeout 120 ncu --clock-control none --kernel-name regex:'wgmma|dense_' --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      $bench --wgmma --case "$case_" --config "$config" > "$out/ncu_$config.txt" 2>&1
+    echo "== ncu $config rc=$?"
+    grep -iE "spends|stalled|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Warp Cycles Per Issued|Stall|L2 Hit|Compute \(SM\)" \
+      "$out/ncu_$config.txt" | head -30
+  done
   ;;
 esac
