@@ -9,7 +9,10 @@
 //               the argument and the rule
 //   device      Engine.gemm takes CUDA arrays through DLPack (torch, CuPy, JAX), 2-D with unit
 //               column stride, and the caller's stream as an integer (torch:
-//               torch.cuda.current_stream().cuda_stream); it writes into the `out` array given
+//               torch.cuda.current_stream().cuda_stream); it writes into the `out` array given,
+//               adding an optional fp32 bias in the epilogue
+//   torch       qgemm.ops registers torch.ops.qgemm.gemm over Engine.gemm (Python only: this
+//               module never includes torch)
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -102,6 +105,18 @@ qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int devi
   return m;
 }
 
+// A CUDA array as the epilogue's bias: fp32, contiguous, n values, on `device`.
+const float* device_bias(const CudaArray& t, std::int64_t n, int device) {
+  qgemm::require(t.ndim() == 1 && static_cast<std::int64_t>(t.shape(0)) == n,
+                 "Engine.gemm: bias must be 1-D with the weight's n = {} values", n);
+  qgemm::require(t.dtype() == nb::dtype<float>(), "Engine.gemm: bias must be fp32");
+  qgemm::require(t.stride(0) == 1 || n == 1, "Engine.gemm: bias must be contiguous (stride {})",
+                 t.stride(0));
+  qgemm::require(t.device_id() == device, "Engine.gemm: bias is on GPU {}, the engine on GPU {}",
+                 t.device_id(), device);
+  return static_cast<const float*>(t.data());
+}
+
 // A Scheme whose weight part is `weight`: PackedWeight carries only the weight's quantization.
 qgemm::Scheme scheme_of(const qgemm::PackedWeight& w) {
   qgemm::Scheme s;
@@ -123,6 +138,10 @@ NB_MODULE(_core, m) {
   m.doc() = "qgemm: quantized GEMM for LLM inference (C++ core)";
   m.attr("__version__") = QGEMM_VERSION;
   nb::exception<Error>(m, "Error", PyExc_ValueError);
+  // Schemes, packed and prepared weights are kept alive to the interpreter's end by caches
+  // that outlive its last collection (qgemm.ops' registry, which torch's operator table holds,
+  // and users' modules): nanobind's exit-time leak report would flag them in every program.
+  nb::set_leak_warnings(false);
 
   m.def(
       "format_names",
@@ -144,6 +163,14 @@ NB_MODULE(_core, m) {
       .def("__repr__",
            [](const qgemm::Scheme& s) { return "qgemm.Scheme('" + qgemm::to_string(s) + "')"; })
       .def("__eq__", [](const qgemm::Scheme& a, const qgemm::Scheme& b) { return a == b; })
+      // Pickled as its text (the preset's name where it has one), so that modules holding a
+      // scheme (qgemm.nn.QuantLinear) copy and pickle.
+      .def("__getstate__",
+           [](const qgemm::Scheme& s) { return s.name.empty() ? qgemm::to_string(s) : s.name; })
+      .def("__setstate__",
+           [](qgemm::Scheme& self, const std::string& text) {
+             new (&self) qgemm::Scheme(qgemm::parse_scheme(text));
+           })
       .def_prop_ro("preset", [](const qgemm::Scheme& s) { return s.name; })
       .def_prop_ro("weight_format", [](const qgemm::Scheme& s) { return s.weight.format.name(); })
       .def_prop_ro("granularity",
@@ -255,7 +282,8 @@ NB_MODULE(_core, m) {
       .def(
           "gemm",
           [](qgemm::Engine& e, const CudaArray& a, const qgemm::QuantWeight& w,
-             const CudaArray& out, std::uintptr_t stream, const std::string& candidate) {
+             const CudaArray& out, std::uintptr_t stream, const std::string& candidate,
+             std::optional<CudaArray> bias) {
             const qgemm::DeviceMatrix am = device_matrix(a, "a", e.device());
             const qgemm::DeviceMatrix cm = device_matrix(out, "out", e.device());
             qgemm::require(am.cols == w.k() && cm.rows == am.rows && cm.cols == w.n(),
@@ -264,13 +292,15 @@ NB_MODULE(_core, m) {
                            am.rows, am.cols, w.k(), w.n(), am.rows, w.n(), cm.rows, cm.cols);
             qgemm::GemmOptions options;
             options.candidate = candidate;
+            if (bias) options.bias = device_bias(*bias, w.n(), e.device());
             nb::gil_scoped_release release;
             e.gemm(am, w, cm, reinterpret_cast<void*>(stream), options);
           },
           nb::arg("a"), nb::arg("weight"), nb::arg("out"), nb::arg("stream") = 0,
-          nb::arg("candidate") = "",
-          "out = a · dequant(weight)ᵀ on the given CUDA stream (an integer handle; 0: the "
-          "legacy default stream). a: bf16/fp16 [m, k]; out: fp16/bf16/fp32 [m, n].");
+          nb::arg("candidate") = "", nb::arg("bias") = nb::none(),
+          "out = a · dequant(weight)ᵀ (+ bias) on the given CUDA stream (an integer handle; 0: "
+          "the legacy default stream). a: bf16/fp16 [m, k]; out: fp16/bf16/fp32 [m, n]; bias: "
+          "fp32 [n] on the engine's GPU, added before the output's rounding.");
 
   m.def(
       "reference_gemm",
