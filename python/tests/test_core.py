@@ -53,3 +53,46 @@ def test_bad_input_raises_an_error_that_names_the_argument():
         qgemm.reference_gemm(s, np.ones((2, 32), np.float32), packed)
     with pytest.raises(qgemm.Error, match="NaN|Inf|finite"):
         qgemm.quantize_weight(s, np.full((8, 64), np.nan, np.float32))
+
+
+def test_schemes_pickle_as_their_text():
+    import pickle
+
+    for text in ("w4a16", "w=e2m1:g32:s=e8m0;a=e4m3:tok:s=fp32;o=fp16"):
+        s = qgemm.Scheme(text)
+        copy = pickle.loads(pickle.dumps(s))
+        assert copy == s and str(copy) == str(s) and copy.preset == s.preset
+
+
+def run_python(code):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=120)
+
+
+def test_import_qgemm_leaves_torch_alone():
+    # `import qgemm` must not pay for torch's import; the torch parts load on first use.
+    result = run_python("import sys, qgemm; print('torch' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_the_torch_parts_say_they_need_torch_where_it_is_missing():
+    code = """
+import sys
+sys.modules["torch"] = None  # as if torch were not installed
+import qgemm
+for name in ("nn", "ops", "quantize_model"):
+    try:
+        getattr(qgemm, name)
+    except ImportError as error:
+        print(error)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"qgemm.{name} needs torch, which is not installed"
+        for name in ("nn", "ops", "quantize_model")]

@@ -1,0 +1,227 @@
+"""qgemm.nn: torch modules over torch.ops.qgemm.gemm (needs torch; `import qgemm` does not).
+
+    model = qgemm.quantize_model(model, "w4a16", ignore=("lm_head",))   # in place
+    layer = qgemm.nn.QuantLinear.from_float(torch.nn.Linear(4096, 11008), "w4a16")
+
+QuantLinear is a drop-in for torch.nn.Linear at inference: any leading batch shape, output in
+the input's dtype, optional bias (added in fp32 before the output's rounding). Its weight is a
+qgemm.ops.RegisteredWeight: the host canonical form (quantized on the host, or imported from a
+checkpoint), uploaded to a GPU in the kernel layouts at the first call there. The module has no
+weight tensors of its own, so `model.to("cuda")` moves only its bias (and an act-order
+permutation): the GPU holds the kernel layouts once, not a second canonical copy. Its state
+(`state_dict`) carries the canonical parts as the module's extra state, so saving and loading
+round-trip.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Iterable, Optional, Union
+
+import numpy as np
+import torch
+
+from . import ops
+from ._core import Error, PackedWeight, Scheme, quantize_weight
+
+__all__ = ["QuantLinear", "quantize_model"]
+
+
+def _scheme(scheme, function: str) -> Scheme:
+    if isinstance(scheme, Scheme):
+        return scheme
+    if isinstance(scheme, str):
+        return Scheme(scheme)
+    raise Error(f"{function}: scheme must be a qgemm.Scheme or its text "
+                f"({type(scheme).__name__} given)")
+
+
+class QuantLinear(torch.nn.Module):
+    """y = x · dequant(W)ᵀ + bias through torch.ops.qgemm.gemm.
+
+    in_features, out_features: W is [out_features, in_features].
+    scheme: a qgemm.Scheme or its text (a preset such as "w4a16", or the compact form).
+    max_rows: the most rows (tokens) a call is expected to have; on the GPU fewer can mean
+        fewer kernel layouts (see Engine.prepare_weight). Larger calls are still served.
+    A new QuantLinear has no weight yet: `from_float`, `from_packed`, `set_weight` or
+    `load_state_dict` give it one.
+    """
+
+    def __init__(self, in_features: int, out_features: int, scheme, bias: bool = True, *,
+                 device=None, dtype=None, max_rows: int = 65536):
+        super().__init__()
+        if int(in_features) < 1 or int(out_features) < 1:
+            raise Error(f"QuantLinear: in_features and out_features must be at least 1 "
+                        f"({in_features}, {out_features} given)")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.scheme = _scheme(scheme, "QuantLinear")
+        self.max_rows = int(max_rows)
+        # The 16-bit type float32 inputs are cast to: the scheme's when it names fp16, else bf16
+        # (float32's range). Kept as a plain attribute: forward reads nothing of the scheme
+        # object, which torch.compile could not trace into.
+        self.float32_input_dtype = (torch.float16 if self.scheme.activation_format == "fp16"
+                                    else torch.bfloat16)
+        self.qweight: Optional[ops.RegisteredWeight] = None
+        if bias:
+            self.bias = torch.nn.Parameter(
+                torch.zeros(self.out_features, device=device, dtype=dtype), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        # Act-order checkpoints (GPTQ desc_act): the kernel's K order is a permutation of the
+        # layer's inputs, applied to x's last dimension.
+        self.register_buffer("input_permutation", None)
+
+    def set_weight(self, packed: PackedWeight,
+                   input_permutation: Optional[np.ndarray] = None) -> "QuantLinear":
+        """Takes a canonical packed weight [out_features, in_features] quantized as the
+        module's scheme."""
+        if not isinstance(packed, PackedWeight):
+            raise Error(f"QuantLinear.set_weight: packed must be a qgemm.PackedWeight "
+                        f"({type(packed).__name__} given)")
+        if (packed.n, packed.k) != (self.out_features, self.in_features):
+            raise Error(f"QuantLinear.set_weight: packed is [{packed.n}, {packed.k}]; the layer "
+                        f"needs [out_features, in_features] = "
+                        f"[{self.out_features}, {self.in_features}]")
+        self.qweight = ops.register_weight(packed, self.scheme, self.max_rows)
+        if input_permutation is not None:
+            permutation = torch.as_tensor(np.asarray(input_permutation), dtype=torch.int64)
+            if permutation.shape != (self.in_features,) or not torch.equal(
+                    torch.sort(permutation).values, torch.arange(self.in_features)):
+                raise Error(f"QuantLinear.set_weight: input_permutation must be a permutation "
+                            f"of the {self.in_features} inputs")
+            device = self.bias.device if self.bias is not None else None
+            self.input_permutation = permutation.to(device)
+        else:
+            self.input_permutation = None
+        return self
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear, scheme, *,
+                   max_rows: int = 65536) -> "QuantLinear":
+        """A torch.nn.Linear quantized on the host (round to nearest, as qgemm.quantize_weight);
+        the bias is kept in the layer's dtype and device."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise Error(f"QuantLinear.from_float: linear must be a torch.nn.Linear "
+                        f"({type(linear).__name__} given)")
+        scheme = _scheme(scheme, "QuantLinear.from_float")
+        weight = linear.weight.detach()
+        host = np.ascontiguousarray(weight.to("cpu", torch.float32).numpy())
+        module = cls(linear.in_features, linear.out_features, scheme,
+                     bias=linear.bias is not None, device=weight.device, dtype=weight.dtype,
+                     max_rows=max_rows)
+        if linear.bias is not None:
+            module.bias.data.copy_(linear.bias.detach())
+        return module.set_weight(quantize_weight(scheme, host))
+
+    @classmethod
+    def from_packed(cls, packed: PackedWeight, scheme, bias: Optional[torch.Tensor] = None, *,
+                    input_permutation=None, max_rows: int = 65536) -> "QuantLinear":
+        """A layer over a packed weight, e.g. a checkpoint importer's (qgemm.checkpoint's
+        ImportedLinear: `from_packed(l.weight, l.scheme, input_permutation=l.input_permutation)`).
+        """
+        module = cls(packed.k, packed.n, scheme, bias=bias is not None,
+                     device=None if bias is None else bias.device,
+                     dtype=None if bias is None else bias.dtype, max_rows=max_rows)
+        if bias is not None:
+            if bias.shape != (packed.n,):
+                raise Error(f"QuantLinear.from_packed: bias must have n = {packed.n} values "
+                            f"(shape {tuple(bias.shape)} given)")
+            module.bias.data.copy_(bias.detach())
+        return module.set_weight(packed, input_permutation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is None:
+            raise Error("QuantLinear: the layer has no weight yet (from_float, from_packed, "
+                        "set_weight or load_state_dict give it one)")
+        if x.shape[-1] != self.in_features:
+            raise Error(f"QuantLinear: x's last dimension is {x.shape[-1]}, in_features is "
+                        f"{self.in_features}")
+        if x.dtype not in ops.OUTPUT_DTYPES:
+            raise Error(f"QuantLinear: x must be bfloat16, float16 or float32 ({x.dtype} given)")
+        if self.input_permutation is not None:
+            x = x.index_select(-1, self.input_permutation)
+        a = x if x.dtype in ops.ACTIVATION_DTYPES else x.to(self.float32_input_dtype)
+        return torch.ops.qgemm.gemm(a, self.qweight.handle, self.out_features, self.bias,
+                                    x.dtype)
+
+    # The canonical weight as the module's extra state (state_dict key "<prefix>_extra_state"):
+    # host tensors, so that torch.save / load_state_dict round-trip without a GPU.
+    def get_extra_state(self):
+        if self.qweight is None:
+            return {"scheme": str(self.scheme)}
+        p = self.qweight.packed
+        return {"scheme": str(self.scheme), "codes": torch.from_numpy(p.codes.copy()),
+                "scales": torch.from_numpy(p.scales.copy()),
+                "zeros": torch.from_numpy(p.zeros.copy()), "global_scale": p.global_scale}
+
+    def set_extra_state(self, state):
+        if not isinstance(state, dict) or "scheme" not in state:
+            raise Error("QuantLinear.load_state_dict: the extra state is not a QuantLinear's")
+        scheme = Scheme(state["scheme"])
+        if str(scheme) != str(self.scheme):
+            raise Error(f"QuantLinear.load_state_dict: the state's scheme ({scheme}) differs "
+                        f"from the layer's ({self.scheme})")
+        if "codes" not in state:
+            self.qweight = None
+            return
+        as_bytes = lambda t: np.ascontiguousarray(t.cpu().numpy(), dtype=np.uint8).reshape(-1)
+        zeros = as_bytes(state["zeros"]) if state["zeros"].numel() else None
+        packed = PackedWeight.from_parts(scheme, self.out_features, self.in_features,
+                                         as_bytes(state["codes"]), as_bytes(state["scales"]),
+                                         zeros, float(state["global_scale"]))
+        permutation = self.input_permutation
+        self.set_weight(packed, None if permutation is None else permutation.cpu().numpy())
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, scheme='{self.scheme}'")
+
+
+def _ignored(name: str, patterns: Iterable[str]) -> bool:
+    """Whether the module named `name` is left alone: a pattern matches the whole name, its
+    last components (e.g. "lm_head" matches "model.lm_head", "mlp.gate" "layers.0.mlp.gate"),
+    the name as a glob ("*.router"), or, prefixed "re:", as a regular expression matched from the
+    name's start (compressed-tensors' convention)."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], name):
+                return True
+        elif name == pattern or name.endswith("." + pattern) or \
+                fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
+def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[str]] = ("lm_head",),
+                   *, max_rows: int = 65536) -> torch.nn.Module:
+    """Replaces, in place, every torch.nn.Linear of `model` (exactly that type: subclasses such
+    as MultiheadAttention's out_proj are read by their owners as plain weights) with a
+    QuantLinear quantized as `scheme`, except those `ignore` names (see _ignored: full names,
+    trailing names such as "lm_head", globs, "re:" regular expressions). A Linear shared by two
+    owners stays shared. Returns the model (the replacement when `model` itself is a Linear)."""
+    scheme = _scheme(scheme, "quantize_model")
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    ignore = tuple(ignore)
+    if not all(isinstance(p, str) for p in ignore):
+        raise Error(f"quantize_model: ignore must hold module names or patterns (strings): "
+                    f"{ignore!r}")
+    if type(model) is torch.nn.Linear:
+        return QuantLinear.from_float(model, scheme, max_rows=max_rows)
+    targets = []
+    for owner_name, owner in model.named_modules(remove_duplicate=False):
+        for child_name, child in owner.named_children():
+            name = f"{owner_name}.{child_name}" if owner_name else child_name
+            if type(child) is torch.nn.Linear and not _ignored(name, ignore):
+                targets.append((owner, child_name, child, name))
+    replacements = {}
+    for owner, child_name, child, name in targets:
+        if id(child) not in replacements:
+            try:
+                replacements[id(child)] = QuantLinear.from_float(child, scheme, max_rows=max_rows)
+            except ValueError as error:
+                raise Error(f"quantize_model: {name}: {error}") from error
+        setattr(owner, child_name, replacements[id(child)])
+    return model

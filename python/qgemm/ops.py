@@ -1,0 +1,283 @@
+"""torch.ops.qgemm: qgemm's GEMM as a PyTorch operator (imported only where torch is).
+
+    out = torch.ops.qgemm.gemm(a, weight, n, bias=None, out_dtype=None)
+
+computes out = a · dequant(W)ᵀ (+ bias) over the last dimension of `a` (any leading shape, bf16
+or fp16), with W the weight registered under the integer `weight`, which has `n` rows:
+
+    weight = qgemm.ops.register_weight(qgemm.quantize_weight(scheme, w), scheme)
+    y = torch.ops.qgemm.gemm(x, weight.handle, weight.n)
+
+How the weight travels: an integer handle into a registry of this process.
+    A torch operator's arguments are tensors, numbers, strings, dtypes and lists of them. A
+    prepared weight is none of these: it is a C++ object holding device buffers in the kernel
+    layouts (a QuantWeight) plus the host canonical form the CPU reference reads. So
+    `register_weight` keeps both in a registry and hands out a `RegisteredWeight` whose `handle`
+    (an int) is what the operator carries; `n` travels beside it so that the fake
+    implementation can give the output's shape without the registry (under torch.compile the
+    handle may be a symbolic int). The handle names an immutable weight: a new weight gets a new
+    handle, and the entry lives as long as its RegisteredWeight. Alternatives considered: the
+    canonical packed tensors as operator arguments would put a second, unused copy of every
+    weight on the GPU beside its kernel layouts (and the CUDA path would still need a lookup for
+    the prepared layouts); torch's opaque objects (torch._library.opaque_object) are private and
+    still changing in 2.11; a TorchBind class needs a C++ extension built against libtorch,
+    which the core must not depend on. Limits of this choice: an exported program
+    (torch.export) carries process-local handles, so it runs only in the process that made it.
+
+Implementations:
+    fake (meta)  the output's shape (a.shape[:-1] + (n,)) and dtype (out_dtype, default a's):
+                 torch.compile(fullgraph=True) traces through it, and CUDA graphs capture the
+                 CUDA implementation's launches.
+    CUDA         Engine.gemm on the current torch stream, one Engine per device (cached), the
+                 weight prepared on that device on first use (`prepare` does it ahead, e.g.
+                 before capturing a CUDA graph: a first call on a shape also plans and compiles,
+                 which a capture cannot contain), into a fresh output tensor.
+    CPU          qgemm.reference_gemm (exact in double, rounded to the output type): the
+                 operator works, and is checked, without a GPU. It is the oracle, not fast.
+
+Both real implementations treat 16-bit activations the way the Engine does: a scheme whose
+activations are not quantized takes `a` in its own type (the scheme's `a=` part does not round
+it again); a scheme with quantized activations (w4a8-fp8, nvfp4, ...) quantizes `a` as its
+`a=` part says. Autograd is not implemented: the operator is for inference.
+
+MoE (`torch.ops.qgemm.moe`) is not defined yet: the C++ library has no MoE entry point to bind.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import weakref
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ._core import Engine, Error, PackedWeight, QuantWeight, Scheme, reference_gemm
+
+__all__ = ["RegisteredWeight", "register_weight", "lookup", "prepare", "engine", "gemm"]
+
+# The activation and output types the operator takes, by torch dtype and qgemm format name.
+ACTIVATION_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+OUTPUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+_lock = threading.Lock()
+_registry: dict[int, "_Entry"] = {}
+_handles = itertools.count(1)  # 0 stays unused, so that a default-initialized int is no handle
+_engines: dict[int, Engine] = {}
+
+
+class _Entry:
+    """A registered weight: its scheme, the host canonical form (the CPU path and any new
+    device's preparation read it) and its prepared form per device."""
+
+    def __init__(self, packed: PackedWeight, scheme: Scheme, max_rows: int):
+        self.packed = packed
+        self.scheme = scheme
+        self.max_rows = max_rows
+        self.prepared: dict[int, QuantWeight] = {}
+        self.lock = threading.Lock()
+
+    def on_device(self, device: int) -> QuantWeight:
+        prepared = self.prepared.get(device)
+        if prepared is None:
+            with self.lock:  # one upload per device, even when threads race to it
+                prepared = self.prepared.get(device)
+                if prepared is None:
+                    prepared = engine(device).prepare_weight(self.packed, self.scheme,
+                                                             self.max_rows)
+                    self.prepared[device] = prepared
+        return prepared
+
+
+class RegisteredWeight:
+    """A weight the operator can name: `handle` (an int) and `n` are its arguments to
+    torch.ops.qgemm.gemm. The registry entry is released when this object is collected; copies
+    (copy.deepcopy, pickle) register the weight again under a new handle."""
+
+    def __init__(self, packed: PackedWeight, scheme: Scheme, max_rows: int = 65536):
+        if not isinstance(packed, PackedWeight):
+            raise Error(f"register_weight: weight must be a qgemm.PackedWeight "
+                        f"({type(packed).__name__} given)")
+        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
+        if str(packed.scheme).split(";")[0] != str(scheme).split(";")[0]:
+            raise Error(f"register_weight: the scheme's weight part ({scheme}) differs from the "
+                        f"weight's ({packed.scheme})")
+        if int(max_rows) < 1:
+            raise Error(f"register_weight: max_rows must be at least 1 ({max_rows} given)")
+        entry = _Entry(packed, scheme, int(max_rows))
+        with _lock:
+            self.handle = next(_handles)
+            _registry[self.handle] = entry
+        self._entry = entry
+        weakref.finalize(self, _release, self.handle)
+
+    packed = property(lambda self: self._entry.packed, doc="The host canonical packed weight.")
+    scheme = property(lambda self: self._entry.scheme)
+    n = property(lambda self: self._entry.packed.n, doc="Output features (the weight's rows).")
+    k = property(lambda self: self._entry.packed.k, doc="Input features.")
+    max_rows = property(lambda self: self._entry.max_rows)
+
+    def __repr__(self):
+        return (f"qgemm.ops.RegisteredWeight(handle={self.handle}, n={self.n}, k={self.k}, "
+                f"scheme='{self.scheme}')")
+
+    def __reduce__(self):
+        # The canonical parts, from which a copy registers a weight of its own (a shared handle
+        # would be released by whichever copy goes first).
+        p = self.packed
+        zeros = p.zeros if p.zeros.size else None
+        return (_rebuild, (str(self.scheme), p.n, p.k, p.codes, p.scales, zeros, p.global_scale,
+                           self.max_rows))
+
+
+def _rebuild(scheme_text, n, k, codes, scales, zeros, global_scale, max_rows):
+    scheme = Scheme(scheme_text)
+    packed = PackedWeight.from_parts(scheme, n, k, codes, scales, zeros, global_scale)
+    return RegisteredWeight(packed, scheme, max_rows)
+
+
+def _release(handle: int) -> None:
+    with _lock:
+        _registry.pop(handle, None)
+
+
+def register_weight(packed: PackedWeight, scheme, max_rows: int = 65536) -> RegisteredWeight:
+    """Registers a packed weight (quantize_weight's or a checkpoint importer's) for the operator.
+    `scheme` must quantize weights as `packed` is quantized; its activation part says how 16-bit
+    activations are quantized for it. `max_rows` is Engine.prepare_weight's: the most rows a
+    call is expected to have (fewer can mean fewer kernel layouts on the GPU)."""
+    return RegisteredWeight(packed, scheme, max_rows)
+
+
+def lookup(handle: int) -> _Entry:
+    entry = _registry.get(handle)
+    if entry is None:
+        raise Error(f"qgemm.gemm: weight handle {handle} is not registered (register_weight "
+                    "makes one; it is released when its RegisteredWeight or QuantLinear goes)")
+    return entry
+
+
+def engine(device: int) -> Engine:
+    """The process's Engine for CUDA device `device` (one per device: it holds the compiled
+    kernels, plans and per-stream workspaces that every weight on that device shares)."""
+    found = _engines.get(device)
+    if found is None:
+        with _lock:
+            found = _engines.get(device)
+            if found is None:
+                found = _engines[device] = Engine(device)
+    return found
+
+
+def prepare(weight, device=None) -> QuantWeight:
+    """Uploads a registered weight (a RegisteredWeight or its handle) to a CUDA device (default:
+    the current one) now rather than at its first call."""
+    handle = weight.handle if isinstance(weight, RegisteredWeight) else int(weight)
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else \
+        torch.device(device)
+    if device.type != "cuda":
+        raise Error(f"qgemm.ops.prepare: device must be a CUDA device ({device} given)")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return lookup(handle).on_device(index)
+
+
+def _check(a: torch.Tensor, weight, n, bias: Optional[torch.Tensor],
+           out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The rules every implementation applies (the fake one too, so that torch.compile reports
+    them at trace time); returns the output's dtype."""
+    if a.dim() < 1:
+        raise Error("qgemm.gemm: a must have at least one dimension (its last is k)")
+    if a.dtype not in ACTIVATION_DTYPES:
+        raise Error(f"qgemm.gemm: a must be bfloat16 or float16 ({a.dtype} given; QuantLinear "
+                    "casts float32 inputs)")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUTPUT_DTYPES:
+        raise Error(f"qgemm.gemm: out_dtype must be bfloat16, float16 or float32 "
+                    f"({out_dtype} given)")
+    if bias is not None:
+        if bias.dim() != 1 or (isinstance(n, int) and bias.shape[0] != n):
+            raise Error(f"qgemm.gemm: bias must be 1-D with n = {n} values "
+                        f"(shape {tuple(bias.shape)} given)")
+        if not bias.dtype.is_floating_point:
+            raise Error(f"qgemm.gemm: bias must be floating point ({bias.dtype} given)")
+        if bias.device != a.device:
+            raise Error(f"qgemm.gemm: bias is on {bias.device}, a on {a.device}")
+    # The registry is consulted only where the handle is a plain int (under torch.compile it
+    # may be symbolic), and only where it is registered (the real kernels say when it is not).
+    entry = _registry.get(weight) if isinstance(weight, int) else None
+    if entry is not None:
+        if isinstance(n, int) and n != entry.packed.n:
+            raise Error(f"qgemm.gemm: n = {n}, but weight {weight} has n = {entry.packed.n}")
+        k = a.shape[-1]
+        if isinstance(k, int) and k != entry.packed.k:
+            raise Error(f"qgemm.gemm: a has {k} columns (its last dimension); weight {weight} "
+                        f"has k = {entry.packed.k}")
+    return out_dtype
+
+
+@torch.library.custom_op("qgemm::gemm", mutates_args=())
+def gemm(a: torch.Tensor, weight: int, n: int, bias: Optional[torch.Tensor] = None,
+         out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """out = a · dequant(W)ᵀ (+ bias): a [..., k] bf16/fp16, W the registered weight `weight`
+    with n rows, bias [n] (added in fp32), out [..., n] in out_dtype (default: a's)."""
+    raise Error(f"qgemm.gemm: no implementation for {a.device.type} tensors (CPU and CUDA)")
+
+
+@gemm.register_fake
+def _gemm_fake(a, weight, n, bias=None, out_dtype=None):
+    out_dtype = _check(a, weight, n, bias, out_dtype)
+    return a.new_empty((*a.shape[:-1], n), dtype=out_dtype)
+
+
+def _rows(a: torch.Tensor) -> torch.Tensor:
+    """a as a 2-D [m, k] matrix with unit column stride (a view where its layout allows)."""
+    a2 = a.reshape(-1, a.shape[-1])
+    return a2 if a2.stride(-1) == 1 else a2.contiguous()
+
+
+@gemm.register_kernel("cuda")
+def _gemm_cuda(a, weight, n, bias=None, out_dtype=None):
+    entry = lookup(weight)
+    out_dtype = _check(a, weight, n, bias, out_dtype)
+    out = torch.empty((*a.shape[:-1], n), dtype=out_dtype, device=a.device)
+    a2 = _rows(a)
+    if a2.shape[0] == 0:
+        return out  # the Engine needs M ≥ 1; an empty batch has nothing to compute
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    prepared = entry.on_device(device)
+    if bias is not None and (bias.dtype != torch.float32 or bias.stride(0) != 1):
+        bias = bias.to(torch.float32).contiguous()  # the epilogue reads fp32
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    engine(device).gemm(a2, prepared, out.view(-1, n), stream, bias=bias)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _call_scheme(scheme_text: str, activation: str, output: str) -> Scheme:
+    """The scheme a call computes: the weight's scheme with the output rounded to the call's
+    type, and with unquantized activations in the call's own 16-bit type."""
+    scheme = Scheme(scheme_text)
+    parts = [p for p in scheme_text.split(";") if not p.startswith(("a=", "o="))]
+    a_part = next(p for p in scheme_text.split(";") if p.startswith("a="))
+    if not scheme.activation_quantized:
+        a_part = f"a={activation}"
+    return Scheme(";".join(parts + [a_part, f"o={output}"]))
+
+
+@gemm.register_kernel("cpu")
+def _gemm_cpu(a, weight, n, bias=None, out_dtype=None):
+    entry = lookup(weight)
+    out_dtype = _check(a, weight, n, bias, out_dtype)
+    scheme = _call_scheme(str(entry.scheme), ACTIVATION_DTYPES[a.dtype], OUTPUT_DTYPES[out_dtype])
+    a2 = a.detach().reshape(-1, a.shape[-1])
+    if a2.shape[0] == 0:
+        return torch.empty((*a.shape[:-1], n), dtype=out_dtype)
+    # bf16/fp16 → fp32 is exact, so the reference sees the very values the GPU would.
+    a_host = np.ascontiguousarray(a2.to(torch.float32).numpy())
+    bias_host = None if bias is None else \
+        np.ascontiguousarray(bias.detach().to(torch.float32).numpy())
+    c = reference_gemm(scheme, a_host, entry.packed, bias_host)
+    # The reference rounded every value to out_dtype already: this conversion is exact.
+    return torch.from_numpy(c).to(out_dtype).reshape(*a.shape[:-1], n)

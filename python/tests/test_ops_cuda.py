@@ -1,0 +1,183 @@
+"""torch.ops.qgemm.gemm and QuantLinear on a GPU: against the CPU reference element by element,
+opcheck, torch.compile (fullgraph) and CUDA graph capture and replay.
+
+Needs torch with CUDA and a GPU: skipped, with the reason, elsewhere."""
+
+import numpy as np
+import pytest
+
+import qgemm
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+import qgemm.nn  # noqa: E402  (registers torch.ops.qgemm.gemm)
+from qgemm.nn import QuantLinear  # noqa: E402
+
+from test_engine import element_bounds  # noqa: E402
+
+
+def activations(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    x = np.where(np.abs(x) < 0.25, np.sign(x + 1e-9) * 0.25, x)  # no zeros
+    return torch.from_numpy(x).to("cuda", dtype)
+
+
+def registered(rng, scheme_text, n, k):
+    scheme = qgemm.Scheme(scheme_text)
+    packed = qgemm.quantize_weight(scheme, (rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+    return packed, qgemm.ops.register_weight(packed, scheme)
+
+
+def poisoned_pool(shape, dtype):
+    """Leaves a NaN-filled block of this size in the caching allocator's pool, which the next
+    allocation of the size on this stream takes (the operator's torch.empty output): elements a
+    kernel failed to write then show as NaN rather than as a stale, plausible value."""
+    block = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del block
+
+
+def cpu_expected(a, weight, bias, out_dtype):
+    """The CPU implementation (the reference) on the same inputs, and each element's bound."""
+    a_cpu = a.cpu()
+    expected = torch.ops.qgemm.gemm(a_cpu, weight.handle, weight.n,
+                                    None if bias is None else bias.cpu(), out_dtype)
+    a2 = a_cpu.float().reshape(-1, a.shape[-1]).numpy()
+    reference = expected.double().reshape(-1, weight.n).numpy()
+    return expected, element_bounds(a2, weight.packed, reference).reshape(expected.shape)
+
+
+@pytest.mark.parametrize("scheme_text, batch, a_dtype, out_dtype, with_bias", [
+    ("w4a16", (1,), torch.bfloat16, None, False),
+    ("w4a16", (2, 9), torch.bfloat16, None, True),
+    ("gptq-w4a16-g128", (64,), torch.float16, None, True),
+    ("mxfp4-a16", (4, 64), torch.bfloat16, torch.float32, False),
+    ("w8a16", (300,), torch.bfloat16, torch.float16, True),
+    ("w4a8-fp8", (32,), torch.bfloat16, None, False),
+])
+def test_cuda_op_matches_the_cpu_reference(rng, scheme_text, batch, a_dtype, out_dtype,
+                                           with_bias):
+    n, k = 640, 2880
+    packed, weight = registered(rng, scheme_text, n, k)
+    a = activations(rng, (*batch, k), a_dtype)
+    bias = torch.from_numpy(rng.standard_normal(n)).to("cuda", torch.bfloat16) \
+        if with_bias else None
+    poisoned_pool((*batch, n), out_dtype or a_dtype)
+    out = torch.ops.qgemm.gemm(a, weight.handle, n, bias, out_dtype)
+    torch.cuda.synchronize()
+    assert out.device == a.device and out.dtype == (out_dtype or a_dtype)
+    expected, bound = cpu_expected(a, weight, bias, out_dtype)
+    got = out.cpu().double().numpy()
+    assert np.all(np.isfinite(got))
+    if qgemm.Scheme(scheme_text).activation_quantized:
+        # The GPU's activation quantization may round a code differently where a value sits on
+        # a tie: compare as a whole, then element-wise with one activation step's slack.
+        error = np.linalg.norm(got - expected.double().numpy()) / \
+            np.linalg.norm(expected.double().numpy())
+        assert error < 1e-2, error
+    else:
+        excess = np.abs(got - expected.double().numpy()) - bound
+        assert np.all(excess <= 0), excess.max()
+
+
+def test_cuda_op_on_a_strided_view_and_an_empty_batch(rng):
+    packed, weight = registered(rng, "w4a16", 256, 512)
+    wide = activations(rng, (8, 1024), torch.bfloat16)
+    a = wide[:, :512]  # unit column stride, rows 1024 apart
+    out = torch.ops.qgemm.gemm(a, weight.handle, 256)
+    expected, bound = cpu_expected(a, weight, None, None)
+    assert np.all(np.abs(out.cpu().double().numpy() - expected.double().numpy()) <= bound)
+    empty = torch.ops.qgemm.gemm(wide[:0, :512], weight.handle, 256)
+    assert empty.shape == (0, 256) and empty.is_cuda
+
+
+def test_opcheck_on_cuda(rng):
+    packed, weight = registered(rng, "w4a16", 256, 512)
+    bias = torch.from_numpy(rng.standard_normal(256)).to("cuda", torch.float32)
+    samples = [
+        ((activations(rng, (7, 512), torch.bfloat16), weight.handle, 256), {}),
+        ((activations(rng, (2, 3, 512), torch.bfloat16), weight.handle, 256),
+         {"bias": bias, "out_dtype": torch.float32}),
+    ]
+    for args, kwargs in samples:
+        torch.library.opcheck(torch.ops.qgemm.gemm.default, args, kwargs)
+
+
+def test_cuda_errors_name_the_argument(rng):
+    packed, weight = registered(rng, "w4a16", 64, 128)
+    a = activations(rng, (4, 128), torch.bfloat16)
+    with pytest.raises(qgemm.Error, match="bias is on cpu"):
+        torch.ops.qgemm.gemm(a, weight.handle, 64, torch.ones(64))
+    with pytest.raises(qgemm.Error, match="a must be bfloat16 or float16"):
+        torch.ops.qgemm.gemm(a.float(), weight.handle, 64)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, scheme):
+        super().__init__()
+        self.up = QuantLinear.from_float(torch.nn.Linear(512, 1024), scheme)
+        self.down = QuantLinear.from_float(torch.nn.Linear(1024, 256, bias=False), scheme)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_on_cuda(rng, backend):
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = Mlp("w4a16").to("cuda", torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=True)
+    for rows in (1, 16, 5):
+        x = activations(rng, (2, rows, 512), torch.bfloat16)
+        got, eager = compiled(x), model(x)
+        # Inductor may fuse the gelu differently (a bf16 rounding of the hidden layer apart).
+        torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
+
+
+def test_cuda_graph_capture_and_replay(rng):
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = Mlp("w4a16").to("cuda", torch.bfloat16)
+    static_x = activations(rng, (4, 512), torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # Warm up on the capture stream: the first call on a shape uploads the weight, plans
+        # and compiles, and sizes this stream's workspace, none of which a capture may do.
+        for _ in range(2):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_y = model(static_x)
+    for _ in range(3):
+        fresh = activations(rng, (4, 512), torch.bfloat16)
+        static_x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, model(fresh))  # the same kernels, on the new input
+
+
+def test_compiled_with_cuda_graphs(rng):
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = Mlp("w4a16").to("cuda", torch.bfloat16)
+    compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    for _ in range(4):  # warm-up runs, the capture, then replays
+        x = activations(rng, (8, 512), torch.bfloat16)
+        got = compiled(x).clone()
+        torch.testing.assert_close(got, model(x), rtol=2e-2, atol=2e-2)
+
+
+def test_quant_linear_on_cuda_matches_the_cpu_layer(rng):
+    torch.manual_seed(int(rng.integers(2**31)))
+    layer = QuantLinear.from_float(torch.nn.Linear(2880, 640), "w4a16")
+    x = activations(rng, (3, 5, 2880), torch.float32)
+    expected = layer(x.cpu())
+    layer.to("cuda")
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.is_cuda
+    a = x.to(torch.bfloat16).reshape(-1, 2880).cpu().float().numpy()
+    bound = element_bounds(a, layer.qweight.packed, expected.reshape(-1, 640).double().numpy())
+    error = np.abs(got.cpu().double().reshape(-1, 640).numpy() -
+                   expected.reshape(-1, 640).double().numpy())
+    assert np.all(error <= bound)
