@@ -38,6 +38,21 @@ if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
   if "$venv/bin/python" -c "$python_modules" 2>/dev/null; then
     python_args=(-DPython_EXECUTABLE="$venv/bin/python")
   fi
+  # torch, for the torch ops and qgemm.nn tests (python/tests/test_ops*.py). The package index's
+  # Linux torch is its CUDA build (~3 GB with its CUDA libraries; it runs on the CPU too): about
+  # a minute to install here, so CI runs those tests (its CPU ones; the GPU ones skip) well
+  # within its budget. QGEMM_TORCH=0 leaves it out, QGEMM_TORCH_SPEC picks another version (the
+  # default is the GPU test machine's). Best effort: where the install fails or runs past 10
+  # minutes, the torch tests skip ("torch is not installed") rather than fail.
+  if [ "${QGEMM_TORCH:-1}" != 0 ] && ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    timeout 600 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      "${QGEMM_TORCH_SPEC:-torch==2.11.*}" >/dev/null 2>&1 || true
+    if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+      # An install cut short can leave a torch that fails to import: none beats a broken one.
+      "$venv/bin/python" -m pip uninstall -q -y torch >/dev/null 2>&1 || true
+      echo "setup.sh: torch was not installed; the torch tests will skip" >&2
+    fi
+  fi
 fi
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${QGEMM_BUILD_TYPE:-RelWithDebInfo} \
