@@ -70,8 +70,9 @@ class QuantLinear(torch.nn.Module):
         else:
             self.register_parameter("bias", None)
         # Act-order checkpoints (GPTQ desc_act): the kernel's K order is a permutation of the
-        # layer's inputs, applied to x's last dimension.
-        self.register_buffer("input_permutation", None)
+        # layer's inputs, applied to x's last dimension. A buffer so that it moves with the
+        # module; saved in the extra state with the weight it belongs to, not on its own.
+        self.register_buffer("input_permutation", None, persistent=False)
 
     def set_weight(self, packed: PackedWeight,
                    input_permutation: Optional[np.ndarray] = None) -> "QuantLinear":
@@ -91,8 +92,9 @@ class QuantLinear(torch.nn.Module):
                     torch.sort(permutation).values, torch.arange(self.in_features)):
                 raise Error(f"QuantLinear.set_weight: input_permutation must be a permutation "
                             f"of the {self.in_features} inputs")
-            device = self.bias.device if self.bias is not None else None
-            self.input_permutation = permutation.to(device)
+            # Where the module's tensors are (the module may have moved before its weight came).
+            here = self.input_permutation if self.input_permutation is not None else self.bias
+            self.input_permutation = permutation.to(None if here is None else here.device)
         else:
             self.input_permutation = None
         return self
@@ -152,9 +154,11 @@ class QuantLinear(torch.nn.Module):
         if self.qweight is None:
             return {"scheme": str(self.scheme)}
         p = self.qweight.packed
+        permutation = self.input_permutation
         return {"scheme": str(self.scheme), "codes": torch.from_numpy(p.codes.copy()),
                 "scales": torch.from_numpy(p.scales.copy()),
-                "zeros": torch.from_numpy(p.zeros.copy()), "global_scale": p.global_scale}
+                "zeros": torch.from_numpy(p.zeros.copy()), "global_scale": p.global_scale,
+                "input_permutation": None if permutation is None else permutation.cpu()}
 
     def set_extra_state(self, state):
         if not isinstance(state, dict) or "scheme" not in state:
@@ -171,7 +175,7 @@ class QuantLinear(torch.nn.Module):
         packed = PackedWeight.from_parts(scheme, self.out_features, self.in_features,
                                          as_bytes(state["codes"]), as_bytes(state["scales"]),
                                          zeros, float(state["global_scale"]))
-        permutation = self.input_permutation
+        permutation = state.get("input_permutation")
         self.set_weight(packed, None if permutation is None else permutation.cpu().numpy())
 
     def extra_repr(self) -> str:

@@ -16,13 +16,15 @@ How the weight travels: an integer handle into a registry of this process.
     (an int) is what the operator carries; `n` travels beside it so that the fake
     implementation can give the output's shape without the registry (under torch.compile the
     handle may be a symbolic int). The handle names an immutable weight: a new weight gets a new
-    handle, and the entry lives as long as its RegisteredWeight. Alternatives considered: the
-    canonical packed tensors as operator arguments would put a second, unused copy of every
-    weight on the GPU beside its kernel layouts (and the CUDA path would still need a lookup for
-    the prepared layouts); torch's opaque objects (torch._library.opaque_object) are private and
-    still changing in 2.11; a TorchBind class needs a C++ extension built against libtorch,
-    which the core must not depend on. Limits of this choice: an exported program
-    (torch.export) carries process-local handles, so it runs only in the process that made it.
+    handle, and the entry lives as long as its RegisteredWeight (keep a module alive while a
+    CUDA graph that captured its calls may replay: the graph reads its prepared buffers).
+    Alternatives considered: the canonical packed tensors as operator arguments would put a
+    second, unused copy of every weight on the GPU beside its kernel layouts (and the CUDA path
+    would still need a lookup for the prepared layouts); torch's opaque objects
+    (torch._library.opaque_object) are private and still changing in 2.11; a TorchBind class
+    needs a C++ extension built against libtorch, which the core must not depend on. Limits of
+    this choice: an exported program (torch.export) carries process-local handles, so it runs
+    only in the process that made it.
 
 Implementations:
     fake (meta)  the output's shape (a.shape[:-1] + (n,)) and dtype (out_dtype, default a's):
@@ -101,6 +103,9 @@ class RegisteredWeight:
             raise Error(f"register_weight: weight must be a qgemm.PackedWeight "
                         f"({type(packed).__name__} given)")
         scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
+        if not isinstance(scheme, Scheme):
+            raise Error(f"register_weight: scheme must be a qgemm.Scheme or its text "
+                        f"({type(scheme).__name__} given)")
         if str(packed.scheme).split(";")[0] != str(scheme).split(";")[0]:
             raise Error(f"register_weight: the scheme's weight part ({scheme}) differs from the "
                         f"weight's ({packed.scheme})")

@@ -238,6 +238,31 @@ def test_act_order_checkpoint_layer_permutes_its_inputs(rng):
     assert_within_rounding(layer(x), exact, magnitude, torch.float16)
 
 
+def test_a_gptq_act_order_import_runs_as_a_quant_linear(rng):
+    """Checkpoint import → QuantLinear: the module computes the imported layer (the importer's
+    act-order permutation applied to x) as its CPU reference does."""
+    from qgemm import checkpoint
+    from test_checkpoint import gptq_tensors
+
+    t, w = gptq_tensors(rng, 64, 384, 4, 128, v1=True, act_order=True)
+    imported = checkpoint.import_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], bits=4,
+                                      group_size=128)
+    assert imported.input_permutation is not None
+    layer = QuantLinear.from_packed(imported.weight, imported.scheme,
+                                    input_permutation=imported.input_permutation)
+    x = activations(rng, (5, 384), torch.float16)
+    got = layer(x).to(torch.float64).numpy()
+    # The checkpoint's own weights, in its own input order: x · Wᵀ.
+    exact = x.to(torch.float64).numpy() @ w.T
+    magnitude = np.abs(x.to(torch.float64).numpy()) @ np.abs(w).T
+    assert_within_rounding(torch.from_numpy(got), exact, magnitude, torch.float16)
+    np.testing.assert_array_equal(got, imported.reference(x.float().numpy()))
+    # The permutation travels with the weight through a state_dict.
+    fresh = QuantLinear(384, 64, imported.scheme, bias=False)
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh(x), layer(x))
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -295,6 +320,9 @@ def test_bad_input_raises_an_error_that_names_the_argument(rng):
     weight = qgemm.ops.register_weight(packed, scheme)
     a = activations(rng, (2, 128), torch.bfloat16)
     gemm = torch.ops.qgemm.gemm
+    model_with_a_nan = Model()
+    with torch.no_grad():
+        model_with_a_nan.layers[1].v_proj.weight[3, 5] = float("nan")
     cases = [
         (lambda: gemm(a.float(), weight.handle, 32), "a must be bfloat16 or float16"),
         (lambda: gemm(a[:, :64], weight.handle, 32), "a has 64 columns"),
@@ -316,6 +344,7 @@ def test_bad_input_raises_an_error_that_names_the_argument(rng):
          "x must be bfloat16, float16 or float32"),
         (lambda: qgemm.quantize_model(Model(), "w4a16", ignore=[1]), "ignore"),
         (lambda: qgemm.quantize_model(Model(), "w=uint4:g0"), "group"),
+        (lambda: qgemm.quantize_model(model_with_a_nan, "w4a16"), "layers.1.v_proj"),
     ]
     for call, message in cases:
         with pytest.raises(qgemm.Error, match=message):

@@ -14,7 +14,16 @@ if not torch.cuda.is_available():
 import qgemm.nn  # noqa: E402  (registers torch.ops.qgemm.gemm)
 from qgemm.nn import QuantLinear  # noqa: E402
 
-from test_engine import element_bounds  # noqa: E402
+
+def element_bounds(a, packed, reference):
+    """What each GPU output element may differ from the CPU reference by (test_engine.py's
+    bound): the output's rounding (a bf16 ulp is 2^-7 of the value at most), and the weight's
+    rounding to the 16-bit tensor-core operand (2^-8 of each weight at most in bf16) where a
+    kernel dequantizes into one, a sum of K independent errors bounded at 7 of its standard
+    deviations."""
+    w = qgemm.dequantize_weight(packed).astype(np.float64)
+    operand_rounding = 4 * 2.0**-8 * np.sqrt((a.astype(np.float64) ** 2) @ (w**2).T)
+    return np.abs(reference) / 128 + operand_rounding + 1e-6
 
 
 def activations(rng, shape, dtype):
@@ -124,11 +133,13 @@ class Mlp(torch.nn.Module):
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph_on_cuda(rng, backend):
+    if backend == "inductor":
+        pytest.importorskip("triton", reason="inductor's GPU code needs triton")
     torch.manual_seed(int(rng.integers(2**31)))
     model = Mlp("w4a16").to("cuda", torch.bfloat16)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend=backend, dynamic=True)
-    for rows in (1, 16, 5):
+    for rows in (2, 16, 5):  # not 1: dynamic shapes specialize a size of 1 (a second graph)
         x = activations(rng, (2, rows, 512), torch.bfloat16)
         got, eager = compiled(x), model(x)
         # Inductor may fuse the gelu differently (a bf16 rounding of the hidden layer apart).
@@ -150,15 +161,20 @@ def test_cuda_graph_capture_and_replay(rng):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         static_y = model(static_x)
+    previous = static_y.clone()
     for _ in range(3):
         fresh = activations(rng, (4, 512), torch.bfloat16)
         static_x.copy_(fresh)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, model(fresh))  # the same kernels, on the new input
+        # The same kernels on the new input (a split-K reduction may add in another order).
+        torch.testing.assert_close(static_y, model(fresh), rtol=1e-2, atol=1e-2)
+        assert not torch.allclose(static_y, previous, rtol=1e-2, atol=1e-2)
+        previous = static_y.clone()
 
 
 def test_compiled_with_cuda_graphs(rng):
+    pytest.importorskip("triton", reason="inductor's GPU code needs triton")
     torch.manual_seed(int(rng.integers(2**31)))
     model = Mlp("w4a16").to("cuda", torch.bfloat16)
     compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
