@@ -6,9 +6,10 @@ form, exact dequantization, the CPU reference GEMM, and checkpoint import
 (`prepare_weight`) and runs `gemm(a, weight, out, stream)` on CUDA arrays passed through DLPack
 (torch, CuPy, JAX). Errors raise `qgemm.Error` (a ValueError) with the library's message.
 
-With torch: `qgemm.ops` registers `torch.ops.qgemm.gemm`, `qgemm.nn` holds `QuantLinear`, and
-`qgemm.quantize_model(model, scheme)` swaps a model's linear layers in place. They are imported
-on first use (or at once when torch is already imported), so that `import qgemm` itself never
+With torch: `qgemm.ops` registers `torch.ops.qgemm.gemm`; `qgemm.nn` holds `QuantLinear`;
+`qgemm.quantize_model(model, scheme)` swaps a model's linear layers in place;
+`qgemm.load_quantized(path)` builds a model from a GPTQ/AWQ checkpoint. They are imported on
+first use (or at once when torch is already imported), so that `import qgemm` itself never
 imports torch.
 
     import numpy as np, qgemm
@@ -46,8 +47,10 @@ __all__ = [
 ]
 
 
-# The torch parts, on first use (PEP 562): qgemm.ops, qgemm.nn, qgemm.quantize_model.
-_TORCH_ATTRIBUTES = {"ops": "ops", "nn": "nn", "quantize_model": "nn", "QuantLinear": "nn"}
+# The torch parts, on first use (PEP 562): qgemm.ops, qgemm.nn, qgemm.quantize_model,
+# qgemm.load_quantized.
+_TORCH_ATTRIBUTES = {"ops": "ops", "nn": "nn", "quantize_model": "nn", "load_quantized": "nn",
+                     "QuantLinear": "nn"}
 
 
 def __getattr__(name):

@@ -25,7 +25,7 @@ import torch
 from . import ops
 from ._core import Error, PackedWeight, Scheme, quantize_weight
 
-__all__ = ["QuantLinear", "quantize_model"]
+__all__ = ["QuantLinear", "quantize_model", "load_quantized"]
 
 
 def _scheme(scheme, function: str) -> Scheme:
@@ -229,3 +229,112 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
                 raise Error(f"quantize_model: {name}: {error}") from error
         setattr(owner, child_name, replacements[id(child)])
     return model
+
+
+def _model_from_config(path: str, dtype):
+    try:
+        import transformers
+    except ImportError as error:
+        raise Error("load_quantized: building the model from config.json needs transformers "
+                    "(or pass the model to load into as model=)") from error
+    config = transformers.AutoConfig.from_pretrained(path)
+    # Its quantized layers become QuantLinear here: transformers must not set up its own.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    dtype = dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or \
+        torch.float16
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    # Parameters made in the model's dtype from the start (transformers 4 and 5 name the
+    # from_config argument differently; the default dtype serves both).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=None,
+                   max_rows: int = 65536) -> torch.nn.Module:
+    """A model from a quantized checkpoint directory (config.json with a quantization_config,
+    and *.safetensors): each layer stored quantized (a `<prefix>.qweight`: GPTQ, AWQ) becomes a
+    QuantLinear through qgemm.checkpoint's importers, and every other tensor (embeddings, norms,
+    lm_head, biases) is loaded as stored.
+
+    model: the model to load into, whose layers at the quantized prefixes are torch.nn.Linear
+        (replaced in place). Default: transformers' AutoModelForCausalLM.from_config of the
+        directory's config.json (needs transformers; its weights are initialized, then
+        overwritten) in `dtype` (default: the config's).
+    Returns the model, in eval mode, on the CPU: `.to("cuda")` moves it (its quantized layers
+    are uploaded at their first call there)."""
+    import os
+
+    from safetensors import safe_open
+
+    from . import checkpoint
+
+    config = checkpoint.quantization_config(path)
+    files = sorted(name for name in os.listdir(path) if name.endswith(".safetensors"))
+    if not files:
+        raise Error(f"load_quantized: {path} holds no *.safetensors file")
+    tensors = {}
+    for name in files:
+        with safe_open(os.path.join(path, name), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    prefixes = sorted(key[: -len(".qweight")] for key in tensors if key.endswith(".qweight"))
+    if not prefixes:
+        raise Error(f"load_quantized: {path} has no quantized layer (no <prefix>.qweight tensor)")
+    if model is None:
+        model = _model_from_config(path, dtype)
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()),
+                       torch.float16)
+    # The 16-bit activations the layers will see (the scheme's a= part, for the CPU path).
+    activation = "bf16" if model_dtype == torch.bfloat16 else "fp16"
+
+    def numpy(t):  # the importers read numpy arrays; numpy has no bf16
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+    for prefix in prefixes:
+        try:
+            linear = model.get_submodule(prefix)
+        except AttributeError:
+            raise Error(f"load_quantized: the checkpoint's layer {prefix} is not in the model") \
+                from None
+        if not isinstance(linear, torch.nn.Linear):
+            raise Error(f"load_quantized: {prefix} is a {type(linear).__name__} in the model, "
+                        "not a torch.nn.Linear")
+        names = [key for key in tensors if key.startswith(prefix + ".") and
+                 key != prefix + ".bias"]
+        imported = checkpoint.import_linear({key: numpy(tensors.pop(key)) for key in names},
+                                            prefix, config, activation)
+        if (imported.weight.n, imported.weight.k) != (linear.out_features, linear.in_features):
+            raise Error(f"load_quantized: {prefix} is [{imported.weight.n}, {imported.weight.k}] "
+                        f"in the checkpoint, [{linear.out_features}, {linear.in_features}] in "
+                        "the model")
+        bias = tensors.pop(prefix + ".bias", None)
+        module = QuantLinear.from_packed(imported.weight, imported.scheme,
+                                         None if bias is None else bias.to(model_dtype),
+                                         input_permutation=imported.input_permutation,
+                                         max_rows=max_rows)
+        owner_name, _, child_name = prefix.rpartition(".")
+        setattr(model.get_submodule(owner_name) if owner_name else model, child_name, module)
+
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected:
+        raise Error(f"load_quantized: the model has no place for {len(unexpected)} of the "
+                    f"checkpoint's tensors, e.g. {unexpected[:3]}")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()  # lm_head shares the embeddings' tensor where the config says so
+    # Missing: a QuantLinear's own state (it came from the quantized tensors), or a tensor
+    # tied to one that was loaded; anything else was not in the checkpoint.
+    state = model.state_dict(keep_vars=True)
+    loaded = {state[name].data_ptr() for name in tensors
+              if isinstance(state.get(name), torch.Tensor)}
+    missing = [name for name in missing if not name.endswith("._extra_state") and
+               not (isinstance(state.get(name), torch.Tensor) and
+                    state[name].data_ptr() in loaded)]
+    if missing:
+        raise Error(f"load_quantized: the checkpoint lacks {len(missing)} of the model's "
+                    f"tensors, e.g. {missing[:3]}")
+    return model.eval()

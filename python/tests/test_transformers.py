@@ -10,10 +10,11 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 
-def tiny_llama(seed):
+def tiny_llama(seed, tie_word_embeddings=False):
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
                                       num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=64)
+                                      num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -41,3 +42,103 @@ def test_quantized_llama_keeps_its_logits(rng, dtype):
     out = model.generate(ids[:1], attention_mask=torch.ones_like(ids[:1]), max_new_tokens=3,
                          do_sample=False)
     assert out.shape == (1, 12)
+
+
+def write_gptq_checkpoint(model, directory, group=32, desc_act=False, rng=None):
+    """The model as AutoGPTQ lays a 4-bit GPTQ v1 checkpoint out (see test_checkpoint.py's
+    writers): every decoder projection round-to-nearest with a min/max zero point per group of
+    `group` inputs, qweight packed along K, qzeros along N storing z − 1, fp16 scales, g_idx
+    (shuffled when desc_act); everything else as it is. Returns the dequantized weights
+    (q − z) · s by layer name: what the loaded model must compute with."""
+    import json
+
+    import numpy as np
+    from safetensors.torch import save_file
+    from test_checkpoint import pack_words_along_rows
+
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    dequantized = {}
+    for name, module in model.named_modules():
+        if type(module) is not torch.nn.Linear or name == "lm_head":
+            continue
+        w = module.weight.detach().double().numpy().T  # [k, n], GPTQ's orientation
+        k, n = w.shape
+        g_idx = np.arange(k) // group
+        if desc_act:
+            g_idx = g_idx[rng.permutation(k)]
+        lo = np.stack([w[g_idx == g].min(axis=0) for g in range(k // group)])
+        hi = np.stack([w[g_idx == g].max(axis=0) for g in range(k // group)])
+        s = ((hi - lo) / 15).astype(np.float16)
+        s = np.where(s == 0, np.float16(1e-3), s)
+        z = np.clip(np.round(-lo / s.astype(np.float64)), 0, 15).astype(np.int64)
+        q = np.clip(np.round(w / s[g_idx].astype(np.float64)) + z[g_idx], 0, 15).astype(np.int64)
+        del tensors[f"{name}.weight"]
+        tensors[f"{name}.qweight"] = torch.from_numpy(pack_words_along_rows(q, 4))
+        tensors[f"{name}.qzeros"] = torch.from_numpy(
+            pack_words_along_rows(((z - 1) & 15).T, 4).T.copy())
+        tensors[f"{name}.scales"] = torch.from_numpy(s)
+        tensors[f"{name}.g_idx"] = torch.from_numpy(g_idx.astype(np.int32))
+        dequantized[name] = ((q - z[g_idx]) * s[g_idx].astype(np.float64)).T
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = model.config.to_dict()
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group,
+                                     "desc_act": desc_act, "sym": False}
+    (directory / "config.json").write_text(json.dumps(config, default=str))
+    return dequantized
+
+
+@pytest.mark.parametrize("desc_act, tied", [(False, False), (True, True)])
+def test_load_quantized_builds_the_checkpoints_model(rng, tmp_path, desc_act, tied):
+    pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    model = tiny_llama(int(rng.integers(2**31)), tie_word_embeddings=tied).to(torch.float16)
+    dequantized = write_gptq_checkpoint(model, tmp_path, desc_act=desc_act, rng=rng)
+    # The expected model: the source with each projection's weight set to its checkpoint
+    # values, in float32 (its output rounding aside from the fp16 path's).
+    expected_model = tiny_llama(0, tie_word_embeddings=tied)
+    expected_model.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        for name, w in dequantized.items():
+            expected_model.get_submodule(name).weight.copy_(torch.from_numpy(w))
+
+    loaded = qgemm.load_quantized(str(tmp_path))
+    kinds = {name: type(m).__name__ for name, m in loaded.named_modules()}
+    assert all(kinds[name] == "QuantLinear" for name in dequantized)
+    assert kinds["lm_head"] == "Linear"
+    assert (loaded.lm_head.weight.data_ptr() ==
+            loaded.model.embed_tokens.weight.data_ptr()) == tied
+    assert next(loaded.parameters()).dtype == torch.float16
+    for name, w in dequantized.items():
+        layer = loaded.get_submodule(name)
+        assert (layer.input_permutation is not None) == desc_act
+        # Its weight is the checkpoint's (in the kernel's K order where desc_act permuted it).
+        permuted = w if layer.input_permutation is None else \
+            w[:, layer.input_permutation.numpy()]
+        assert (qgemm.dequantize_weight(layer.qweight.packed) == permuted).all()
+
+    ids = torch.from_numpy(rng.integers(0, 256, size=(2, 7)))
+    with torch.no_grad():
+        got = loaded(ids).logits.float()
+        expected = expected_model(ids).logits
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.9999, cosine  # the fp16 path's roundings only
+
+
+def test_load_quantized_names_what_does_not_fit(rng, tmp_path):
+    pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    model = tiny_llama(int(rng.integers(2**31))).to(torch.float16)
+    write_gptq_checkpoint(model, tmp_path)
+    other = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(qgemm.Error, match="model.layers.1.*is not in the model"):
+        qgemm.load_quantized(str(tmp_path), other)
+    from safetensors.torch import save_file
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((tmp_path / "config.json").read_text())
+    save_file({"x": torch.ones(2)}, str(empty / "model.safetensors"))
+    with pytest.raises(qgemm.Error, match="no quantized layer"):
+        qgemm.load_quantized(str(empty), model)
