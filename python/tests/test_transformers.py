@@ -142,3 +142,20 @@ def test_load_quantized_names_what_does_not_fit(rng, tmp_path):
     save_file({"x": torch.ones(2)}, str(empty / "model.safetensors"))
     with pytest.raises(qgemm.Error, match="no quantized layer"):
         qgemm.load_quantized(str(empty), model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_a_loaded_checkpoint_runs_on_the_gpu_as_on_the_cpu(rng, tmp_path, desc_act):
+    pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    model = tiny_llama(int(rng.integers(2**31))).to(torch.float16)
+    write_gptq_checkpoint(model, tmp_path, desc_act=desc_act, rng=rng)
+    loaded = qgemm.load_quantized(str(tmp_path))
+    ids = torch.from_numpy(rng.integers(0, 256, size=(3, 11)))
+    with torch.no_grad():
+        on_cpu = loaded(ids).logits.float()
+        loaded.to("cuda")
+        on_gpu = loaded(ids.cuda()).logits.float().cpu()
+    cosine = torch.nn.functional.cosine_similarity(on_gpu.flatten(), on_cpu.flatten(), dim=0)
+    assert cosine > 0.9999, cosine  # fp16 roundings in another order only
+    assert (on_gpu.argmax(-1) == on_cpu.argmax(-1)).float().mean() > 0.9
