@@ -105,17 +105,25 @@ __device__ __forceinline__ unsigned int encode_from_float(float value) {
     constexpr float min_normal = power_of_two(1 - f.bias);
     constexpr float subnormal_quantum = power_of_two(1 - f.bias - m);
     const bool negative = f.is_signed && (__float_as_uint(value) >> 31) != 0;
-    float magnitude = f.is_signed ? fabsf(value) : fmaxf(value, 0.0f);
+    // Saturated first (rounding can only keep max_finite where it is), which also keeps the
+    // inverse quantum below a normal float.
+    float magnitude = fminf(f.is_signed ? fabsf(value) : fmaxf(value, 0.0f), max_finite);
     // The spacing of representable values around `magnitude`: 2^(floor(log2 |x|) - m) for
-    // normals (the fp32 exponent field, shifted), the subnormal quantum below min_normal.
-    float quantum = subnormal_quantum;
+    // normals (the fp32 exponent field, shifted), the subnormal quantum below min_normal; and its
+    // inverse, also a power of two, so that the products below are exact. (Dividing by the
+    // quantum instead was an fp32 division subroutine per element: 3/4 of quantize_activation's
+    // instructions, ncu on an H100.)
+    constexpr float inverse_subnormal_quantum = power_of_two(f.bias + m - 1);
+    float quantum = subnormal_quantum, inverse_quantum = inverse_subnormal_quantum;
     if (magnitude >= min_normal) {
-      quantum = __uint_as_float((__float_as_uint(magnitude) & 0x7f800000u) - (m << 23));
+      const unsigned exponent_field = __float_as_uint(magnitude) & 0x7f800000u;
+      quantum = __uint_as_float(exponent_field - (m << 23));
+      inverse_quantum = __uint_as_float(((254u + m) << 23) - exponent_field);
     }
-    magnitude = fminf(rintf(magnitude / quantum) * quantum, max_finite);  // exact: powers of 2
+    magnitude = fminf(rintf(magnitude * inverse_quantum) * quantum, max_finite);
     unsigned int code;
     if (magnitude < min_normal) {
-      code = static_cast<unsigned int>(magnitude / subnormal_quantum);
+      code = static_cast<unsigned int>(magnitude * inverse_subnormal_quantum);
     } else {
       const unsigned int word = __float_as_uint(magnitude);
       const unsigned int exponent = ((word >> 23) & 0xffu) - 127u + f.bias;

@@ -69,8 +69,9 @@ KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& outpu
 
 KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
                                     ActivationEmit emit, const Format& operand, Arch arch) {
-  // One block per row of 512 threads: a decode call's few rows are spread over as many threads
-  // as a block holds, so each thread's loads are few and in flight together.
+  // One block per row of 256 threads: a decode call's few rows are spread over many threads (8
+  // values each per 16-byte load), so each thread's loads are few and in flight together; 512
+  // would cap a thread at 128 registers, which 8 codes in flight exceed (spills).
   return utility_spec("quantize_activation", arch,
                       {SpecParam::number_format("code", quant.format),
                        SpecParam::chosen("scaling", scaling_choice(quant)),
@@ -82,7 +83,7 @@ KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& 
                        SpecParam::chosen("operand", emit == ActivationEmit::Operand
                                                         ? half_type_choice(operand, "operand")
                                                         : "bf16")},
-                      512);
+                      256);
 }
 
 namespace {
