@@ -134,34 +134,60 @@ __device__ __forceinline__ unsigned int encode_from_float(float value) {
   }
 }
 
+// 1 / divisor for encode_quotient, made once per cell, as fast · 2^-shift in fp32 with fast a
+// normal float: shift 0 for every scale a bf16 or fp16 cell gives, ±64 for the extremes (a cell of
+// tiny bf16 values; a huge given static scale). encode_quotient multiplies x by 2^shift first,
+// exactly, or (huge divisors) into an underflow only where the quotient is far below any code's
+// half step, so that its code, 0, is unchanged.
+struct QuotientInverse {
+  float fast;
+  float prescale;  // 2^shift
+};
+__device__ __forceinline__ QuotientInverse quotient_inverse(double divisor) {
+  const double exact = __drcp_rn(divisor);  // = 1.0 / divisor (both correctly rounded)
+  // Divisors are fp32 scales, or NV's ue4m3 cell scale times its normal fp32 tensor scale
+  // (≈ the cell's absmax / 6), so 2^-149 <= divisor <= 2^128 and fast = exact · 2^-shift is a
+  // normal float whichever shift applies.
+  if (exact >= 0x1p127) return {static_cast<float>(exact * 0x1p-64), 0x1p64f};
+  if (exact < 0x1p-126) return {static_cast<float>(exact * 0x1p64), 0x1p-64f};
+  return {static_cast<float>(exact), 1.0f};
+}
+
 // encode_from_float(x / divisor) for the quotient the host quantizer rounds (src/quant divides
-// in double: `value / (scale · second_level)`), without a division per element. `inverse` is
-// 1 / divisor in double (once per cell, by the caller); x · inverse rounded to fp32 is then
-// within an fp32 ulp of the exact quotient, and picks the same code unless it lies within those
-// ulps of a midpoint between two codes. There the sign of x − midpoint · divisor (one double FMA:
-// exact, as the product has at most 38 significant bits) says on which side the exact quotient
-// lies, and the midpoint moved one fp32 ulp to that side rounds to the right code; zero is a true
-// tie, which encode_from_float breaks to even. The host's double quotient agrees: off a midpoint, x
-// − midpoint · divisor is at least 2^-38 relative, far above a double's rounding, so it too lies on
-// the exact side. divisor > 0.
+// in double: `value / (scale · second_level)`), without a division per element. (x · 2^shift) ·
+// fast rounded to fp32 is within 2^-23 relative (two fp32 ulps) of the exact quotient, and picks
+// the same code unless it
+// lies within those ulps of a midpoint between two codes. There the sign of x − midpoint ·
+// divisor (one double FMA: exact, as the product has at most 38 significant bits) says on which
+// side the exact quotient lies, and the midpoint moved one fp32 ulp to that side rounds to the
+// right code; zero is a true tie, which encode_from_float breaks to even. The host's double
+// quotient agrees: off a midpoint, x − midpoint · divisor is at least 2^-38 relative, far above
+// a double's rounding, so it too lies on the exact side. divisor > 0. (The quotient was a double
+// product until 2026-12-06: two conversions and a DMUL per element, for nothing the window below
+// does not already cover.)
 template <unsigned long long kFormat>
-__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor, double inverse) {
+__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor,
+                                                        QuotientInverse inverse) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
-  float q = static_cast<float>(static_cast<double>(x) * inverse);
-  // |q| in units of the code spacing around it: times the spacing's inverse (a power of two,
-  // so exact), 2^(m - e) for normals from the fp32 exponent field e.
-  float inverse_step = 1.0f;
+  float q = (x * inverse.prescale) * inverse.fast;
+  // |q| in units of the code spacing around it: times the spacing's inverse, 2^(m - e) for
+  // normals from the fp32 exponent field e; both powers of two, so the products are exact.
+  float inverse_step = 1.0f, step = 1.0f;
   if constexpr (f.is_float()) {
     constexpr int m = f.mantissa_bits;
     constexpr float min_normal = power_of_two(1 - f.bias);
     inverse_step = power_of_two(f.bias + m - 1);
-    if (fabsf(q) >= min_normal)
-      inverse_step = __uint_as_float((254u + m - ((__float_as_uint(q) >> 23) & 0xffu)) << 23);
+    step = power_of_two(1 - f.bias - m);
+    if (fabsf(q) >= min_normal) {
+      const unsigned exponent_field = __float_as_uint(q) & 0x7f800000u;
+      inverse_step = __uint_as_float(((254u + m) << 23) - exponent_field);
+      step = __uint_as_float(exponent_field - (m << 23));
+    }
   }
   const float t = fabsf(q) * inverse_step;
   // Four fp32 ulps of t: t · 2^-21 covers the quotient's error twice over.
   if (fabsf(t - floorf(t) - 0.5f) <= t * 4.76837158e-7f) {
-    const float midpoint = copysignf((floorf(t) + 0.5f) / inverse_step, q);  // exact
+    const float midpoint = copysignf((floorf(t) + 0.5f) * step, q);  // exact
     const double residual = fma(-static_cast<double>(midpoint), divisor, static_cast<double>(x));
     q = midpoint;
     if (residual != 0.0)  // ±1 on the bits: +1 away from zero, −1 toward it

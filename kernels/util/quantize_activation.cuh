@@ -179,7 +179,7 @@ struct ActivationQuantizer {
   // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
   // `factor`: the row's factor (static, token: the scale; nv: the tensor scale; else 1).
   __device__ static void emit(const QuantizeActivationArgs& args, long long row, long long col,
-                              bool valid, float x, double divisor, double inverse, float scale,
+                              bool valid, float x, double divisor, QuotientInverse inverse, float scale,
                               float factor) {
     unsigned code = valid ? encode_quotient<kCode>(x, divisor, inverse) : 0u;
     if constexpr (kEmit == kEmitCodes) {
@@ -208,7 +208,7 @@ struct ActivationQuantizer {
   // Emits elements col .. col + 7 of `row` (all of them below k; the outputs 8-, 4- or 16-byte
   // aligned: args.vector8), as emit() does each.
   __device__ __forceinline__ static void emit8(const QuantizeActivationArgs& args, long long row, long long col,
-                               const float (&x)[8], double divisor, double inverse, float scale,
+                               const float (&x)[8], double divisor, QuotientInverse inverse, float scale,
                                float factor) {
     static_assert(kEmit != kEmitOperand8, "operand8 permutes K: one element at a time");
     unsigned code[8];
@@ -284,7 +284,7 @@ struct ActivationQuantizer {
     }
     // Whole warps walk the row together (emit pairs 4-bit codes across lanes); operand8 walks
     // its padding too.
-    const double inverse = 1.0 / scale;
+    const QuotientInverse inverse = quotient_inverse(scale);
     if constexpr (kWidth == 8) {
       // Not unrolled: 8 quotients in flight already fill the 128 registers of 512 threads.
 #pragma unroll 1
@@ -357,7 +357,7 @@ struct ActivationQuantizer {
               args.scales, row * args.scale_row_stride + cell * args.scale_cell_stride, scale);
       }
       const double divisor = scale * tensor_scale;
-      const double inverse = 1.0 / divisor;
+      const QuotientInverse inverse = quotient_inverse(divisor);
       const float factor = row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
       for (long long i = 0; i < per_lane; ++i) {
         const long long col = begin + i * step;

@@ -177,6 +177,9 @@ TEST(JitKernelsGpu, QuantizeActivationMatchesTheHostQuantizer) {
       {"a=e4m3:g128"},       {"a=e4m3:g48"},       {"a=int4:g32"},       {"a=e4m3:t", 0.0123},
       {"a=int8:t"},          {"a=e4m3:mx:s=e8m0"}, {"a=e2m1:mx:s=e8m0"}, {"a=int8:mx:s=e8m0"},
       {"a=e2m1:nv:s=ue4m3"},
+      // Extreme given scales, whose inverse the kernel holds in fp32 only after a shift of 2^±64
+      // (number_codec.cuh's quotient_inverse): every code 0, every nonzero value saturated.
+      {"a=int8:t", 1e38},    {"a=e4m3:t", 1e-39},
   };
   const std::int64_t m = 9;
   for (const std::int64_t k : {1152, 1160, 1137})
