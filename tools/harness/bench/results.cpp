@@ -90,6 +90,17 @@ bool fp8_is_an_alternative(const Scheme& scheme) {
   return w.is_float() && w.bits == 8;
 }
 
+Backend fp8_alternative(const Scheme& scheme) {
+  return scheme.activation.scaling == ActivationScaling::DynamicGroup ? Backend::CublasLtFp8Exact
+                                                                       : Backend::CublasLtFp8;
+}
+
+namespace {
+bool is_fp8_baseline(Backend backend) {
+  return backend == Backend::CublasLtFp8 || backend == Backend::CublasLtFp8Exact;
+}
+}  // namespace
+
 DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
   const PeakRates& peaks = document.peaks;
   DerivedFigures figures;
@@ -112,14 +123,13 @@ DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
     // Each alternative against the qgemm run that takes the same input: qdq the bf16
     // activations, cuBLASLt FP8 codes quantized beforehand (qgemm-codes where it ran).
     std::vector<Backend> alternatives = {Backend::Qdq};
-    if (fp8_is_an_alternative(parse_scheme(run.scheme_text)))
-      alternatives.push_back(Backend::CublasLtFp8);
+    const Scheme scheme = parse_scheme(run.scheme_text);
+    if (fp8_is_an_alternative(scheme)) alternatives.push_back(fp8_alternative(scheme));
     for (Backend backend : alternatives) {
       const RunResult* other = same_call(document, run, backend);
       if (!other) continue;
-      const RunResult* codes = backend == Backend::CublasLtFp8
-                                   ? same_call(document, run, Backend::QgemmCodes)
-                                   : nullptr;
+      const RunResult* codes =
+          is_fp8_baseline(backend) ? same_call(document, run, Backend::QgemmCodes) : nullptr;
       const RunResult& ours = codes ? *codes : run;
       double ratio = ours.time->median_us / other->time->median_us;
       for (const auto& [paired, paired_ratio] : ours.paired_ratios)
@@ -314,9 +324,8 @@ std::vector<std::string> gate_violations(const BenchDocument& document, double r
     const DerivedFigures f = derive(run, document);
     if (!f.vs_alternative || *f.vs_alternative <= ratio) continue;
     const RunResult* other = same_call(document, run, *f.alternative);
-    const RunResult* codes = *f.alternative == Backend::CublasLtFp8
-                                 ? same_call(document, run, Backend::QgemmCodes)
-                                 : nullptr;
+    const RunResult* codes =
+        is_fp8_baseline(*f.alternative) ? same_call(document, run, Backend::QgemmCodes) : nullptr;
     const RunResult& ours = codes ? *codes : run;
     lines.push_back(fmt::format("{} M={}: {} {:.2f} us, {} {:.2f} us: ratio {:.3f} ({})",
                                 run.label, run.m, to_string(ours.backend), ours.time->median_us,

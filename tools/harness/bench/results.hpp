@@ -144,6 +144,11 @@ DerivedFigures derive(const RunResult& run, const BenchDocument& document);
 // Whether a weight of this scheme is stored as an 8-bit float, so that cuBLASLt FP8 on its
 // codes is an alternative a user has.
 bool fp8_is_an_alternative(const Scheme& scheme);
+// Which cuBLASLt FP8 baseline that alternative is: cublaslt-fp8-exact (fp32-promoted
+// accumulation) where the scheme scales activations in groups along K (fp8-block's 1x128), since
+// cuBLASLt's block-scaled call accumulates that way and per-tensor fast accumulation would be a
+// cheaper, different product; cublaslt-fp8 (fast accumulation) otherwise.
+Backend fp8_alternative(const Scheme& scheme);
 
 struct BenchDocument {
   std::string recipe_name, recipe_source;
