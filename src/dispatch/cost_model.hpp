@@ -2,8 +2,9 @@
 // bytes it must move, the tensor-core work it must do, and the passes and launches beside its
 // GEMM, each over a rate measured on the GPU.
 //
-//   time = fixed + max(memory, compute) + passes     (memory + compute where they do not
-//                                                    overlap: Cost::serial)
+//   time = fixed + max(memory, compute) + unhidden · min(memory, compute) + passes
+//            (unhidden: the share of the shorter one that does not overlap the longer; 1 where
+//            they add up, Cost::unhidden)
 //     memory   bytes the GEMM must read from HBM (the weight as the path stores it, A, C)
 //              / (copy bandwidth · the path's streaming efficiency)
 //     compute  2 · M' · N · K / (the path's tensor-core rate · occupancy), M' = M rounded up to
@@ -60,6 +61,13 @@ struct GpuRates {
   // With transform warps the dequantization runs beside the wgmma on three warps of their own
   // and the slower of the two bounds: measured at only ~1160 G elements/s (8192² M = 1024 /
   // 4096: 238 / 928 µs), a sixth of the ~6300 predicted, so those configs are held back.
+  // Memory and the consumers' work overlap only in part: the producer's ring (stages of 2–4
+  // chunks) hides most of the weight stream behind dequantization at few tokens (H100, w4a16
+  // 28672×8192 M = 16: wgmma-16 69.7 µs, -k256 61.3, against 65 for the longer alone and 112 for
+  // the sum; 8192² M = 16: 25.2 against 18 / 31): about a third of the shorter one shows (0.35
+  // keeps decode at 8192² M = 1, where the two measured level, and moves M = 16 of the large
+  // layers, where the decode kernel took 92 µs, to wgmma-16).
+  double wgmma_unhidden = 0.35;
   double wgmma_fixed_us = 4.0;
   double wgmma_stream = 0.85;
   double wgmma_tflops = 1010;
@@ -95,7 +103,7 @@ struct Cost {
   double memory_us = 0;
   double compute_us = 0;
   double passes_us = 0;
-  bool serial = false;  // memory and compute add up (they do not overlap)
+  double unhidden = 0;  // the share of min(memory, compute) added to the max: 0 overlapped, 1 serial
   std::string note;  // what shaped it ("occupancy 24 %", "2 chunks", ...)
 };
 

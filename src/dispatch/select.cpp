@@ -234,10 +234,11 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   const double occupancy = units / (std::ceil(units / gpu.sm_count) * gpu.sm_count);
   const double rows = static_cast<double>(launch.m_blocks) * config.block_m();
   // Tensor work on the padded token blocks, and the dequantization (every token block
-  // dequantizes the whole weight): measured to add up in the consumers (GpuRates), as does the
-  // stream; with transform warps the slower one bounds (predicted).
+  // dequantizes the whole weight): measured to add up in the consumers (GpuRates); the stream
+  // overlaps them in part (GpuRates::wgmma_unhidden); with transform warps the slower one
+  // bounds (predicted).
   const bool transform = config.tile.transform;
-  cost.serial = !transform;
+  cost.unhidden = transform ? 0.0 : r.wgmma_unhidden;
   const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, r.wgmma_tflops * occupancy);
   const std::string dequant = wgmma_dequant(w, operand);
   // Promoted scales save the multiply: a quarter of packed16's work per pair.
@@ -407,9 +408,8 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       }
     }
     if (v.rejected.empty())
-      v.cost.total_us = v.cost.fixed_us +
-                        (v.cost.serial ? v.cost.memory_us + v.cost.compute_us
-                                       : std::max(v.cost.memory_us, v.cost.compute_us)) +
+      v.cost.total_us = v.cost.fixed_us + std::max(v.cost.memory_us, v.cost.compute_us) +
+                        v.cost.unhidden * std::min(v.cost.memory_us, v.cost.compute_us) +
                         v.cost.passes_us;
     selection.verdicts.push_back(std::move(v));
   }
@@ -510,7 +510,7 @@ std::string selection_json(const Selection& selection) {
       c["cost"] = {{"fixed_us", v.cost.fixed_us},
                    {"memory_us", v.cost.memory_us},
                    {"compute_us", v.cost.compute_us},
-                   {"memory_and_compute", v.cost.serial ? "sum" : "max"},
+                   {"unhidden", v.cost.unhidden},
                    {"passes_us", v.cost.passes_us},
                    {"note", v.cost.note}};
     }
@@ -531,11 +531,13 @@ std::string selection_text(const Selection& selection) {
     const Verdict& v = selection.verdicts[i];
     const char* mark = static_cast<int>(i) == selection.winner ? "*" : " ";
     if (v.rejected.empty()) {
+      const std::string overlap =
+          v.cost.unhidden == 0 ? "max" : fmt::format("max+{:.2f}min", v.cost.unhidden);
       text += fmt::format(" {} {:<14} {:>9.1f} µs  {} operand; fixed {:.1f} + {}(memory {:.1f}, "
                           "compute {:.1f}) + passes {:.1f}; {}\n",
                           mark, v.candidate->name, v.cost.total_us, v.operand.name(),
-                          v.cost.fixed_us, v.cost.serial ? "sum" : "max", v.cost.memory_us,
-                          v.cost.compute_us, v.cost.passes_us, v.cost.note);
+                          v.cost.fixed_us, overlap, v.cost.memory_us, v.cost.compute_us,
+                          v.cost.passes_us, v.cost.note);
     } else {
       text += fmt::format(" {} {:<14} rejected: {}\n", mark, v.candidate->name, v.rejected);
     }

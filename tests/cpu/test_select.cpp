@@ -117,14 +117,17 @@ TEST(Select, EightBitOperandRules) {
                    .rejected.empty());
 }
 
-// Where the H200 measurements are clear-cut (bench/NOTES.md), the model agrees: decode streams
-// the weight at M ≤ 16, the tiled kernel wins at M = 64 on a large layer (80 µs against 140 for
-// dequantize + cuBLAS), dequantize + cuBLAS wins at M = 4096 (0.88 of cuBLAS against 0.33).
+// Where the measurements are clear-cut (bench/NOTES.md), the model agrees: decode streams the
+// weight at M ≤ 8 of a large layer, wgmma-16 takes M = 16 there (H100, 28672×8192: 61–70 µs
+// against the decode kernel's 92), the tiled kernel wins at M = 64 off SM90 (80 µs against 140
+// for dequantize + cuBLAS), dequantize + cuBLAS wins at M = 4096 (0.88 of cuBLAS against 0.33).
 TEST(Select, ModelFollowsTheClearCutMeasurements) {
-  for (std::int64_t m : {1, 2, 5, 16})
+  for (std::int64_t m : {1, 2, 5, 8})
     EXPECT_EQ(select_for(problem_of("w4a16", m, 28672, 8192)).chosen().candidate->path,
               Path::MmaStreamed)
         << "M=" << m;
+  EXPECT_EQ(select_for(problem_of("w4a16", 16, 28672, 8192)).chosen().candidate->path,
+            Path::Wgmma);
   // SM90 wgmma from M = 64 (H100: 8192² M = 64 40.5 µs against 84.2 for the best mma.sync
   // tile; 28672×8192 M = 256 186 against 865 and qdq's ~250); dequantize + cuBLAS where the
   // wgmma kernel's serial dequantization costs more than qdq's one pass (28672×8192 M = 4096:
