@@ -257,9 +257,10 @@ def _model_from_config(path: str, dtype):
 def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=None,
                    max_rows: int = 65536) -> torch.nn.Module:
     """A model from a quantized checkpoint directory (config.json with a quantization_config,
-    and *.safetensors): each layer stored quantized (a `<prefix>.qweight`: GPTQ, AWQ) becomes a
-    QuantLinear through qgemm.checkpoint's importers, and every other tensor (embeddings, norms,
-    lm_head, biases) is loaded as stored.
+    and *.safetensors): each layer stored quantized (GPTQ, AWQ, compressed-tensors, modelopt
+    NVFP4/FP8, FP8-block, BitNet: see qgemm.checkpoint) becomes a QuantLinear through
+    qgemm.checkpoint's importers, and every other tensor (embeddings, norms, lm_head, biases)
+    is loaded as stored.
 
     model: the model to load into, whose layers at the quantized prefixes are torch.nn.Linear
         (replaced in place). Default: transformers' AutoModelForCausalLM.from_config of the
@@ -282,18 +283,17 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
         with safe_open(os.path.join(path, name), framework="pt") as f:
             for key in f.keys():
                 tensors[key] = f.get_tensor(key)
-    prefixes = sorted(key[: -len(".qweight")] for key in tensors if key.endswith(".qweight"))
+    # The layers stored quantized, by the format's tensor names (checkpoint.quantized_prefixes).
+    prefixes = checkpoint.quantized_prefixes(tensors, config)
     if not prefixes:
-        raise Error(f"load_quantized: {path} has no quantized layer (no <prefix>.qweight tensor)")
+        raise Error(f"load_quantized: {path} has no quantized layer (no <prefix>.qweight, "
+                    ".weight_packed, .weight_scale_inv, or .weight with .weight_scale)")
     if model is None:
         model = _model_from_config(path, dtype)
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()),
                        torch.float16)
     # The 16-bit activations the layers will see (the scheme's a= part, for the CPU path).
     activation = "bf16" if model_dtype == torch.bfloat16 else "fp16"
-
-    def numpy(t):  # the importers read numpy arrays; numpy has no bf16
-        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
     for prefix in prefixes:
         try:
@@ -306,7 +306,8 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
                         "not a torch.nn.Linear")
         names = [key for key in tensors if key.startswith(prefix + ".") and
                  key != prefix + ".bias"]
-        imported = checkpoint.import_linear({key: numpy(tensors.pop(key)) for key in names},
+        # The importers take torch tensors as stored (bf16 and fp8 types included).
+        imported = checkpoint.import_linear({key: tensors.pop(key) for key in names},
                                             prefix, config, activation)
         if (imported.weight.n, imported.weight.k) != (linear.out_features, linear.in_features):
             raise Error(f"load_quantized: {prefix} is [{imported.weight.n}, {imported.weight.k}] "
