@@ -396,9 +396,10 @@ MODELOPT_NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size
                   "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}
 
 
+@pytest.mark.parametrize("check", ["layout", "vs-compressed-tensors"])
 @pytest.mark.parametrize("config_name", ["config.json", "hf_quant_config.json"])
 @pytest.mark.parametrize("n, k", [(32, 64), (7, 48)])
-def test_modelopt_nvfp4(rng, tmp_path, config_name, n, k):
+def test_modelopt_nvfp4(rng, tmp_path, config_name, n, k, check):
     prefix = "model.layers.0.self_attn.o_proj"
     tensors, w = nvfp4_tensors(rng, prefix, n, k)
     config = MODELOPT_NVFP4 if config_name == "config.json" else {
@@ -412,6 +413,8 @@ def test_modelopt_nvfp4(rng, tmp_path, config_name, n, k):
     weight_only = checkpoint.load_linear(path, prefix, "bf16", quantize_activations=False)
     assert str(weight_only.scheme) == str(qgemm.Scheme("nvfp4-a16"))
 
+    if check == "layout":
+        return
     # compressed-tensors' converter of this very layout, then its NVFP4 decompressor (bf16).
     torch = pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed")
@@ -479,14 +482,15 @@ def test_nvfp4_fused_shards_with_different_global_scales(rng, tmp_path):
     assert np.array_equal(got[32:], w)  # the shard that had the largest scale: unchanged
     # The rescaled shard: each block scale within half a ue4m3 step (1/16 relative for
     # normals, 2^-10 absolute below 2^-6), times the largest global scale.
-    step = np.maximum(np.abs(sources[0]) / 16, 2.0**-10 * 6 * 3e-3)
+    step = np.maximum(np.abs(sources[0]) / 16, 2.0**-10 * 6 * other.weight.global_scale)
     assert np.all(np.abs(got[:32] - sources[0]) <= step)
 
 
 # --- gpt-oss MXFP4 ----------------------------------------------------------------------------
 
 
-def test_gpt_oss_mxfp4_experts(rng, tmp_path):
+@pytest.mark.parametrize("check", ["layout", "vs-transformers"])
+def test_gpt_oss_mxfp4_experts(rng, tmp_path, check):
     experts, n, k = 3, 2 * 12, 64  # gate_up: 2 · intermediate rows, hidden inputs
     name = "model.layers.0.mlp.experts.gate_up_proj"
     blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
@@ -514,6 +518,8 @@ def test_gpt_oss_mxfp4_experts(rng, tmp_path):
         checkpoint.quantized_prefixes([f"{name}_blocks", f"{name}_scales"],
                                       {"quant_method": "mxfp4"})
 
+    if check == "layout":
+        return
     # transformers' own dequantization of these tensors ([E, k, n] after its transpose).
     torch = pytest.importorskip("torch", reason="torch is not installed")
     mxfp4 = pytest.importorskip("transformers.integrations.mxfp4",
@@ -528,7 +534,8 @@ def test_gpt_oss_mxfp4_experts(rng, tmp_path):
 
 @pytest.mark.parametrize("n, k, scale_dtype", [(256, 384, "F32"), (200, 300, "F32"),
                                                (130, 129, "F8_E8M0")])
-def test_fp8_block_deepseek(rng, tmp_path, n, k, scale_dtype):
+@pytest.mark.parametrize("check", ["layout", "vs-transformers"])
+def test_fp8_block_deepseek(rng, tmp_path, n, k, scale_dtype, check):
     codes = random_e4m3_codes(rng, (n, k))
     grid = (-(-n // 128), -(-k // 128))
     if scale_dtype == "F32":
@@ -547,6 +554,8 @@ def test_fp8_block_deepseek(rng, tmp_path, n, k, scale_dtype):
         assert str(layer.scheme) == str(qgemm.Scheme("fp8-block"))
     w = e4m3fn(codes) * s[np.arange(n) // 128][:, np.arange(k) // 128]
     assert np.array_equal(dequantized(layer), w)
+    if check == "layout":
+        return
     torch = pytest.importorskip("torch", reason="torch is not installed")
     fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8",
                               reason="transformers is not installed")
@@ -573,7 +582,8 @@ def pack_bitnet(values):
 
 @pytest.mark.parametrize("linear_class, n", [("bitlinear", 24), ("autobitlinear", 24),
                                              ("bitlinear", 22)])
-def test_bitnet(rng, tmp_path, linear_class, n):
+@pytest.mark.parametrize("check", ["layout", "vs-transformers"])
+def test_bitnet(rng, tmp_path, linear_class, n, check):
     k = 40
     values = rng.integers(-1, 2, size=(n, k))
     packed = pack_bitnet(values)
@@ -597,7 +607,8 @@ def test_bitnet(rng, tmp_path, linear_class, n):
         assert np.array_equal(got, values * ws[0])
     assert set(np.unique(np.sign(got))) <= {-1.0, 0.0, 1.0}
     assert np.array_equal(np.sign(got), values)
-
+    if check == "layout":
+        return
     torch = pytest.importorskip("torch", reason="torch is not installed")
     bitnet = pytest.importorskip("transformers.integrations.bitnet",
                                  reason="transformers is not installed")
