@@ -978,13 +978,15 @@ def load_linear(model_dir: str, prefix: str, activation: str = "fp16", *,
     tensors may lie in several shards). gpt-oss MXFP4: `prefix` names the experts' weight
     (e.g. "model.layers.0.mlp.experts.down_proj") and `expert` the expert."""
     config = quantization_config(model_dir)
+    mxfp4 = config.get("quant_method") == "mxfp4"
     found = {}
     for name in sorted(os.listdir(model_dir)):
         if not name.endswith(".safetensors"):
             continue
         f = SafetensorsFile(os.path.join(model_dir, name))
         for key in f.keys():
-            if key.startswith(prefix) and key[len(prefix):len(prefix) + 1] in (".", "_"):
+            if key.startswith(prefix + ".") or (mxfp4 and key in (f"{prefix}_blocks",
+                                                                   f"{prefix}_scales")):
                 found[key] = f.get(key)
     _require(bool(found), f"load_linear: no tensors named {prefix}.* in {model_dir}")
     return import_linear(found, prefix, config, activation,

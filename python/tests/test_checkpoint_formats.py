@@ -398,7 +398,7 @@ MODELOPT_NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size
 
 @pytest.mark.parametrize("check", ["layout", "vs-compressed-tensors"])
 @pytest.mark.parametrize("config_name", ["config.json", "hf_quant_config.json"])
-@pytest.mark.parametrize("n, k", [(32, 64), (7, 48)])
+@pytest.mark.parametrize("n, k", [(32, 64), (7, 48), (5, 40)])  # 40: a partial last block
 def test_modelopt_nvfp4(rng, tmp_path, config_name, n, k, check):
     prefix = "model.layers.0.self_attn.o_proj"
     tensors, w = nvfp4_tensors(rng, prefix, n, k)
@@ -415,6 +415,8 @@ def test_modelopt_nvfp4(rng, tmp_path, config_name, n, k, check):
 
     if check == "layout":
         return
+    if k % 16:
+        pytest.skip("compressed-tensors' NVFP4 decompressor needs whole blocks of 16")
     # compressed-tensors' converter of this very layout, then its NVFP4 decompressor (bf16).
     torch = pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed")
