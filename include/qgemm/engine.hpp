@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "qgemm/moe.hpp"
 #include "qgemm/plan.hpp"
 #include "qgemm/quant.hpp"
 
@@ -139,6 +140,15 @@ class Engine {
   // workspace of `stream`. Returns the plan.
   GemmPlan warm_up(const GemmProblem& problem, const QuantWeight& weight, void* stream = nullptr,
                    bool progress = false);
+
+  // MoE routing preparation (qgemm/moe.hpp): `expert_ids` device int32 [tokens · top_k];
+  // `expert_map` device int32 [global_experts] (local id or −1), or null for the identity;
+  // `workspace` at least moe_routing_workspace_bytes(shape) of device memory, 256-byte aligned.
+  // Enqueues a memset and three kernels on `stream` (no synchronization, graph-capturable).
+  // Error(InvalidArgument) naming the field and the rule for a bad shape or pointer.
+  MoeIndexedRouting route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
+                              const std::int32_t* expert_map, void* workspace,
+                              std::size_t workspace_bytes, void* stream);
 
  private:
   struct Impl;

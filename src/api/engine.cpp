@@ -42,6 +42,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/mma_dequantize_launch.hpp"
+#include "runtime/moe_routing.hpp"
 #include "runtime/tensor_map.hpp"
 #include "runtime/utility_kernels.hpp"
 
@@ -1115,6 +1116,19 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   }
   impl_->ensure_workspace(stream, *plan.data_);
   run(plan, a, weight, c, stream, options.bias);
+}
+
+MoeIndexedRouting Engine::route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
+                                   const std::int32_t* expert_map, void* workspace,
+                                   std::size_t workspace_bytes, void* stream) {
+  runtime::check_moe_routing_shape(shape);
+  impl_->make_current();
+  runtime::MoeRoutingKernels kernels;
+  kernels.count = impl_->kernel(jit::moe_routing_spec("count", impl_->arch));
+  kernels.offsets = impl_->kernel(jit::moe_routing_spec("offsets", impl_->arch));
+  kernels.scatter = impl_->kernel(jit::moe_routing_spec("scatter", impl_->arch));
+  return runtime::launch_moe_routing(kernels, shape, expert_ids, expert_map, workspace,
+                                     workspace_bytes, static_cast<CUstream>(stream));
 }
 
 }  // namespace qgemm

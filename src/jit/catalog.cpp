@@ -147,6 +147,11 @@ KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& op
                                                         : half_type_choice(operand, "operand"))});
 }
 
+KernelSpec moe_routing_spec(const std::string& step, Arch arch) {
+  return utility_spec("moe_routing", arch, {SpecParam::chosen("step", step)},
+                      kMoeRoutingThreads);
+}
+
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
   return utility_spec("tensor_absmax", arch,
                       {SpecParam::chosen("in", half_type_choice(input, "absmax input"))});
@@ -233,6 +238,8 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
   }
   specs.push_back(tensor_absmax_spec(formats::bf16, arch));
   for (int bits : {2, 3, 4, 8}) specs.push_back(repack_weight_spec(bits, arch));
+  for (const char* step : {"count", "offsets", "scatter"})
+    specs.push_back(moe_routing_spec(step, arch));
   return specs;
 }
 

@@ -4,6 +4,7 @@
 // kernels: dequantize_weight, quantize_activation, repack_weight.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "jit/kernel_spec.hpp"
@@ -39,6 +40,10 @@ bool codes_are_operand8(const ActivationQuant& quant);
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch);
 // absmax of a bf16/fp16 tensor (NV's tensor scale, static scales taken from the tensor).
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
+// One step of the MoE routing preparation (kernels/moe/routing.cuh): "count", "offsets",
+// "scatter"; 512 threads (the offsets step scans up to 512 experts in one block).
+KernelSpec moe_routing_spec(const std::string& step, Arch arch);
+inline constexpr int kMoeRoutingThreads = 512;
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
 // A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit

@@ -161,6 +161,14 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::TensorAbsmaxArgs",
        {{"in", ParamKind::Choice, {"bf16", "fp16"}}},
        false},
+      // kernels/moe/routing.cuh: top-k ids -> the indexed layout, in three steps.
+      {"moe_routing",
+       "moe/routing.cuh",
+       "qgemm::kernels::moe_routing_kernel",
+       "qgemm::kernels::MoeRoutingArgs",
+       // Order = kernels::MoeRoutingStep.
+       {{"step", ParamKind::Choice, {"count", "offsets", "scatter"}}},
+       false},
       // kernels/gemm/sm80_dense.cuh; configs in src/dispatch/mma_family.cpp.
       {"dense_gemm_sm80",
        "gemm/sm80_dense.cuh",

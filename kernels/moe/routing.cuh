@@ -1,0 +1,132 @@
+// Routing preparation of an MoE layer on the GPU: top-k expert ids -> the indexed layout of
+// moe/routing_args.cuh, in three launches with no host synchronization (graph-capturable; memsets
+// before them zero the counts and fill sorted_slots with the sentinel):
+//
+//   count    grid-stride over slots: a shared-memory histogram per block, added to counts[]
+//   offsets  one block: padded counts scanned into offsets[], cursors[] = offsets[],
+//            block_experts[] from the offsets
+//   scatter  grid-stride over slots: position = atomicAdd(cursors[e], 1)
+//
+// All three read the slots at memory speed; the offsets step scans local_experts (≤ 512) counts
+// in one block of 512 threads and writes the capacity / block block entries.
+#pragma once
+
+#include "moe/routing_args.cuh"
+
+namespace qgemm::kernels {
+
+// The local expert of slot s, or −1: another rank's, or routed nowhere (an id outside
+// [0, global_experts) or a map entry outside [−1, local_experts): counted in invalid_ids).
+__device__ __forceinline__ int moe_local_expert(const MoeRoutingArgs& args, long long s,
+                                                bool count_invalid) {
+  const int id = args.expert_ids[s];
+  const int local = id < 0 || id >= args.global_experts ? -2
+                    : args.expert_map != nullptr        ? args.expert_map[id]
+                                                        : id;
+  if (local < -1 || local >= args.local_experts) {
+    if (count_invalid) atomicAdd(args.invalid_ids, 1);
+    return -1;
+  }
+  return local;
+}
+
+template <int kThreads>
+__device__ void moe_count(const MoeRoutingArgs& args, int* histogram) {
+  for (int e = threadIdx.x; e < args.local_experts; e += kThreads) histogram[e] = 0;
+  __syncthreads();
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long s = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; s < args.slots;
+       s += stride) {
+    const int e = moe_local_expert(args, s, true);
+    if (e >= 0) atomicAdd(&histogram[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < args.local_experts; e += kThreads)
+    if (histogram[e] != 0) atomicAdd(&args.counts[e], histogram[e]);
+}
+
+// One block of kThreads ≥ local_experts threads (the host launches 512 for at most 512
+// experts): thread e holds expert e's padded count; a warp scan (shuffles), the warps' totals
+// scanned by warp 0, then each thread adds its warp's base: padded[e] = the inclusive sum.
+template <int kThreads>
+__device__ void moe_offsets(const MoeRoutingArgs& args, int* padded) {
+  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "whole warps, at most 32");
+  __shared__ int warp_sums[kThreads / 32];
+  const int experts = args.local_experts;
+  const int e = threadIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int value = e < experts ? (args.counts[e] + args.block - 1) / args.block * args.block : 0;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane >= offset) value += other;
+  }
+  if (lane == 31) warp_sums[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    int total = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, total, offset);
+      if (lane >= offset) total += other;
+    }
+    if (lane < kThreads / 32) warp_sums[lane] = total;  // inclusive over warps
+  }
+  __syncthreads();
+  if (warp > 0) value += warp_sums[warp - 1];
+  if (e < experts) padded[e] = value;
+  __syncthreads();
+  // offsets[e] = inclusive[e − 1] (offsets[experts] = the total). The padding already holds the
+  // sentinel (the host's memset of sorted_slots before the count step).
+  if (e < experts) {
+    const int start = e == 0 ? 0 : padded[e - 1];
+    args.offsets[e] = start;
+    args.cursors[e] = start;
+  }
+  if (threadIdx.x == 0) args.offsets[experts] = experts > 0 ? padded[experts - 1] : 0;
+  // block_experts: the expert whose run holds the block's first position (binary search over
+  // the inclusive sums: the first e with padded[e] > position), −1 past the total.
+  const int total = experts > 0 ? padded[experts - 1] : 0;
+  const long long blocks = args.capacity / args.block;
+  for (long long b = threadIdx.x; b < blocks; b += kThreads) {
+    const long long position = b * args.block;
+    int expert = -1;
+    if (position < total) {
+      int low = 0, high = experts - 1;
+      while (low < high) {
+        const int mid = (low + high) / 2;
+        if (padded[mid] > position) high = mid;
+        else low = mid + 1;
+      }
+      expert = low;
+    }
+    args.block_experts[b] = expert;
+  }
+}
+
+template <int kThreads>
+__device__ void moe_scatter(const MoeRoutingArgs& args) {
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long s = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; s < args.slots;
+       s += stride) {
+    const int e = moe_local_expert(args, s, false);
+    int position = -1;
+    if (e >= 0) {
+      position = atomicAdd(&args.cursors[e], 1);
+      args.sorted_slots[position] = static_cast<int>(s);
+    }
+    args.slot_positions[s] = position;
+  }
+}
+
+template <int kStep, int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs args) {
+  static_assert(kDynamicSmemBytes == 0, "moe_routing uses static shared memory only");
+  __shared__ int per_expert[512];  // the host refuses more local experts
+  if constexpr (kStep == kMoeCount) {
+    moe_count<kThreads>(args, per_expert);
+  } else if constexpr (kStep == kMoeOffsets) {
+    moe_offsets<kThreads>(args, per_expert);
+  } else {
+    moe_scatter<kThreads>(args);
+  }
+}
+
+}  // namespace qgemm::kernels

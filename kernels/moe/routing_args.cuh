@@ -1,0 +1,39 @@
+// Arguments of the MoE routing kernels (moe/routing.cuh): a plain struct included by the kernels
+// and by the host launcher (src/moe/routing.cpp), so both sides agree on its layout.
+#pragma once
+
+namespace qgemm::kernels {
+
+// The step a moe_routing kernel performs (the `step` parameter of its spec).
+enum MoeRoutingStep { kMoeCount = 0, kMoeOffsets = 1, kMoeScatter = 2 };
+
+// The "indexed" layout of routed tokens that the grouped GEMM reads (include/qgemm/moe.hpp):
+//
+//   slot s = token · top_k + choice, routed to global expert expert_ids[s], local expert
+//   e = expert_map[that] (the identity without a map; −1: another rank's expert)
+//
+//   positions   0 .. offsets[1]−1          offsets[1] .. offsets[2]−1        ...  capacity−1
+//   sorted      e = 0's slots, then pad    e = 1's slots, then pad           ...  unused
+//   blocks      block_experts[p / block] = the local expert whose run holds p; −1 past the total
+//
+//   each expert's run is padded to a multiple of `block` (the GEMM's token tile) with the
+//   sentinel `slots`; slot_positions[s] = where slot s went (−1: not on this rank), the inverse
+//   the top-k reduction reads. The order of slots inside a run is not defined (atomics): every
+//   row of the GEMM is computed on its own, so the result does not depend on it.
+struct MoeRoutingArgs {
+  const int* expert_ids;  // [slots] global expert ids
+  const int* expert_map;  // [global_experts]: local id or −1; null: the identity
+  long long slots;        // tokens · top_k
+  int global_experts, local_experts;
+  int block;               // the GEMM's token tile: each expert's run padded to a multiple
+  long long capacity;      // positions: round_up(slots + local_experts · (block − 1), block)
+  int* counts;             // [local_experts], zeroed before the count step
+  int* offsets;            // [local_experts + 1]; offsets[local_experts] = the padded total
+  int* cursors;            // [local_experts] scatter cursors (set by the offsets step)
+  int* sorted_slots;       // [capacity]
+  int* block_experts;      // [capacity / block]
+  int* slot_positions;     // [slots]
+  int* invalid_ids;        // [1]: count of ids outside [0, global_experts) (routed nowhere)
+};
+
+}  // namespace qgemm::kernels

@@ -1,0 +1,165 @@
+#include "runtime/moe_routing.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "../../kernels/moe/routing_args.cuh"
+#include "qgemm/error.hpp"
+#include "runtime/driver.hpp"
+
+namespace qgemm {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+constexpr int kMaxLocalExperts = 512;  // kernels/moe/routing.cuh's shared arrays
+constexpr int kMaxTopK = 32;
+constexpr int kMaxBlock = 256;  // the largest token tile of the GEMM families
+
+std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The arrays of the workspace, in order: counts, offsets, cursors, sorted_slots, block_experts,
+// slot_positions, invalid_ids (int32 each, every array 256-byte aligned).
+struct RoutingLayout {
+  std::size_t counts, offsets, cursors, sorted, blocks, positions, invalid, bytes;
+};
+
+RoutingLayout routing_layout(const MoeRoutingShape& shape) {
+  const auto capacity = static_cast<std::size_t>(moe_routing_capacity(shape));
+  const auto experts = static_cast<std::size_t>(shape.local_experts);
+  const auto slots = static_cast<std::size_t>(shape.tokens * shape.top_k);
+  RoutingLayout layout{};
+  std::size_t used = 0;
+  auto take = [&](std::size_t count) {
+    const std::size_t offset = used;
+    used += aligned(std::max<std::size_t>(count, 1) * sizeof(std::int32_t));
+    return offset;
+  };
+  layout.counts = take(experts);
+  layout.offsets = take(experts + 1);
+  layout.cursors = take(experts);
+  layout.sorted = take(capacity);
+  layout.blocks = take(capacity / static_cast<std::size_t>(shape.block));
+  layout.positions = take(slots);
+  layout.invalid = take(1);
+  layout.bytes = used;
+  return layout;
+}
+
+}  // namespace
+
+std::int64_t moe_routing_capacity(const MoeRoutingShape& shape) {
+  runtime::check_moe_routing_shape(shape);
+  const std::int64_t needed =
+      shape.tokens * shape.top_k + static_cast<std::int64_t>(shape.local_experts) * (shape.block - 1);
+  return (needed + shape.block - 1) / shape.block * shape.block;
+}
+
+std::size_t moe_routing_workspace_bytes(const MoeRoutingShape& shape) {
+  return routing_layout(shape).bytes;
+}
+
+namespace runtime {
+
+void check_moe_routing_shape(const MoeRoutingShape& s) {
+  require(s.tokens >= 0, "moe routing: tokens = {} (rule: >= 0)", s.tokens);
+  require(s.top_k >= 1 && s.top_k <= kMaxTopK, "moe routing: top_k = {} (rule: 1 <= top_k <= {})",
+          s.top_k, kMaxTopK);
+  require(s.global_experts >= 1, "moe routing: global_experts = {} (rule: >= 1)",
+          s.global_experts);
+  require(s.local_experts >= 1 && s.local_experts <= kMaxLocalExperts,
+          "moe routing: local_experts = {} (rule: 1 <= local_experts <= {})", s.local_experts,
+          kMaxLocalExperts);
+  require(s.local_experts <= s.global_experts,
+          "moe routing: local_experts = {} but global_experts = {} (rule: local <= global)",
+          s.local_experts, s.global_experts);
+  require(s.block >= 1 && s.block <= kMaxBlock,
+          "moe routing: block = {} (rule: 1 <= block <= {}, the GEMM's token tile)", s.block,
+          kMaxBlock);
+  // Positions are int32 on the device.
+  const std::int64_t needed = s.tokens * s.top_k + static_cast<std::int64_t>(s.local_experts) * s.block;
+  require(s.tokens <= std::numeric_limits<std::int32_t>::max() / s.top_k &&
+              needed <= std::numeric_limits<std::int32_t>::max(),
+          "moe routing: tokens = {}, top_k = {}, local_experts = {}, block = {} need {} positions "
+          "(rule: below 2^31)",
+          s.tokens, s.top_k, s.local_experts, s.block, needed);
+}
+
+MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const MoeRoutingShape& shape,
+                                     const std::int32_t* expert_ids, const std::int32_t* expert_map,
+                                     void* workspace, std::size_t workspace_bytes, CUstream stream) {
+  check_moe_routing_shape(shape);
+  require(shape.local_experts == shape.global_experts || expert_map != nullptr,
+          "moe routing: local_experts = {} differs from global_experts = {} without an "
+          "expert_map (rule: a map from global to local ids, -1 for other ranks' experts)",
+          shape.local_experts, shape.global_experts);
+  const RoutingLayout layout = routing_layout(shape);
+  const std::int64_t slots = shape.tokens * shape.top_k;
+  require(slots == 0 || (expert_ids != nullptr &&
+                         reinterpret_cast<std::uintptr_t>(expert_ids) % sizeof(std::int32_t) == 0),
+          "moe routing: expert_ids = {} (rule: non-null, 4-byte aligned device int32 "
+          "[tokens * top_k])",
+          fmt::ptr(expert_ids));
+  require(expert_map == nullptr ||
+              reinterpret_cast<std::uintptr_t>(expert_map) % sizeof(std::int32_t) == 0,
+          "moe routing: expert_map = {} (rule: null, or 4-byte aligned device int32 "
+          "[global_experts])",
+          fmt::ptr(expert_map));
+  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % kAlign == 0 &&
+              workspace_bytes >= layout.bytes,
+          "moe routing: workspace of {} bytes at {} (rule: at least "
+          "moe_routing_workspace_bytes = {}, 256-byte aligned)",
+          workspace_bytes, workspace, layout.bytes);
+  auto at = [&](std::size_t offset) {
+    return reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) + offset);
+  };
+  kernels::MoeRoutingArgs args{};
+  args.expert_ids = expert_ids;
+  args.expert_map = expert_map;
+  args.slots = slots;
+  args.global_experts = shape.global_experts;
+  args.local_experts = shape.local_experts;
+  args.block = shape.block;
+  args.capacity = moe_routing_capacity(shape);
+  args.counts = at(layout.counts);
+  args.offsets = at(layout.offsets);
+  args.cursors = at(layout.cursors);
+  args.sorted_slots = at(layout.sorted);
+  args.block_experts = at(layout.blocks);
+  args.slot_positions = at(layout.positions);
+  args.invalid_ids = at(layout.invalid);
+
+  // Counts and the invalid count start at 0, and every position not given a slot (each run's
+  // padding, the unused tail) holds the sentinel: memsets, graph-capturable like the kernels.
+  const Driver& driver = Driver::get();
+  const auto address = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  driver.check(driver.cuMemsetD32Async(address(args.counts), 0u,
+                                       static_cast<std::size_t>(shape.local_experts), stream),
+               "cuMemsetD32Async (moe counts)");
+  driver.check(driver.cuMemsetD32Async(address(args.invalid_ids), 0u, 1, stream),
+               "cuMemsetD32Async (moe invalid ids)");
+  driver.check(driver.cuMemsetD32Async(address(args.sorted_slots), static_cast<unsigned>(slots),
+                                       static_cast<std::size_t>(args.capacity), stream),
+               "cuMemsetD32Async (moe sorted slots)");
+  const int threads = kernels.count.launch.threads_per_block;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>((slots + threads - 1) / threads, 1, 4096));
+  launch_kernel(kernels.count, LaunchGrid{blocks, 1, 1}, args, stream);
+  launch_kernel(kernels.offsets, LaunchGrid{1, 1, 1}, args, stream);
+  launch_kernel(kernels.scatter, LaunchGrid{blocks, 1, 1}, args, stream);
+
+  MoeIndexedRouting routing;
+  routing.shape = shape;
+  routing.capacity = args.capacity;
+  routing.sorted_slots = args.sorted_slots;
+  routing.offsets = args.offsets;
+  routing.counts = args.counts;
+  routing.block_experts = args.block_experts;
+  routing.slot_positions = args.slot_positions;
+  routing.invalid_ids = args.invalid_ids;
+  return routing;
+}
+
+}  // namespace runtime
+}  // namespace qgemm

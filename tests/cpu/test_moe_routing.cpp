@@ -1,0 +1,65 @@
+// The MoE routing shape's rules and workspace sizes (include/qgemm/moe.hpp), without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "qgemm/error.hpp"
+#include "qgemm/moe.hpp"
+
+namespace qgemm {
+namespace {
+
+MoeRoutingShape shape_of(std::int64_t tokens, int top_k, int experts, int block) {
+  MoeRoutingShape s;
+  s.tokens = tokens;
+  s.top_k = top_k;
+  s.global_experts = experts;
+  s.local_experts = experts;
+  s.block = block;
+  return s;
+}
+
+std::string error_of(const MoeRoutingShape& shape) {
+  try {
+    moe_routing_capacity(shape);
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+    return error.what();
+  }
+  return "";
+}
+
+// Every expert's run may end in up to block − 1 padding positions, and the total is a whole
+// number of blocks: capacity = round_up(slots + E · (block − 1), block).
+TEST(MoeRouting, CapacityHoldsEveryRoutingOfTheShape) {
+  EXPECT_EQ(moe_routing_capacity(shape_of(1, 1, 1, 16)), 16);
+  EXPECT_EQ(moe_routing_capacity(shape_of(1, 8, 128, 16)), (8 + 128 * 15 + 15) / 16 * 16);
+  EXPECT_EQ(moe_routing_capacity(shape_of(4096, 8, 256, 128)), (32768 + 256 * 127 + 127) / 128 * 128);
+  EXPECT_EQ(moe_routing_capacity(shape_of(0, 4, 8, 8)), 56);  // no tokens: padding room only
+  // The workspace holds capacity sorted slots, capacity / block block entries, the slots'
+  // positions and the per-expert arrays, each 256-byte aligned.
+  const MoeRoutingShape s = shape_of(1000, 8, 64, 64);
+  const std::size_t capacity = static_cast<std::size_t>(moe_routing_capacity(s));
+  EXPECT_GE(moe_routing_workspace_bytes(s), 4 * (capacity + capacity / 64 + 8000 + 3 * 64 + 2));
+  EXPECT_EQ(moe_routing_workspace_bytes(s) % 256, 0u);
+}
+
+TEST(MoeRouting, BadShapesNameTheFieldAndTheRule) {
+  EXPECT_NE(error_of(shape_of(-1, 1, 8, 16)).find("tokens = -1 (rule: >= 0)"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 0, 8, 16)).find("top_k = 0"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 33, 64, 16)).find("top_k = 33"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 2, 0, 16)).find("global_experts = 0"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 2, 513, 16)).find("local_experts = 513"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 2, 8, 0)).find("block = 0"), std::string::npos);
+  EXPECT_NE(error_of(shape_of(4, 2, 8, 512)).find("block = 512"), std::string::npos);
+  MoeRoutingShape more_local = shape_of(4, 2, 8, 16);
+  more_local.local_experts = 9;
+  EXPECT_NE(error_of(more_local).find("local <= global"), std::string::npos);
+  // Positions are int32 on the device.
+  EXPECT_NE(error_of(shape_of(std::int64_t{1} << 28, 16, 8, 16)).find("below 2^31"),
+            std::string::npos);
+  EXPECT_EQ(error_of(shape_of(16384, 16, 512, 256)), "");
+}
+
+}  // namespace
+}  // namespace qgemm

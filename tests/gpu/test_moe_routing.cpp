@@ -1,0 +1,202 @@
+// Engine::route_moe (kernels/moe/routing.cuh) against a host twin of the indexed layout
+// (include/qgemm/moe.hpp), on random routings and the edge cases of issue #17: every token to one
+// expert, experts with no tokens, top_k 1 and 8, M = 0 and 1, E = 256, other ranks' experts, and
+// ids routed nowhere. Outputs are poisoned before each call; the order of slots inside an expert's
+// run is not defined, so runs are compared as sets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "gpu/gpu_test_util.hpp"
+#include "qgemm/engine.hpp"
+#include "qgemm/error.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/driver.hpp"
+
+namespace qgemm {
+namespace {
+
+using runtime::DeviceBuffer;
+
+struct Expected {
+  std::vector<int> counts, offsets, block_experts;
+  std::vector<std::vector<int>> runs;  // slots of each local expert, ascending
+  int invalid = 0;
+};
+
+Expected host_routing(const MoeRoutingShape& shape, const std::vector<int>& ids,
+                      const std::vector<int>& map) {
+  Expected x;
+  const int experts = shape.local_experts;
+  x.counts.assign(experts, 0);
+  x.runs.resize(experts);
+  for (std::size_t s = 0; s < ids.size(); ++s) {
+    const int id = ids[s];
+    int local = id < 0 || id >= shape.global_experts ? -2 : map.empty() ? id : map[id];
+    if (local < -1 || local >= experts) {
+      ++x.invalid;
+      continue;
+    }
+    if (local == -1) continue;
+    ++x.counts[local];
+    x.runs[local].push_back(static_cast<int>(s));
+  }
+  x.offsets.assign(experts + 1, 0);
+  for (int e = 0; e < experts; ++e)
+    x.offsets[e + 1] = x.offsets[e] + (x.counts[e] + shape.block - 1) / shape.block * shape.block;
+  const std::int64_t capacity = moe_routing_capacity(shape);
+  for (std::int64_t b = 0; b < capacity / shape.block; ++b) {
+    int expert = -1;
+    for (int e = 0; e < experts; ++e)
+      if (b * shape.block >= x.offsets[e] && b * shape.block < x.offsets[e + 1]) expert = e;
+    x.block_experts.push_back(expert);
+  }
+  return x;
+}
+
+void check_routing(Engine& engine, const MoeRoutingShape& shape, const std::vector<int>& ids,
+                   const std::vector<int>& map, const std::string& label) {
+  SCOPED_TRACE(label);
+  const Expected x = host_routing(shape, ids, map);
+  const std::size_t bytes = moe_routing_workspace_bytes(shape);
+  DeviceBuffer workspace(bytes);
+  workspace.fill_bytes(0xA5);  // poison: every array the call promises must be written
+  DeviceBuffer ids_device = DeviceBuffer::from(ids.empty() ? std::vector<int>{0} : ids);
+  DeviceBuffer map_device = DeviceBuffer::from(map.empty() ? std::vector<int>{0} : map);
+  const MoeIndexedRouting r =
+      engine.route_moe(shape, ids_device.as<std::int32_t>(),
+                       map.empty() ? nullptr : map_device.as<std::int32_t>(),
+                       workspace.as<void>(), bytes, nullptr);
+  const runtime::Driver& driver = runtime::Driver::get();
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+  auto read = [&](const std::int32_t* p, std::size_t count) {
+    std::vector<int> out(count);
+    driver.check(driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p),
+                                     count * sizeof(int)),
+                 "cuMemcpyDtoH");
+    return out;
+  };
+  const int experts = shape.local_experts;
+  const auto slots = static_cast<int>(ids.size());
+  EXPECT_EQ(read(r.invalid_ids, 1)[0], x.invalid);
+  EXPECT_EQ(read(r.counts, experts), x.counts);
+  EXPECT_EQ(read(r.offsets, experts + 1), x.offsets);
+  EXPECT_EQ(read(r.block_experts, r.capacity / shape.block), x.block_experts);
+  const std::vector<int> sorted = read(r.sorted_slots, r.capacity);
+  const std::vector<int> positions = read(r.slot_positions, ids.size());
+  for (int e = 0; e < experts; ++e) {
+    std::vector<int> run(sorted.begin() + x.offsets[e], sorted.begin() + x.offsets[e] + x.counts[e]);
+    std::sort(run.begin(), run.end());
+    EXPECT_EQ(run, x.runs[e]) << "expert " << e;
+    for (int p = x.offsets[e] + x.counts[e]; p < x.offsets[e + 1]; ++p)
+      EXPECT_EQ(sorted[p], slots) << "padding of expert " << e << " at " << p;
+  }
+  for (std::int64_t p = x.offsets[experts]; p < r.capacity; ++p)
+    ASSERT_EQ(sorted[p], slots) << "unused position " << p;
+  for (int s = 0; s < slots; ++s) {
+    const int p = positions[s];
+    if (p < 0) {
+      EXPECT_EQ(p, -1) << "slot " << s;
+      continue;
+    }
+    ASSERT_LT(p, r.capacity) << "slot " << s;
+    EXPECT_EQ(sorted[p], s) << "slot " << s << " at position " << p;
+  }
+  // Every slot on this rank has a position; the others have none.
+  int placed = 0;
+  for (int p : positions) placed += p >= 0;
+  int expected_placed = 0;
+  for (int c : x.counts) expected_placed += c;
+  EXPECT_EQ(placed, expected_placed);
+}
+
+std::vector<int> random_ids(std::mt19937& rng, std::int64_t tokens, int top_k, int experts) {
+  // top-k distinct experts per token, as a router picks them.
+  std::vector<int> ids;
+  std::vector<int> all(experts);
+  for (int e = 0; e < experts; ++e) all[e] = e;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + top_k);
+  }
+  return ids;
+}
+
+TEST(MoeRoutingGpu, MatchesTheHostTwinOnEveryEdgeCase) {
+  QGEMM_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  Engine engine(0);
+  auto shape = [](std::int64_t tokens, int top_k, int experts, int block) {
+    MoeRoutingShape s;
+    s.tokens = tokens;
+    s.top_k = top_k;
+    s.global_experts = experts;
+    s.local_experts = experts;
+    s.block = block;
+    return s;
+  };
+  // Random routings of serving shapes.
+  for (auto [tokens, top_k, experts, block] :
+       {std::tuple{1000, 8, 128, 16}, {4096, 8, 256, 128}, {1, 8, 128, 8}, {1, 1, 8, 16},
+        {7, 4, 128, 64}, {4096, 1, 16, 256}, {333, 2, 512, 32}}) {
+    const MoeRoutingShape s = shape(tokens, top_k, experts, block);
+    check_routing(engine, s, random_ids(rng, tokens, top_k, experts), {},
+                  "random M=" + std::to_string(tokens) + " top_k=" + std::to_string(top_k) +
+                      " E=" + std::to_string(experts) + " block=" + std::to_string(block));
+  }
+  // Every token to one expert (the others empty); no tokens at all.
+  check_routing(engine, shape(257, 1, 8, 16), std::vector<int>(257, 5), {}, "all to expert 5");
+  check_routing(engine, shape(0, 4, 8, 8), {}, {}, "M=0");
+  // Expert parallelism: 64 global experts, this rank holds the odd ones as local 0..31.
+  {
+    MoeRoutingShape s = shape(500, 8, 64, 16);
+    s.local_experts = 32;
+    std::vector<int> map(64, -1);
+    for (int e = 1; e < 64; e += 2) map[e] = e / 2;
+    check_routing(engine, s, random_ids(rng, 500, 8, 64), map, "expert map, odd experts local");
+  }
+  // Ids routed nowhere are counted, not placed: out of range, and a map entry past the local
+  // experts.
+  {
+    MoeRoutingShape s = shape(6, 2, 8, 16);
+    s.local_experts = 4;
+    std::vector<int> map = {0, 1, 2, 3, -1, -1, 7, -1};  // 7: not a local expert
+    check_routing(engine, s, {0, 9, -3, 1, 6, 2, 4, 3, 8, 0, 5, 7}, map, "invalid ids");
+  }
+}
+
+TEST(MoeRoutingGpu, RefusesAWorkspaceTooSmallAndAMissingMap) {
+  QGEMM_REQUIRE_GPU();
+  Engine engine(0);
+  MoeRoutingShape s;
+  s.tokens = 16;
+  s.top_k = 2;
+  s.global_experts = 8;
+  s.local_experts = 8;
+  s.block = 16;
+  DeviceBuffer ids = DeviceBuffer::from(std::vector<int>(32, 1));
+  const std::size_t bytes = moe_routing_workspace_bytes(s);
+  DeviceBuffer workspace(bytes);
+  try {
+    engine.route_moe(s, ids.as<std::int32_t>(), nullptr, workspace.as<void>(), bytes - 256, nullptr);
+    ADD_FAILURE() << "a short workspace was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("moe_routing_workspace_bytes"), std::string::npos)
+        << error.what();
+  }
+  s.local_experts = 4;
+  try {
+    engine.route_moe(s, ids.as<std::int32_t>(), nullptr, workspace.as<void>(), bytes, nullptr);
+    ADD_FAILURE() << "local experts without a map were accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("expert_map"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace qgemm
