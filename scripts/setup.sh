@@ -53,6 +53,15 @@ if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
       echo "setup.sh: torch was not installed; the torch tests will skip" >&2
     fi
   fi
+  # compressed-tensors (with transformers) writes the test files of its checkpoint importer with
+  # the producing tool itself, and transformers runs the tiny-model tests. Best effort, as torch:
+  # without them those tests skip with the reason.
+  if [ "${QGEMM_TORCH:-1}" != 0 ] && "$venv/bin/python" -c "import torch" 2>/dev/null &&
+     ! "$venv/bin/python" -c "import compressed_tensors, transformers" 2>/dev/null; then
+    timeout 300 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      compressed-tensors transformers >/dev/null 2>&1 ||
+      echo "setup.sh: compressed-tensors / transformers not installed; their tests will skip" >&2
+  fi
 fi
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=${QGEMM_BUILD_TYPE:-RelWithDebInfo} \

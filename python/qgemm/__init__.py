@@ -8,7 +8,8 @@ form, exact dequantization, the CPU reference GEMM, and checkpoint import
 
 With torch: `qgemm.ops` registers `torch.ops.qgemm.gemm`; `qgemm.nn` holds `QuantLinear`;
 `qgemm.quantize_model(model, scheme)` swaps a model's linear layers in place;
-`qgemm.load_quantized(path)` builds a model from a GPTQ/AWQ checkpoint. They are imported on
+`qgemm.load_quantized(path)` builds a model from a quantized checkpoint (GPTQ, AWQ,
+compressed-tensors, modelopt NVFP4/FP8, FP8-block, BitNet: `qgemm.checkpoint`). They are imported on
 first use (or at once when torch is already imported), so that `import qgemm` itself never
 imports torch.
 
