@@ -30,10 +30,10 @@ namespace qgemm {
 
 struct MoeRoutingShape {
   std::int64_t tokens = 0;
-  int top_k = 1;            // 1 ..
-  int global_experts = 0;   // ids are in [0, global_experts)
-  int local_experts = 0;    // experts on this rank, 1 .. 512 (= global_experts without a map)
-  int block = 16;           // the grouped GEMM's token tile: runs are padded to a multiple
+  int top_k = 1;           // 1 ..
+  int global_experts = 0;  // ids are in [0, global_experts)
+  int local_experts = 0;   // experts on this rank, 1 .. 512 (= global_experts without a map)
+  int block = 16;          // the grouped GEMM's token tile: runs are padded to a multiple
 };
 
 // Positions of sorted_slots: round_up(tokens · top_k + local_experts · (block − 1), block).

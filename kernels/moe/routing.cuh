@@ -92,8 +92,10 @@ __device__ void moe_offsets(const MoeRoutingArgs& args, int* padded) {
       int low = 0, high = experts - 1;
       while (low < high) {
         const int mid = (low + high) / 2;
-        if (padded[mid] > position) high = mid;
-        else low = mid + 1;
+        if (padded[mid] > position)
+          high = mid;
+        else
+          low = mid + 1;
       }
       expert = low;
     }

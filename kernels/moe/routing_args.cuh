@@ -25,15 +25,15 @@ struct MoeRoutingArgs {
   const int* expert_map;  // [global_experts]: local id or −1; null: the identity
   long long slots;        // tokens · top_k
   int global_experts, local_experts;
-  int block;               // the GEMM's token tile: each expert's run padded to a multiple
-  long long capacity;      // positions: round_up(slots + local_experts · (block − 1), block)
-  int* counts;             // [local_experts], zeroed before the count step
-  int* offsets;            // [local_experts + 1]; offsets[local_experts] = the padded total
-  int* cursors;            // [local_experts] scatter cursors (set by the offsets step)
-  int* sorted_slots;       // [capacity]
-  int* block_experts;      // [capacity / block]
-  int* slot_positions;     // [slots]
-  int* invalid_ids;        // [1]: count of ids outside [0, global_experts) (routed nowhere)
+  int block;            // the GEMM's token tile: each expert's run padded to a multiple
+  long long capacity;   // positions: round_up(slots + local_experts · (block − 1), block)
+  int* counts;          // [local_experts], zeroed before the count step
+  int* offsets;         // [local_experts + 1]; offsets[local_experts] = the padded total
+  int* cursors;         // [local_experts] scatter cursors (set by the offsets step)
+  int* sorted_slots;    // [capacity]
+  int* block_experts;   // [capacity / block]
+  int* slot_positions;  // [slots]
+  int* invalid_ids;     // [1]: count of ids outside [0, global_experts) (routed nowhere)
 };
 
 }  // namespace qgemm::kernels

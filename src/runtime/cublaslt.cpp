@@ -527,13 +527,13 @@ Block1x128ScaleTranspose Block1x128ScaleTranspose::prepare(const CublasLt& cubla
   check(cublasLtMatrixTransformDescCreate(&plan->transform, CUDA_R_32F),
         "cublasLtMatrixTransformDescCreate");
   const cublasOperation_t transpose = CUBLAS_OP_T;
-  check(cublasLtMatrixTransformDescSetAttribute(plan->transform,
-                                                CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA, &transpose,
-                                                sizeof(transpose)),
+  check(cublasLtMatrixTransformDescSetAttribute(
+            plan->transform, CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA, &transpose, sizeof(transpose)),
         "set TRANSA");
   // Column-major views: the canonical [rows][blocks] is blocks × rows (ld blocks); its transpose
   // rows × blocks, ld = the layout's block stride, is [b · stride + r].
-  check(cublasLtMatrixLayoutCreate(&plan->canonical, CUDA_R_32F, static_cast<std::uint64_t>(layout.blocks),
+  check(cublasLtMatrixLayoutCreate(&plan->canonical, CUDA_R_32F,
+                                   static_cast<std::uint64_t>(layout.blocks),
                                    static_cast<std::uint64_t>(rows), layout.blocks),
         "cublasLtMatrixLayoutCreate (canonical scales)");
   check(cublasLtMatrixLayoutCreate(&plan->out, CUDA_R_32F, static_cast<std::uint64_t>(rows),
@@ -549,8 +549,7 @@ void Block1x128ScaleTranspose::run(const float* canonical, float* out, CUstream 
   const float one = 1.0f, zero = 0.0f;
   // beta = 0: no B operand (null B and layout, as cuBLASLt allows).
   check(cublasLtMatrixTransform(plan_->handle, plan_->transform, &one, canonical, plan_->canonical,
-                                &zero, nullptr, nullptr, out, plan_->out,
-                                stream),
+                                &zero, nullptr, nullptr, out, plan_->out, stream),
         "cublasLtMatrixTransform (1x128 scales)");
 }
 

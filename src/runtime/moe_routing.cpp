@@ -51,8 +51,8 @@ RoutingLayout routing_layout(const MoeRoutingShape& shape) {
 
 std::int64_t moe_routing_capacity(const MoeRoutingShape& shape) {
   runtime::check_moe_routing_shape(shape);
-  const std::int64_t needed =
-      shape.tokens * shape.top_k + static_cast<std::int64_t>(shape.local_experts) * (shape.block - 1);
+  const std::int64_t needed = shape.tokens * shape.top_k +
+                              static_cast<std::int64_t>(shape.local_experts) * (shape.block - 1);
   return (needed + shape.block - 1) / shape.block * shape.block;
 }
 
@@ -66,8 +66,7 @@ void check_moe_routing_shape(const MoeRoutingShape& s) {
   require(s.tokens >= 0, "moe routing: tokens = {} (rule: >= 0)", s.tokens);
   require(s.top_k >= 1 && s.top_k <= kMaxTopK, "moe routing: top_k = {} (rule: 1 <= top_k <= {})",
           s.top_k, kMaxTopK);
-  require(s.global_experts >= 1, "moe routing: global_experts = {} (rule: >= 1)",
-          s.global_experts);
+  require(s.global_experts >= 1, "moe routing: global_experts = {} (rule: >= 1)", s.global_experts);
   require(s.local_experts >= 1 && s.local_experts <= kMaxLocalExperts,
           "moe routing: local_experts = {} (rule: 1 <= local_experts <= {})", s.local_experts,
           kMaxLocalExperts);
@@ -78,7 +77,8 @@ void check_moe_routing_shape(const MoeRoutingShape& s) {
           "moe routing: block = {} (rule: 1 <= block <= {}, the GEMM's token tile)", s.block,
           kMaxBlock);
   // Positions are int32 on the device.
-  const std::int64_t needed = s.tokens * s.top_k + static_cast<std::int64_t>(s.local_experts) * s.block;
+  const std::int64_t needed =
+      s.tokens * s.top_k + static_cast<std::int64_t>(s.local_experts) * s.block;
   require(s.tokens <= std::numeric_limits<std::int32_t>::max() / s.top_k &&
               needed <= std::numeric_limits<std::int32_t>::max(),
           "moe routing: tokens = {}, top_k = {}, local_experts = {}, block = {} need {} positions "
@@ -88,7 +88,8 @@ void check_moe_routing_shape(const MoeRoutingShape& s) {
 
 MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const MoeRoutingShape& shape,
                                      const std::int32_t* expert_ids, const std::int32_t* expert_map,
-                                     void* workspace, std::size_t workspace_bytes, CUstream stream) {
+                                     void* workspace, std::size_t workspace_bytes,
+                                     CUstream stream) {
   check_moe_routing_shape(shape);
   require(shape.local_experts == shape.global_experts || expert_map != nullptr,
           "moe routing: local_experts = {} differs from global_experts = {} without an "
@@ -143,8 +144,8 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
                                        static_cast<std::size_t>(args.capacity), stream),
                "cuMemsetD32Async (moe sorted slots)");
   const int threads = kernels.count.launch.threads_per_block;
-  const auto blocks = static_cast<unsigned>(
-      std::clamp<std::int64_t>((slots + threads - 1) / threads, 1, 4096));
+  const auto blocks =
+      static_cast<unsigned>(std::clamp<std::int64_t>((slots + threads - 1) / threads, 1, 4096));
   launch_kernel(kernels.count, LaunchGrid{blocks, 1, 1}, args, stream);
   launch_kernel(kernels.offsets, LaunchGrid{1, 1, 1}, args, stream);
   launch_kernel(kernels.scatter, LaunchGrid{blocks, 1, 1}, args, stream);

@@ -66,17 +66,16 @@ void check_routing(Engine& engine, const MoeRoutingShape& shape, const std::vect
   workspace.fill_bytes(0xA5);  // poison: every array the call promises must be written
   DeviceBuffer ids_device = DeviceBuffer::from(ids.empty() ? std::vector<int>{0} : ids);
   DeviceBuffer map_device = DeviceBuffer::from(map.empty() ? std::vector<int>{0} : map);
-  const MoeIndexedRouting r =
-      engine.route_moe(shape, ids_device.as<std::int32_t>(),
-                       map.empty() ? nullptr : map_device.as<std::int32_t>(),
-                       workspace.as<void>(), bytes, nullptr);
+  const MoeIndexedRouting r = engine.route_moe(
+      shape, ids_device.as<std::int32_t>(), map.empty() ? nullptr : map_device.as<std::int32_t>(),
+      workspace.as<void>(), bytes, nullptr);
   const runtime::Driver& driver = runtime::Driver::get();
   driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
   auto read = [&](const std::int32_t* p, std::size_t count) {
     std::vector<int> out(count);
-    driver.check(driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p),
-                                     count * sizeof(int)),
-                 "cuMemcpyDtoH");
+    driver.check(
+        driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(int)),
+        "cuMemcpyDtoH");
     return out;
   };
   const int experts = shape.local_experts;
@@ -88,7 +87,8 @@ void check_routing(Engine& engine, const MoeRoutingShape& shape, const std::vect
   const std::vector<int> sorted = read(r.sorted_slots, r.capacity);
   const std::vector<int> positions = read(r.slot_positions, ids.size());
   for (int e = 0; e < experts; ++e) {
-    std::vector<int> run(sorted.begin() + x.offsets[e], sorted.begin() + x.offsets[e] + x.counts[e]);
+    std::vector<int> run(sorted.begin() + x.offsets[e],
+                         sorted.begin() + x.offsets[e] + x.counts[e]);
     std::sort(run.begin(), run.end());
     EXPECT_EQ(run, x.runs[e]) << "expert " << e;
     for (int p = x.offsets[e] + x.counts[e]; p < x.offsets[e + 1]; ++p)
@@ -141,9 +141,13 @@ TEST(MoeRoutingGpu, MatchesTheHostTwinOnEveryEdgeCase) {
     return s;
   };
   // Random routings of serving shapes.
-  for (auto [tokens, top_k, experts, block] :
-       {std::tuple{1000, 8, 128, 16}, {4096, 8, 256, 128}, {1, 8, 128, 8}, {1, 1, 8, 16},
-        {7, 4, 128, 64}, {4096, 1, 16, 256}, {333, 2, 512, 32}}) {
+  for (auto [tokens, top_k, experts, block] : {std::tuple{1000, 8, 128, 16},
+                                               {4096, 8, 256, 128},
+                                               {1, 8, 128, 8},
+                                               {1, 1, 8, 16},
+                                               {7, 4, 128, 64},
+                                               {4096, 1, 16, 256},
+                                               {333, 2, 512, 32}}) {
     const MoeRoutingShape s = shape(tokens, top_k, experts, block);
     check_routing(engine, s, random_ids(rng, tokens, top_k, experts), {},
                   "random M=" + std::to_string(tokens) + " top_k=" + std::to_string(top_k) +
@@ -183,7 +187,8 @@ TEST(MoeRoutingGpu, RefusesAWorkspaceTooSmallAndAMissingMap) {
   const std::size_t bytes = moe_routing_workspace_bytes(s);
   DeviceBuffer workspace(bytes);
   try {
-    engine.route_moe(s, ids.as<std::int32_t>(), nullptr, workspace.as<void>(), bytes - 256, nullptr);
+    engine.route_moe(s, ids.as<std::int32_t>(), nullptr, workspace.as<void>(), bytes - 256,
+                     nullptr);
     ADD_FAILURE() << "a short workspace was accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("moe_routing_workspace_bytes"), std::string::npos)
