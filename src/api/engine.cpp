@@ -42,7 +42,7 @@
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
 #include "runtime/mma_dequantize_launch.hpp"
-#include "runtime/moe_routing.hpp"
+#include "runtime/moe.hpp"
 #include "runtime/tensor_map.hpp"
 #include "runtime/utility_kernels.hpp"
 

@@ -152,6 +152,27 @@ KernelSpec moe_routing_spec(const std::string& step, Arch arch) {
                       kMoeRoutingThreads);
 }
 
+namespace {
+std::string glue_type_choice(const Format& format, const char* what) {
+  if (format == formats::fp32) return "fp32";
+  return half_type_choice(format, what);
+}
+}  // namespace
+
+KernelSpec moe_gather_spec(const Format& rows, Arch arch) {
+  return utility_spec("moe_glue", arch,
+                      {SpecParam::chosen("step", "gather"),
+                       SpecParam::chosen("rows", half_type_choice(rows, "moe gather rows")),
+                       SpecParam::chosen("out", "bf16")});
+}
+
+KernelSpec moe_combine_spec(const Format& rows, const Format& output, Arch arch) {
+  return utility_spec("moe_glue", arch,
+                      {SpecParam::chosen("step", "combine"),
+                       SpecParam::chosen("rows", glue_type_choice(rows, "moe combine rows")),
+                       SpecParam::chosen("out", glue_type_choice(output, "moe combine output"))});
+}
+
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
   return utility_spec("tensor_absmax", arch,
                       {SpecParam::chosen("in", half_type_choice(input, "absmax input"))});
@@ -240,6 +261,11 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
   for (int bits : {2, 3, 4, 8}) specs.push_back(repack_weight_spec(bits, arch));
   for (const char* step : {"count", "offsets", "scatter"})
     specs.push_back(moe_routing_spec(step, arch));
+  for (const Format& type : {formats::bf16, formats::fp16}) {
+    specs.push_back(moe_gather_spec(type, arch));
+    specs.push_back(moe_combine_spec(formats::fp32, type, arch));
+    specs.push_back(moe_combine_spec(type, type, arch));
+  }
   return specs;
 }
 

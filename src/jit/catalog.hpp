@@ -44,6 +44,10 @@ KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // "scatter"; 512 threads (the offsets step scans up to 512 experts in one block).
 KernelSpec moe_routing_spec(const std::string& step, Arch arch);
 inline constexpr int kMoeRoutingThreads = 512;
+// The MoE glue (kernels/moe/glue.cuh): gather of 16-bit `rows` (bf16 / fp16) into expert
+// order, or the top-k combine of the grouped GEMM's `rows` (bf16 / fp16 / fp32) into `output`.
+KernelSpec moe_gather_spec(const Format& rows, Arch arch);
+KernelSpec moe_combine_spec(const Format& rows, const Format& output, Arch arch);
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
 // A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit

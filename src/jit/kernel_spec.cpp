@@ -169,6 +169,17 @@ const std::vector<KernelFamily>& kernel_families() {
        // Order = kernels::MoeRoutingStep.
        {{"step", ParamKind::Choice, {"count", "offsets", "scatter"}}},
        false},
+      // kernels/moe/glue.cuh: gather before the grouped GEMM, combine after it.
+      {"moe_glue",
+       "moe/glue.cuh",
+       "qgemm::kernels::moe_glue_kernel",
+       "qgemm::kernels::MoeGlueArgs",
+       // Orders = kernels::MoeGlueStep, kernels::MoeGlueType (rows: gather copies 16-bit rows;
+       // combine reads the GEMM's rows; out: combine's output).
+       {{"step", ParamKind::Choice, {"gather", "combine"}},
+        {"rows", ParamKind::Choice, {"bf16", "fp16", "fp32"}},
+        {"out", ParamKind::Choice, {"bf16", "fp16", "fp32"}}},
+       false},
       // kernels/gemm/sm80_dense.cuh; configs in src/dispatch/mma_family.cpp.
       {"dense_gemm_sm80",
        "gemm/sm80_dense.cuh",

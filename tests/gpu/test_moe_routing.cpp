@@ -2,19 +2,27 @@
 // (include/qgemm/moe.hpp), on random routings and the edge cases of issue #17: every token to one
 // expert, experts with no tokens, top_k 1 and 8, M = 0 and 1, E = 256, other ranks' experts, and
 // ids routed nowhere. Outputs are poisoned before each call; the order of slots inside an expert's
-// run is not defined, so runs are compared as sets.
+// run is not defined, so runs are compared as sets. Then the glue (kernels/moe/glue.cuh): the
+// gather bit for bit, the combine against the same fp32 sums in choice order on the host.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "gpu/gpu_test_util.hpp"
+#include "jit/cache.hpp"
+#include "jit/catalog.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
+#include "qgemm/format.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/kernel_loader.hpp"
+#include "runtime/moe.hpp"
 
 namespace qgemm {
 namespace {
@@ -201,6 +209,104 @@ TEST(MoeRoutingGpu, RefusesAWorkspaceTooSmallAndAMissingMap) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("expert_map"), std::string::npos) << error.what();
   }
+}
+
+std::vector<int> read_ints(const std::int32_t* p, std::size_t count) {
+  const runtime::Driver& driver = runtime::Driver::get();
+  std::vector<int> out(count);
+  driver.check(
+      driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(int)),
+      "cuMemcpyDtoH");
+  return out;
+}
+
+runtime::LoadedKernel load(const jit::KernelSpec& spec) {
+  return runtime::KernelLoader::global().get(*jit::KernelCache::global().get(spec).kernel);
+}
+
+// Gather then combine around a stand-in for the grouped GEMM (random fp32 rows, one per
+// position, padding rows poisoned with NaN: a combine that reads one fails), with an expert map
+// so that some choices belong to another rank.
+TEST(MoeRoutingGpu, GatherAndCombineMatchTheHost) {
+  QGEMM_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  Engine engine(0);
+  const jit::Arch arch = test::device_arch();
+  MoeRoutingShape shape;
+  shape.tokens = 300;
+  shape.top_k = 4;
+  shape.global_experts = 16;
+  shape.local_experts = 12;
+  shape.block = 16;
+  std::vector<int> map(16, -1);
+  for (int e = 0; e < 12; ++e) map[e + 4] = e;  // experts 0-3 live on another rank
+  const std::vector<int> ids = random_ids(rng, shape.tokens, shape.top_k, 16);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<float> router(ids.size());
+  for (float& w : router) w = uniform(rng);
+
+  const std::int64_t k = 200, ld_input = 208, n = 96;
+  std::vector<std::uint16_t> input(static_cast<std::size_t>(shape.tokens * ld_input), 0x7fc0);
+  for (std::int64_t t = 0; t < shape.tokens; ++t)
+    for (std::int64_t c = 0; c < k; ++c)
+      input[t * ld_input + c] = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+
+  const std::size_t bytes = moe_routing_workspace_bytes(shape);
+  DeviceBuffer workspace(bytes),
+      ids_device = DeviceBuffer::from(ids), map_device = DeviceBuffer::from(map),
+      input_device = DeviceBuffer::from(input), router_device = DeviceBuffer::from(router);
+  const MoeIndexedRouting r =
+      engine.route_moe(shape, ids_device.as<std::int32_t>(), map_device.as<std::int32_t>(),
+                       workspace.as<void>(), bytes, nullptr);
+  const std::int64_t capacity = r.capacity;
+  DeviceBuffer gathered(static_cast<std::size_t>(capacity * k) * 2);
+  gathered.fill_bytes(0xFF);
+  runtime::launch_moe_gather(load(jit::moe_gather_spec(formats::bf16, arch)), r,
+                             input_device.as<void>(), ld_input, k, gathered.as<void>(), k, nullptr);
+  const runtime::Driver& driver = runtime::Driver::get();
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+  const std::vector<int> sorted = read_ints(r.sorted_slots, capacity);
+  const std::vector<int> positions = read_ints(r.slot_positions, ids.size());
+  const int total = read_ints(r.offsets + shape.local_experts, 1)[0];
+  const auto rows = gathered.to_vector<std::uint16_t>(static_cast<std::size_t>(capacity * k));
+  const auto slots = static_cast<int>(ids.size());
+  std::size_t wrong = 0;
+  for (int p = 0; p < total; ++p)
+    for (std::int64_t c = 0; c < k; ++c) {
+      const std::uint16_t want =
+          sorted[p] < slots ? input[sorted[p] / shape.top_k * ld_input + c] : std::uint16_t{0};
+      wrong += rows[p * k + c] != want;
+    }
+  EXPECT_EQ(wrong, 0u) << "gathered elements differ from their token's row";
+
+  // The grouped GEMM's rows: random where a slot sits, NaN in the padding.
+  std::vector<float> gemm_rows(static_cast<std::size_t>(capacity * n),
+                               std::numeric_limits<float>::quiet_NaN());
+  for (int p = 0; p < total; ++p)
+    if (sorted[p] < slots)
+      for (std::int64_t c = 0; c < n; ++c) gemm_rows[p * n + c] = normal(rng);
+  DeviceBuffer rows_device = DeviceBuffer::from(gemm_rows),
+               out(static_cast<std::size_t>(shape.tokens * n) * 2);
+  out.fill_bytes(0xFF);
+  runtime::launch_moe_combine(load(jit::moe_combine_spec(formats::fp32, formats::bf16, arch)), r,
+                              rows_device.as<void>(), n, router_device.as<float>(), n,
+                              out.as<void>(), n, nullptr);
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+  const auto got = out.to_vector<std::uint16_t>(static_cast<std::size_t>(shape.tokens * n));
+  wrong = 0;
+  for (std::int64_t t = 0; t < shape.tokens; ++t)
+    for (std::int64_t c = 0; c < n; ++c) {
+      float sum = 0.0f;
+      for (int j = 0; j < shape.top_k; ++j) {
+        const int p = positions[t * shape.top_k + j];
+        if (p >= 0) sum = std::fma(router[t * shape.top_k + j], gemm_rows[p * n + c], sum);
+      }
+      wrong += got[t * n + c] != static_cast<std::uint16_t>(encode(formats::bf16, sum));
+    }
+  EXPECT_EQ(wrong, 0u) << "combined elements differ from the fp32 sums in choice order";
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-#include "runtime/moe_routing.hpp"
+#include "runtime/moe.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
 
+#include "../../kernels/moe/glue_args.cuh"
 #include "../../kernels/moe/routing_args.cuh"
 #include "qgemm/error.hpp"
 #include "runtime/driver.hpp"
@@ -160,6 +161,72 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
   routing.slot_positions = args.slot_positions;
   routing.invalid_ids = args.invalid_ids;
   return routing;
+}
+
+namespace {
+
+kernels::MoeGlueArgs glue_args(const MoeIndexedRouting& routing, std::int64_t columns) {
+  require(routing.sorted_slots != nullptr && routing.slot_positions != nullptr &&
+              routing.offsets != nullptr,
+          "moe glue: the routing's arrays are null (rule: the result of Engine::route_moe)");
+  require(columns >= 1, "moe glue: columns = {} (rule: >= 1)", columns);
+  kernels::MoeGlueArgs args{};
+  args.sorted_slots = routing.sorted_slots;
+  args.offsets = routing.offsets;
+  args.slot_positions = routing.slot_positions;
+  args.tokens = routing.shape.tokens;
+  args.top_k = routing.shape.top_k;
+  args.local_experts = routing.shape.local_experts;
+  args.capacity = routing.capacity;
+  args.columns = columns;
+  return args;
+}
+
+LaunchGrid glue_grid(std::int64_t items, int threads) {
+  return LaunchGrid{
+      static_cast<unsigned>(std::clamp<std::int64_t>((items + threads - 1) / threads, 1, 65536)), 1,
+      1};
+}
+
+}  // namespace
+
+void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                       const void* input, std::int64_t ld_input, std::int64_t columns,
+                       void* rows_out, std::int64_t ld_rows, CUstream stream) {
+  kernels::MoeGlueArgs args = glue_args(routing, columns);
+  require((input != nullptr || routing.shape.tokens == 0) && rows_out != nullptr,
+          "moe gather: input = {}, rows_out = {} (rule: non-null device pointers)", fmt::ptr(input),
+          fmt::ptr(rows_out));
+  require(ld_input >= columns && ld_rows >= columns,
+          "moe gather: ld_input = {}, ld_rows = {} (rule: >= columns = {})", ld_input, ld_rows,
+          columns);
+  args.input = static_cast<const unsigned short*>(input);
+  args.ld_input = ld_input;
+  args.rows_out = rows_out;
+  args.ld_rows = ld_rows;
+  // The padded total is on the device: the grid covers the capacity, the kernel stops at it.
+  launch_kernel(kernel, glue_grid(routing.capacity * columns, kernel.launch.threads_per_block),
+                args, stream);
+}
+
+void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                        const void* rows, std::int64_t ld_rows, const float* weights,
+                        std::int64_t columns, void* output, std::int64_t ld_output,
+                        CUstream stream) {
+  kernels::MoeGlueArgs args = glue_args(routing, columns);
+  require(rows != nullptr && output != nullptr && (weights != nullptr || routing.shape.tokens == 0),
+          "moe combine: rows = {}, weights = {}, output = {} (rule: non-null device pointers)",
+          rows, fmt::ptr(weights), output);
+  require(ld_rows >= columns && ld_output >= columns,
+          "moe combine: ld_rows = {}, ld_output = {} (rule: >= columns = {})", ld_rows, ld_output,
+          columns);
+  args.rows = rows;
+  args.ld_rows = ld_rows;
+  args.weights = weights;
+  args.output = output;
+  args.ld_output = ld_output;
+  launch_kernel(kernel, glue_grid(routing.shape.tokens * columns, kernel.launch.threads_per_block),
+                args, stream);
 }
 
 }  // namespace runtime

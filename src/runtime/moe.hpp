@@ -1,0 +1,41 @@
+// Host side of the MoE kernels: routing (kernels/moe/routing.cuh: the shape's rules, the
+// workspace layout, the launches) and the glue around a grouped GEMM (kernels/moe/glue.cuh:
+// gather, combine). Nothing here allocates or synchronizes.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qgemm/moe.hpp"
+#include "runtime/kernel_loader.hpp"
+
+namespace qgemm::runtime {
+
+// Error(InvalidArgument) naming the field and the rule.
+void check_moe_routing_shape(const MoeRoutingShape& shape);
+
+struct MoeRoutingKernels {
+  LoadedKernel count, offsets, scatter;
+};
+
+// Lays the arrays out in `workspace` (moe_routing_workspace_bytes(shape) bytes) and enqueues a
+// memset of the counts and the three steps on `stream`.
+MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const MoeRoutingShape& shape,
+                                     const std::int32_t* expert_ids, const std::int32_t* expert_map,
+                                     void* workspace, std::size_t workspace_bytes, CUstream stream);
+
+// rows_out[p] = input[sorted_slots[p] / top_k] (16-bit rows of `columns`; zero for padding) for
+// p below the padded total the device holds; `kernel` from jit::moe_gather_spec.
+void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                       const void* input, std::int64_t ld_input, std::int64_t columns,
+                       void* rows_out, std::int64_t ld_rows, CUstream stream);
+// output[t] = Σ_j weights[t·top_k + j] · rows[slot_positions[t·top_k + j]] in fp32, in choice
+// order, rounded once; `kernel` from jit::moe_combine_spec (the rows' and the output's types).
+void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                        const void* rows, std::int64_t ld_rows, const float* weights,
+                        std::int64_t columns, void* output, std::int64_t ld_output,
+                        CUstream stream);
+
+}  // namespace qgemm::runtime
