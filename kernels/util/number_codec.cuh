@@ -156,15 +156,14 @@ __device__ __forceinline__ QuotientInverse quotient_inverse(double divisor) {
 // encode_from_float(x / divisor) for the quotient the host quantizer rounds (src/quant divides
 // in double: `value / (scale · second_level)`), without a division per element. (x · 2^shift) ·
 // fast rounded to fp32 is within 2^-23 relative (two fp32 ulps) of the exact quotient, and picks
-// the same code unless it
-// lies within those ulps of a midpoint between two codes. There the sign of x − midpoint ·
-// divisor (one double FMA: exact, as the product has at most 38 significant bits) says on which
-// side the exact quotient lies, and the midpoint moved one fp32 ulp to that side rounds to the
-// right code; zero is a true tie, which encode_from_float breaks to even. The host's double
-// quotient agrees: off a midpoint, x − midpoint · divisor is at least 2^-38 relative, far above
-// a double's rounding, so it too lies on the exact side. divisor > 0. (The quotient was a double
-// product until 2026-12-06: two conversions and a DMUL per element, for nothing the window below
-// does not already cover.)
+// the same code unless it lies within those ulps of a midpoint between two codes. There the sign
+// of x − midpoint · divisor (one double FMA: exact, as the product has at most 38 significant
+// bits) says on which side the exact quotient lies, and the midpoint moved one fp32 ulp to that
+// side rounds to the right code; zero is a true tie, which encode_from_float breaks to even. The
+// host's double quotient agrees: off a midpoint, x − midpoint · divisor is at least 2^-38
+// relative, far above a double's rounding, so it too lies on the exact side. divisor > 0. (The
+// quotient was a double product until 2026-12-06: two conversions and a DMUL per element, for
+// nothing the window below does not already cover.)
 template <unsigned long long kFormat>
 __device__ __forceinline__ unsigned int encode_quotient(float x, double divisor,
                                                         QuotientInverse inverse) {
