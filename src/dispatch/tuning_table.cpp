@@ -77,7 +77,7 @@ class TableReader {
     json doc;
     try {
       doc = json::parse(json_text);
-    } catch (const json::parse_error& error) {
+    } catch (const json::exception& error) {  // parse_error, or out_of_range for 1e999
       fail("(document)", fmt::format("not valid JSON: {}", error.what()));
     }
     if (!doc.is_object()) fail("(document)", "must be a JSON object");

@@ -234,6 +234,28 @@ TEST(TuningTable, LoadErrorsNameTheFileAndTheField) {
   EXPECT_THROW(parse_tuning_table("[1, 2]", "t.json"), Error);
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_tuning_table.cpp, issue #19): a number beyond a double's
+// range made the JSON reader throw its out_of_range (not a parse_error), which escaped as
+// something other than qgemm::Error, past load_applicable_table, out of an Engine's constructor.
+TEST(TuningTable, ANumberBeyondADoubleIsAnErrorNamingTheFile) {
+  for (const char* text : {"99e99999999", R"({"format": "qgemm-tuning-table", "x": -1e400})"}) {
+    SCOPED_TRACE(text);
+    try {
+      parse_tuning_table(text, "t.json");
+      ADD_FAILURE() << "no error";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(error.what()).find("t.json"), std::string::npos) << error.what();
+    }
+  }
+  const std::string path = ::testing::TempDir() + "qgemm-overflow-table.json";
+  { std::ofstream(path) << "[1e999]"; }
+  std::string reason;
+  EXPECT_FALSE(load_applicable_table(path, h200(), reason).has_value());
+  EXPECT_NE(reason.find("not valid JSON"), std::string::npos) << reason;
+  std::remove(path.c_str());
+}
+
 TEST(TuningTable, TimestampNowHasTheStoredFormat) {
   const std::string now = utc_timestamp_now();
   ASSERT_EQ(now.size(), 20u) << now;
