@@ -170,6 +170,33 @@ TEST(BenchRecipe, EveryErrorNamesFileKeyLineAndRule) {
   }
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_recipe.cpp, issue #19): yaml-cpp passes bytes that are not
+// UTF-8 through, so such a label reached the dry-run JSON, whose writer threw nlohmann's
+// type_error instead of the recipe being refused with a qgemm::Error naming the key.
+TEST(BenchRecipe, TextThatIsNotUtf8IsAnErrorNamingTheKey) {
+  const std::string base =
+      "name: r\ncases:\n  - scheme: w4a16\n    n: 128\n    k: 128\n    m: 1\n    label: ";
+  for (const std::string label : {std::string("\"a\xff b\""), std::string("a\xc0\xaf"),
+                                  std::string("\xed\xa0\x80"), std::string("'\xf4\x90\x80\x80'")}) {
+    SCOPED_TRACE(label);
+    try {
+      parse_recipe(base + label + "\n", "u.yaml");
+      ADD_FAILURE() << "no error";
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("u.yaml, line 7, key 'cases[0].label'"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("UTF-8"), std::string::npos) << message;
+    }
+  }
+  EXPECT_THROW(parse_recipe("name: \"\xfe\"\ncases: []\n", "u.yaml"), Error);
+  EXPECT_THROW(parse_recipe(base + "\"\\uD800\"\n", "u.yaml"), Error);  // yaml-cpp's own error
+  // UTF-8 passes, and reaches the JSON listing unchanged.
+  const Recipe recipe = parse_recipe(base + "\"\xc3\xbc \\u00e9 \xf0\x9f\x99\x82\"\n", "u.yaml");
+  const auto doc = nlohmann::json::parse(expanded_runs_json(recipe));
+  EXPECT_EQ(doc["runs"][0]["label"], "\xc3\xbc \xc3\xa9 \xf0\x9f\x99\x82");
+}
+
 TEST(BenchRecipe, MissingFileIsAnIoErrorNamingIt) {
   try {
     load_recipe("/nonexistent/recipe.yaml");

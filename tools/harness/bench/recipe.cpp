@@ -40,6 +40,40 @@ std::string joined_names(const Table& table) {
   return out;
 }
 
+// True when `text` is UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+// yaml-cpp passes other bytes through as they are; the JSON the recipe's names and labels go
+// into (dry-run listings, results) rejects them.
+bool is_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t length = 0;
+    std::uint32_t code = 0, min = 0;
+    if ((lead & 0xE0) == 0xC0) {
+      length = 2, code = lead & 0x1F, min = 0x80;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3, code = lead & 0x0F, min = 0x800;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4, code = lead & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (text.size() - i < length) return false;
+    for (std::size_t j = 1; j < length; ++j) {
+      const auto next = static_cast<unsigned char>(text[i + j]);
+      if ((next & 0xC0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3F);
+    }
+    if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += length;
+  }
+  return true;
+}
+
 // Validates one YAML document against the recipe rules; every failure names source, line, key.
 class RecipeParser {
  public:
@@ -74,6 +108,7 @@ class RecipeParser {
 
   std::string scalar(const YAML::Node& node, const std::string& key) const {
     if (!node.IsScalar()) fail(node, key, "must be a single value (not a list or mapping)");
+    if (!is_utf8(node.Scalar())) fail(node, key, "is not UTF-8 text");
     return node.Scalar();
   }
 
@@ -322,7 +357,7 @@ std::string expanded_runs_json(const Recipe& recipe) {
     }
     doc["runs"].push_back(std::move(row));
   }
-  return doc.dump(2);
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);  // a non-UTF-8 path
 }
 
 std::string expanded_runs_csv(const Recipe& recipe) {
