@@ -140,10 +140,14 @@ ActivationQuant parse_activation(std::string_view text, std::string_view context
   bool scale_given = false;
   for (std::size_t i = 1; i < fields.size(); ++i) {
     const std::string& field = fields[i];
+    // The last scaling given wins, with its own group (none for t and tok): "nv:t" must equal
+    // "t", the text to_string prints for it.
     if (field == "t") {
       a.scaling = ActivationScaling::StaticTensor;
+      a.group = 0;
     } else if (field == "tok") {
       a.scaling = ActivationScaling::DynamicToken;
+      a.group = 0;
     } else if (field.size() > 1 && field[0] == 'g' &&
                std::isdigit(static_cast<unsigned char>(field[1]))) {
       a.scaling = ActivationScaling::DynamicGroup;

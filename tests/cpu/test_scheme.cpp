@@ -81,6 +81,22 @@ TEST(Scheme, TextFormRoundTripsForEveryPreset) {
   }
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_scheme.cpp, issue #19): "a=e2m1:nv:t" kept nv's group of
+// 16 under static per-tensor scaling, so it printed as "a=e2m1:t:s=fp32" yet compared unequal
+// to what that text parses to (parse_scheme(to_string(s)) == s broke).
+TEST(Scheme, ALaterScalingReplacesAnEarlierOnesGroup) {
+  for (const char* text : {"w=e4m3;a=e2m1:nv:t", "w=e4m3;a=e2m1:mx:tok", "w=e4m3;a=e4m3:g64:t",
+                           "w=e4m3;a=int8:g32:tok", "w=e4m3;a=e2m1:g64:nv", "w=e4m3;a=e4m3:nv:mx"}) {
+    SCOPED_TRACE(text);
+    const Scheme scheme = parse_scheme(text);
+    const Scheme again = parse_scheme(to_string(scheme));
+    EXPECT_TRUE(again == scheme) << to_string(scheme);
+    EXPECT_EQ(to_string(again), to_string(scheme));
+  }
+  EXPECT_TRUE(parse_scheme("w=e4m3;a=e2m1:nv:t") == parse_scheme("w=e4m3;a=e2m1:t"));
+  EXPECT_EQ(parse_scheme("w=e4m3;a=e4m3:g64:tok").activation.group, 0);
+}
+
 TEST(Scheme, TextFormReadsEveryField) {
   Scheme s = parse_scheme(" w=uint3:b64x32:s=fp16:zp=float ; a=int8:g64 ; o=fp32 ");
   EXPECT_EQ(s.weight.format, formats::uint_(3));
