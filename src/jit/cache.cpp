@@ -8,10 +8,13 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "common/log.hpp"
 #include "qgemm/error.hpp"
@@ -106,6 +109,16 @@ bool read_file(const std::filesystem::path& path, std::string& bytes) {
   buffer << in.rdbuf();
   bytes = std::move(buffer).str();
   return true;
+}
+
+// A count of the metadata (registers, bytes): an integer that fits an int, else nullopt. (json's
+// get<int>() of 1e300 is undefined behaviour; the writer stores integers only.)
+std::optional<int> metadata_int(const nlohmann::json& value) {
+  if (!value.is_number_integer()) return std::nullopt;
+  const auto wide = value.get<std::int64_t>();
+  if (wide < std::numeric_limits<int>::min() || wide > std::numeric_limits<int>::max())
+    return std::nullopt;
+  return static_cast<int>(wide);
 }
 
 std::string env(const char* name) {
@@ -254,11 +267,20 @@ std::shared_ptr<const CompiledKernel> KernelCache::read_disk(const KernelSpec& s
         kernel->lowered_name = metadata.at("lowered_name").get<std::string>();
         kernel->compile_ms = metadata.at("compile_ms").get<double>();
         const auto& resources = metadata.at("resources");
-        kernel->resources.registers = resources.at("registers").get<int>();
-        kernel->resources.spill_store_bytes = resources.at("spill_store_bytes").get<int>();
-        kernel->resources.spill_load_bytes = resources.at("spill_load_bytes").get<int>();
-        kernel->resources.stack_frame_bytes = resources.at("stack_frame_bytes").get<int>();
-        kernel->resources.static_smem_bytes = resources.at("static_smem_bytes").get<int>();
+        ResourceUsage& usage = kernel->resources;
+        for (const auto& [name, field] : {std::pair{"registers", &usage.registers},
+                                          std::pair{"spill_store_bytes", &usage.spill_store_bytes},
+                                          std::pair{"spill_load_bytes", &usage.spill_load_bytes},
+                                          std::pair{"stack_frame_bytes", &usage.stack_frame_bytes},
+                                          std::pair{"static_smem_bytes", &usage.static_smem_bytes}}) {
+          const std::optional<int> value = metadata_int(resources.at(name));
+          if (!value) {
+            problem = fmt::format("metadata: resources.{} is {}, not an int", name,
+                                  resources.at(name).dump());
+            break;
+          }
+          *field = *value;
+        }
       }
     } catch (const nlohmann::json::exception& error) {
       problem = fmt::format("metadata: {}", error.what());

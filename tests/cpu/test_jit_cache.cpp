@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <barrier>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <string>
@@ -17,6 +20,7 @@
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/compiler.hpp"
+#include "jit/hash.hpp"
 #include "jit/prewarm.hpp"
 #include "qgemm/error.hpp"
 
@@ -244,6 +248,34 @@ TEST(JitCache, CorruptedEntriesAreDetectedLoggedAndRebuilt) {
   expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes[0] = 'X'; });    // magic
   expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes.resize(10); });  // no header
   expect_recovery(dir.path(), spec, [](std::string& bytes) { bytes += "trailing"; });
+}
+
+// Found with the fuzz target tests/fuzz/fuzz_jit_cache.cpp (issue #19): an entry whose metadata
+// held a resource count beyond an int (1e300) was read with json's get<int>(), undefined
+// behaviour (UBSan: "outside the range of representable values of type 'int'"). Such an entry
+// (checksum intact) is corrupt, and is rebuilt.
+TEST(JitCache, MetadataCountsThatAreNotIntsMakeTheEntryCorrupt) {
+  TempDir dir;
+  const KernelSpec spec = small_spec();
+  KernelCache(disk_config(dir.path())).get(spec);
+  for (const nlohmann::json& bad : {nlohmann::json(1e300), nlohmann::json(-1e300),
+                                    nlohmann::json(std::int64_t{1} << 40), nlohmann::json(2.5),
+                                    nlohmann::json("32")}) {
+    SCOPED_TRACE(bad.dump());
+    expect_recovery(dir.path(), spec, [&](std::string& bytes) {
+      // Rewrite the metadata and the framing around it: sizes and checksum stay consistent.
+      std::uint32_t metadata_bytes = 0;
+      std::memcpy(&metadata_bytes, bytes.data() + 12, sizeof metadata_bytes);
+      auto metadata = nlohmann::json::parse(bytes.substr(64, metadata_bytes));
+      metadata["resources"]["static_smem_bytes"] = bad;
+      const std::string text = metadata.dump();
+      bytes = bytes.substr(0, 64) + text + bytes.substr(64 + metadata_bytes);
+      const auto size = static_cast<std::uint32_t>(text.size());
+      std::memcpy(bytes.data() + 12, &size, sizeof size);
+      const std::uint64_t checksum = hash64(std::string_view(bytes).substr(64));
+      std::memcpy(bytes.data() + 24, &checksum, sizeof checksum);
+    });
+  }
 }
 
 TEST(JitCache, EightThreadsAskingAtOnceCompileOnce) {
