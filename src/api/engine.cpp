@@ -1121,7 +1121,7 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
 MoeIndexedRouting Engine::route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
                                    const std::int32_t* expert_map, void* workspace,
                                    std::size_t workspace_bytes, void* stream) {
-  runtime::check_moe_routing_shape(shape);
+  runtime::check_moe_routing_shape(shape);  // before compiling its kernels
   impl_->make_current();
   runtime::MoeRoutingKernels kernels;
   kernels.count = impl_->kernel(jit::moe_routing_spec("count", impl_->arch));

@@ -23,14 +23,17 @@ std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * 
 // The arrays of the workspace, in order: counts, offsets, cursors, sorted_slots, block_experts,
 // slot_positions, invalid_ids (int32 each, every array 256-byte aligned).
 struct RoutingLayout {
+  std::int64_t capacity;
   std::size_t counts, offsets, cursors, sorted, blocks, positions, invalid, bytes;
 };
 
+// Validates the shape (through moe_routing_capacity).
 RoutingLayout routing_layout(const MoeRoutingShape& shape) {
-  const auto capacity = static_cast<std::size_t>(moe_routing_capacity(shape));
+  const std::int64_t capacity = moe_routing_capacity(shape);
   const auto experts = static_cast<std::size_t>(shape.local_experts);
   const auto slots = static_cast<std::size_t>(shape.tokens * shape.top_k);
   RoutingLayout layout{};
+  layout.capacity = capacity;
   std::size_t used = 0;
   auto take = [&](std::size_t count) {
     const std::size_t offset = used;
@@ -40,8 +43,8 @@ RoutingLayout routing_layout(const MoeRoutingShape& shape) {
   layout.counts = take(experts);
   layout.offsets = take(experts + 1);
   layout.cursors = take(experts);
-  layout.sorted = take(capacity);
-  layout.blocks = take(capacity / static_cast<std::size_t>(shape.block));
+  layout.sorted = take(static_cast<std::size_t>(capacity));
+  layout.blocks = take(static_cast<std::size_t>(capacity / shape.block));
   layout.positions = take(slots);
   layout.invalid = take(1);
   layout.bytes = used;
@@ -91,12 +94,11 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
                                      const std::int32_t* expert_ids, const std::int32_t* expert_map,
                                      void* workspace, std::size_t workspace_bytes,
                                      CUstream stream) {
-  check_moe_routing_shape(shape);
+  const RoutingLayout layout = routing_layout(shape);  // validates the shape
   require(shape.local_experts == shape.global_experts || expert_map != nullptr,
           "moe routing: local_experts = {} differs from global_experts = {} without an "
           "expert_map (rule: a map from global to local ids, -1 for other ranks' experts)",
           shape.local_experts, shape.global_experts);
-  const RoutingLayout layout = routing_layout(shape);
   const std::int64_t slots = shape.tokens * shape.top_k;
   require(slots == 0 || (expert_ids != nullptr &&
                          reinterpret_cast<std::uintptr_t>(expert_ids) % sizeof(std::int32_t) == 0),
@@ -123,7 +125,7 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
   args.global_experts = shape.global_experts;
   args.local_experts = shape.local_experts;
   args.block = shape.block;
-  args.capacity = moe_routing_capacity(shape);
+  args.capacity = layout.capacity;
   args.counts = at(layout.counts);
   args.offsets = at(layout.offsets);
   args.cursors = at(layout.cursors);

@@ -65,6 +65,15 @@ Expected host_routing(const MoeRoutingShape& shape, const std::vector<int>& ids,
   return x;
 }
 
+std::vector<int> read_ints(const std::int32_t* p, std::size_t count) {
+  const runtime::Driver& driver = runtime::Driver::get();
+  std::vector<int> out(count);
+  driver.check(
+      driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(int)),
+      "cuMemcpyDtoH");
+  return out;
+}
+
 void check_routing(Engine& engine, const MoeRoutingShape& shape, const std::vector<int>& ids,
                    const std::vector<int>& map, const std::string& label) {
   SCOPED_TRACE(label);
@@ -79,21 +88,14 @@ void check_routing(Engine& engine, const MoeRoutingShape& shape, const std::vect
       workspace.as<void>(), bytes, nullptr);
   const runtime::Driver& driver = runtime::Driver::get();
   driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
-  auto read = [&](const std::int32_t* p, std::size_t count) {
-    std::vector<int> out(count);
-    driver.check(
-        driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(int)),
-        "cuMemcpyDtoH");
-    return out;
-  };
   const int experts = shape.local_experts;
   const auto slots = static_cast<int>(ids.size());
-  EXPECT_EQ(read(r.invalid_ids, 1)[0], x.invalid);
-  EXPECT_EQ(read(r.counts, experts), x.counts);
-  EXPECT_EQ(read(r.offsets, experts + 1), x.offsets);
-  EXPECT_EQ(read(r.block_experts, r.capacity / shape.block), x.block_experts);
-  const std::vector<int> sorted = read(r.sorted_slots, r.capacity);
-  const std::vector<int> positions = read(r.slot_positions, ids.size());
+  EXPECT_EQ(read_ints(r.invalid_ids, 1)[0], x.invalid);
+  EXPECT_EQ(read_ints(r.counts, experts), x.counts);
+  EXPECT_EQ(read_ints(r.offsets, experts + 1), x.offsets);
+  EXPECT_EQ(read_ints(r.block_experts, r.capacity / shape.block), x.block_experts);
+  const std::vector<int> sorted = read_ints(r.sorted_slots, r.capacity);
+  const std::vector<int> positions = read_ints(r.slot_positions, ids.size());
   for (int e = 0; e < experts; ++e) {
     std::vector<int> run(sorted.begin() + x.offsets[e],
                          sorted.begin() + x.offsets[e] + x.counts[e]);
@@ -209,15 +211,6 @@ TEST(MoeRoutingGpu, RefusesAWorkspaceTooSmallAndAMissingMap) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("expert_map"), std::string::npos) << error.what();
   }
-}
-
-std::vector<int> read_ints(const std::int32_t* p, std::size_t count) {
-  const runtime::Driver& driver = runtime::Driver::get();
-  std::vector<int> out(count);
-  driver.check(
-      driver.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(int)),
-      "cuMemcpyDtoH");
-  return out;
 }
 
 runtime::LoadedKernel load(const jit::KernelSpec& spec) {
