@@ -36,7 +36,8 @@ struct MoeRoutingShape {
   int block = 16;          // the grouped GEMM's token tile: runs are padded to a multiple
 };
 
-// Positions of sorted_slots: round_up(tokens · top_k + local_experts · (block − 1), block).
+// Positions of sorted_slots: round_up(slots + min(local_experts, slots) · (block − 1), block),
+// slots = tokens · top_k (only that many runs can be non-empty).
 std::int64_t moe_routing_capacity(const MoeRoutingShape& shape);
 // Device memory route_moe needs (its arrays, 256-byte aligned each).
 std::size_t moe_routing_workspace_bytes(const MoeRoutingShape& shape);
@@ -51,6 +52,30 @@ struct MoeIndexedRouting {
   const std::int32_t* block_experts = nullptr;
   const std::int32_t* slot_positions = nullptr;
   const std::int32_t* invalid_ids = nullptr;
+};
+
+// The activation between an expert's gate_up GEMM (N = 2·I: gate rows 0 .. I−1, up rows
+// I .. 2I−1) and its down GEMM: h[j] = f(gate[j], up[j]) for j < I.
+//   Silu           silu(g) · u                      (Llama, Qwen, DeepSeek: SiLU-GLU)
+//   Gelu           gelu(g) · u, the erf form        (GELU-GLU)
+//   ClampedSwiglu  g' = min(g, limit), u' = clamp(u, −limit, limit),
+//                  g' · sigmoid(alpha · g') · (u' + 1)   (gpt-oss: alpha 1.702, limit 7)
+enum class GluKind { Silu, Gelu, ClampedSwiglu };
+struct GluActivation {
+  GluKind kind = GluKind::Silu;
+  float alpha = 1.702f, limit = 7.0f;  // ClampedSwiglu only
+};
+const char* glu_kind_name(GluKind kind);  // "silu", "gelu", "clamped-swiglu"
+
+// Options of Engine::moe (a whole routed expert layer).
+struct MoeOptions {
+  GluActivation activation;
+  const float* gate_up_bias = nullptr;  // device fp32 [experts, 2·I], or null (gpt-oss has both)
+  const float* down_bias = nullptr;     // device fp32 [experts, hidden], or null
+  // Expert parallelism: device int32 [global_experts], global id -> local id or -1 (held by
+  // another rank: those choices contribute nothing); null: every expert is local.
+  const std::int32_t* expert_map = nullptr;
+  int global_experts = 0;  // 0: the weights' expert count
 };
 
 }  // namespace qgemm

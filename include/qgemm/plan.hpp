@@ -46,6 +46,13 @@ struct GemmProblem {
   // A candidate forced by name (benches, the tuner; `qgemm explain` lists them); empty: the
   // selector chooses.
   std::string candidate;
+  // Grouped (MoE) GEMM over `experts` experts (a weight from Engine::prepare_experts): M counts
+  // the routed slots (tokens · top_k), and A holds them in expert order, each expert's run
+  // padded to whole routing blocks (qgemm/moe.hpp). route_block: the block the caller routes
+  // with (a config whose token tile divides it is chosen); 0: the plan picks the tile and the
+  // caller routes with it (GemmPlan::Choice::route_block). 0 experts: a dense GEMM.
+  int experts = 0;
+  int route_block = 0;
 
   std::int64_t max_rows() const { return m_max > m ? m_max : m; }
 };
@@ -77,6 +84,7 @@ class GemmPlan {
     std::string kernel;                  // the kernel spec(s) or library call it launches
     double predicted_us = 0;             // at m_high (measured µs when a tuning table chose)
     std::string reason;                  // why it won
+    int route_block = 0;                 // grouped: the routing block its runs take
   };
 
   GemmPlan() = default;

@@ -10,6 +10,9 @@
 //           unit u: weight block u % n_blocks (block_n = 64 · kConsumers rows), token block
 //           (u / n_blocks) % m_blocks, K split u / (n_blocks · m_blocks) (chunks_per_split
 //           chunks of 64; the last split may be shorter)
+//   grouped (MoE, params.block_experts set): A holds the routed rows in expert order, each
+//           expert's run padded to whole token blocks; a unit takes its weight, scales and bias
+//           from the expert of its token block, and units past the routed total are skipped
 //   block   warpgroup 0     producer: one thread waits for a free stage and issues its copies
 //                           (TMA for A, bulk copies for W and the scales) on the stage's `full`
 //                           barrier, which counts the bytes
@@ -105,8 +108,11 @@ struct WgmmaGemm {
 
   struct Unit {
     int n_block, m_block, split, chunk0, chunks;
+    int expert;  // grouped: the token block's expert (−1: past the routed total, skipped); else 0
   };
 
+  // Every role (producer, transform warps, consumers) walks the same units and skips the same
+  // ones, so their stage counters stay in step.
   __device__ static Unit unit_of(const WgmmaGemmParams& p, int u) {
     Unit out;
     out.n_block = u % p.n_blocks;
@@ -114,6 +120,7 @@ struct WgmmaGemm {
     out.split = u / (p.n_blocks * p.m_blocks);
     out.chunk0 = out.split * p.chunks_per_split;
     out.chunks = min(p.chunks_per_split, p.k_chunks - out.chunk0);
+    out.expert = p.block_experts ? __ldg(p.block_experts + out.m_block / p.blocks_per_route) : 0;
     return out;
   }
 
@@ -171,8 +178,12 @@ struct WgmmaGemm {
     int it = 0;  // stages used so far (the consumers count the same)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
       const Unit unit = unit_of(p, u);
+      if (unit.expert < 0) continue;
       const int tile0 = unit.n_block * kConsumers;
       const int tiles = min(kConsumers, p.n_tiles - tile0);
+      const unsigned* w = p.w + unit.expert * p.w_expert_stride;
+      const float* scales = p.scales + unit.expert * p.scale_expert_stride;
+      const float* zeros = kStoredZeros ? p.zeros + unit.expert * p.scale_expert_stride : nullptr;
       for (int i = 0; i < unit.chunks; i += kStageChunks, ++it) {
         const int slot = it % kStages;
         ptx::mbarrier_wait_parity(empty_barrier(base, slot), ((it / kStages) & 1) ^ 1);
@@ -190,15 +201,15 @@ struct WgmmaGemm {
                               unit.m_block * kTokens, full);
         for (int t = 0; t < tiles; ++t)
           ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
-                         p.w + (static_cast<long long>(tile0 + t) * p.k_chunks + c) * 128 * kBits,
+                         w + (static_cast<long long>(tile0 + t) * p.k_chunks + c) * 128 * kBits,
                          chunks * kShape.w_chunk_bytes, full);
         const int group0 = stage_first_group(c);
         const unsigned s_stage = stage + kShape.a_bytes + kShape.w_bytes;
         for (int r = 0; r < rows; ++r) {
           const long long at = static_cast<long long>(group0 + r) * p.n_padded + tile0 * 64;
-          ptx::bulk_copy(s_stage + r * kShape.s_row_bytes, p.scales + at, tiles * 256, full);
+          ptx::bulk_copy(s_stage + r * kShape.s_row_bytes, scales + at, tiles * 256, full);
           if constexpr (kStoredZeros)
-            ptx::bulk_copy(s_stage + (kShape.scale_rows + r) * kShape.s_row_bytes, p.zeros + at,
+            ptx::bulk_copy(s_stage + (kShape.scale_rows + r) * kShape.s_row_bytes, zeros + at,
                            tiles * 256, full);
         }
       }
@@ -295,6 +306,7 @@ struct WgmmaGemm {
       int it = 0, tc = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = unit_of(p, u);
+        if (unit.expert < 0) continue;
         const int tiles = min(kConsumers, p.n_tiles - unit.n_block * kConsumers);
         for (int i = 0; i < unit.chunks; ++i, ++tc) {
           const ChunkPlace at = place_of(it, i);
@@ -505,6 +517,7 @@ struct WgmmaGemm {
       pending_buffer = -1;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = unit_of(p, u);
+        if (unit.expert < 0) continue;
         const int tile = unit.n_block * kConsumers + warpgroup;
         const bool active = tile < p.n_tiles;
         if constexpr (kPromote) {
@@ -572,7 +585,7 @@ struct WgmmaGemm {
           acc[4 * q + 3] = sum.w;
         }
       }
-      emit(p, unit.m_block, tile);
+      emit(p, unit.m_block, tile, unit.expert);
     }
 
     // C[m][n] = acc · global_scale · row_factor[m] + bias[n] for the tile's 64 rows × kTokens
@@ -587,14 +600,15 @@ struct WgmmaGemm {
     //             XOR spreads a matrix's 8 rows over 8 bank groups)
     //   copy      8 threads a token row: chunk c to C[m][64 · tile + 8c ..], 16-byte stores where
     //             the row piece lies inside N and is 16-byte aligned, element stores elsewhere
-    __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile) {
+    __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile, int expert) {
       const int lane = thread % 32, warp = thread / 32;
       const int n0 = tile * 64 + warp * 16 + lane / 4;
       const int m0 = m_block * kTokens + 2 * (lane % 4);
       float bias[2] = {0.0f, 0.0f};
       if (p.bias) {
-        if (n0 < p.n) bias[0] = p.bias[n0];
-        if (n0 + 8 < p.n) bias[1] = p.bias[n0 + 8];
+        const float* expert_bias = p.bias + static_cast<long long>(expert) * p.n;
+        if (n0 < p.n) bias[0] = expert_bias[n0];
+        if (n0 + 8 < p.n) bias[1] = expert_bias[n0 + 8];
       }
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j)

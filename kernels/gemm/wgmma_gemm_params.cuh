@@ -29,6 +29,14 @@ struct WgmmaGemmParams {
   int n_padded, n_tiles, k_chunks, groups;
   int n_blocks, m_blocks, splits, chunks_per_split;
   float global_scale;
+  // Grouped (MoE) GEMM over the indexed layout (include/qgemm/moe.hpp), null: dense. A's rows
+  // are the routed rows in expert order; token block b lies in routing block
+  // b / blocks_per_route, whose expert is block_experts[that] (−1 past the routed total: the
+  // block is skipped). Expert e's weight starts e · w_expert_stride words into w, its scales
+  // and zeros e · scale_expert_stride floats in, its bias e · n floats in.
+  const int* block_experts;
+  int blocks_per_route;
+  long long w_expert_stride, scale_expert_stride;
 };
 
 }  // namespace qgemm::kernels

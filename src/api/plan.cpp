@@ -47,6 +47,13 @@ void validate(const GemmProblem& p) {
   const int align = p.a_alignment;
   if (align < 1 || align > 16 || (align & (align - 1)) != 0)
     fail(fmt::format("a_alignment = {} (rule: a power of two from 1 to 16)", align));
+  if (p.experts < 0 || p.experts > 4096)
+    fail(fmt::format("experts = {} (rule: 0 for a dense GEMM, else 1 .. 4096)", p.experts));
+  if (p.route_block != 0 && (p.experts == 0 || p.route_block < 8 || p.route_block > 256 ||
+                             (p.route_block & (p.route_block - 1)) != 0))
+    fail(fmt::format("route_block = {} (rule: 0, or for a grouped GEMM a power of two from 8 to "
+                     "256, a multiple of the kernel's token tile)",
+                     p.route_block));
   if (align < p.input.storage_bytes())
     fail(fmt::format("a_alignment = {} is below the {}-byte elements of A", align,
                      p.input.storage_bytes()));

@@ -73,7 +73,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       break;
     case Path::Wgmma:
       launch.wgmma_config = verdict.candidate->wgmma;
-      launch.wgmma = wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
+      launch.wgmma = p.experts > 0
+                         ? grouped_wgmma_launch(*launch.wgmma_config, m, p.experts,
+                                                p.route_block, *weight.wgmma, launch.operand, gpu)
+                         : wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
                                p.scheme.output, arch);
       break;

@@ -291,6 +291,12 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       selection.verdicts.push_back(std::move(v));
       continue;
     }
+    if (p.experts > 0 && candidate.path != Path::Wgmma) {
+      reject("a grouped (MoE) GEMM runs on the wgmma family (the others do not read the routing "
+             "yet)");
+      selection.verdicts.push_back(std::move(v));
+      continue;
+    }
     switch (candidate.path) {
       case Path::MmaStreamed:
       case Path::MmaTiled: {
@@ -343,6 +349,11 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         if (auto why = config.unsupported_reason(m, *weight.wgmma, v.operand, gpu)) {
           reject(*why);
+          break;
+        }
+        if (p.route_block > 0 && p.route_block % config.block_m() != 0) {
+          reject(fmt::format("the routing block {} is not a multiple of its {}-token tile",
+                             p.route_block, config.block_m()));
           break;
         }
         const WgmmaLaunch launch = wgmma_launch(config, m, *weight.wgmma, v.operand, gpu);

@@ -9,6 +9,7 @@
 
 #include "dispatch/cost_model.hpp"
 #include "qgemm/error.hpp"
+#include "qgemm/moe.hpp"
 
 namespace qgemm::dispatch {
 namespace {
@@ -164,6 +165,35 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
   per = (per + chunk_step - 1) / chunk_step * chunk_step;
   launch.chunks_per_split = static_cast<int>(per);
   launch.splits = static_cast<int>((k_chunks + per - 1) / per);
+  launch.grid = static_cast<unsigned>(std::min<std::int64_t>(launch.units(), gpu.sm_count));
+  return launch;
+}
+
+std::int64_t grouped_rows_per_expert(std::int64_t slots, int experts) {
+  if (slots <= 0) return 1;
+  const double e = experts;
+  const double active = e * (1.0 - std::pow(1.0 - 1.0 / e, static_cast<double>(slots)));
+  return std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(std::ceil(static_cast<double>(slots) / std::max(active, 1.0))));
+}
+
+WgmmaLaunch grouped_wgmma_launch(const WgmmaConfig& c, std::int64_t slots, int experts,
+                                 int route_block, const layout::MmaWeight& weight,
+                                 const Format& operand, const GpuLimits& gpu) {
+  const std::int64_t per_expert = grouped_rows_per_expert(slots, experts);
+  const std::int64_t active = (slots + per_expert - 1) / per_expert;
+  const std::int64_t busy_blocks = active * ((per_expert + c.block_m() - 1) / c.block_m());
+  WgmmaLaunch launch = wgmma_launch(c, busy_blocks * c.block_m(), weight, operand, gpu);
+  MoeRoutingShape shape;
+  shape.tokens = slots;
+  shape.global_experts = shape.local_experts = std::min(experts, 512);
+  shape.block = route_block > 0 ? route_block : c.block_m();
+  launch.m_blocks = static_cast<int>(moe_routing_capacity(shape) / c.block_m());
+  // The split-K sums cover every token block of the capacity: past 64 MB, one split.
+  if (launch.splits > 1 && wgmma_zeroed_bytes(c, launch, weight) > (std::size_t{64} << 20)) {
+    launch.splits = 1;
+    launch.chunks_per_split = static_cast<int>(weight.k_blocks / 4);
+  }
   launch.grid = static_cast<unsigned>(std::min<std::int64_t>(launch.units(), gpu.sm_count));
   return launch;
 }

@@ -82,6 +82,17 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& config, std::int64_t m,
                          const layout::MmaWeight& weight, const Format& operand,
                          const GpuLimits& gpu);
 
+// The grouped (MoE) GEMM over `slots` routed rows of `experts` experts, routed in blocks of
+// `route_block` (0: the config's token tile): token blocks for the routing's capacity (every
+// routing of the shape fits; the kernel skips blocks past the routed total), splits as for
+// the token blocks uniform routing is expected to fill.
+WgmmaLaunch grouped_wgmma_launch(const WgmmaConfig& config, std::int64_t slots, int experts,
+                                 int route_block, const layout::MmaWeight& weight,
+                                 const Format& operand, const GpuLimits& gpu);
+// The rows an expert is expected to get when `slots` rows are routed uniformly over `experts`
+// (those of the experts that get any): what a grouped GEMM's config is chosen at.
+std::int64_t grouped_rows_per_expert(std::int64_t slots, int experts);
+
 // Split-K scratch: an fp32 slot per accumulator of every (token block, weight tile), then one
 // counter per (token block, weight tile); the kernel leaves both zero (0 without split-K).
 std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& launch,

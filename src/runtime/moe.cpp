@@ -55,8 +55,10 @@ RoutingLayout routing_layout(const MoeRoutingShape& shape) {
 
 std::int64_t moe_routing_capacity(const MoeRoutingShape& shape) {
   runtime::check_moe_routing_shape(shape);
-  const std::int64_t needed = shape.tokens * shape.top_k +
-                              static_cast<std::int64_t>(shape.local_experts) * (shape.block - 1);
+  // At most min(experts, slots) runs are non-empty, each padded by at most block − 1.
+  const std::int64_t slots = shape.tokens * shape.top_k;
+  const std::int64_t needed =
+      slots + std::min<std::int64_t>(shape.local_experts, slots) * (shape.block - 1);
   return (needed + shape.block - 1) / shape.block * shape.block;
 }
 

@@ -30,13 +30,13 @@ std::string error_of(const MoeRoutingShape& shape) {
 }
 
 // Every expert's run may end in up to block − 1 padding positions, and the total is a whole
-// number of blocks: capacity = round_up(slots + E · (block − 1), block).
+// number of blocks: capacity = round_up(slots + min(E, slots) · (block − 1), block).
 TEST(MoeRouting, CapacityHoldsEveryRoutingOfTheShape) {
   EXPECT_EQ(moe_routing_capacity(shape_of(1, 1, 1, 16)), 16);
-  EXPECT_EQ(moe_routing_capacity(shape_of(1, 8, 128, 16)), (8 + 128 * 15 + 15) / 16 * 16);
+  EXPECT_EQ(moe_routing_capacity(shape_of(1, 8, 128, 16)), (8 + 8 * 15 + 15) / 16 * 16);
   EXPECT_EQ(moe_routing_capacity(shape_of(4096, 8, 256, 128)),
             (32768 + 256 * 127 + 127) / 128 * 128);
-  EXPECT_EQ(moe_routing_capacity(shape_of(0, 4, 8, 8)), 56);  // no tokens: padding room only
+  EXPECT_EQ(moe_routing_capacity(shape_of(0, 4, 8, 8)), 0);  // no tokens: no runs
   // The workspace holds capacity sorted slots, capacity / block block entries, the slots'
   // positions and the per-expert arrays, each 256-byte aligned.
   const MoeRoutingShape s = shape_of(1000, 8, 64, 64);

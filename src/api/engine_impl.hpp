@@ -1,0 +1,235 @@
+// What the Engine holds (include/qgemm/engine.hpp), shared by the files that implement it:
+// engine.cpp (prepare, plan, run, gemm) and moe.cpp (expert weights, routing, the MoE layer).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/plan_data.hpp"
+#include "dispatch/select.hpp"
+#include "jit/cache.hpp"
+#include "jit/kernel_spec.hpp"
+#include "qgemm/engine.hpp"
+#include "qgemm/error.hpp"
+#include "runtime/cublas.hpp"
+#include "runtime/cublaslt.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/driver.hpp"
+#include "runtime/kernel_loader.hpp"
+
+namespace qgemm {
+
+namespace detail {
+
+// A weight prepared on one device: the layouts it was given (WeightFacts says which), the
+// activation quantization gemm() applies for it, and the plans gemm() made for it.
+struct PreparedWeight {
+  std::uint64_t id = 0;  // unique per prepared weight (plans are made for one)
+  WeightQuant quant;
+  std::int64_t n = 0, k = 0;
+  double global_scale = 1.0;
+  ActivationQuant activation;
+  double static_activation_scale = 0.0;
+  dispatch::WeightFacts facts;
+  PackedWeight canonical_shape;  // the canonical metadata (vectors empty), for its dequantizer
+  runtime::DeviceBuffer words, scales, zeros;                      // the mma layout
+  runtime::DeviceBuffer wgmma_words, wgmma_scales, wgmma_zeros;    // the wgmma order
+  runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
+  runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
+
+  // gemm()'s plans, by call shape.
+  struct PlanKey {
+    std::int64_t m;
+    std::string input, output, candidate;
+    bool bias;
+    int a_alignment;
+    std::int64_t ldc;
+    std::uint64_t table_generation;
+    friend bool operator<(const PlanKey& a, const PlanKey& b) {
+      return std::tie(a.m, a.input, a.output, a.candidate, a.bias, a.a_alignment, a.ldc,
+                      a.table_generation) < std::tie(b.m, b.input, b.output, b.candidate, b.bias,
+                                                     b.a_alignment, b.ldc, b.table_generation);
+    }
+  };
+  mutable std::shared_mutex plans_mutex;
+  mutable std::map<PlanKey, GemmPlan> plans;
+
+  std::size_t bytes() const {
+    return words.bytes() + scales.bytes() + zeros.bytes() + wgmma_words.bytes() +
+           wgmma_scales.bytes() + wgmma_zeros.bytes() + codes.bytes() +
+           canonical_scales.bytes() + canonical_zeros.bytes() + fp8_scales.bytes();
+  }
+};
+
+}  // namespace detail
+
+namespace detail {
+
+// Device buffers and scratch regions are 256-byte aligned (TMA and 16-byte vector accesses
+// need less; this keeps every region on its own cache lines).
+inline constexpr std::size_t kAlign = 256;
+inline std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+template <typename T>
+T* at(void* base, std::size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+}  // namespace detail
+
+struct Engine::Impl {
+  int device = 0;
+  CUcontext context = nullptr;
+  runtime::DeviceInfo info;
+  dispatch::GpuLimits gpu;  // of `info`
+  dispatch::GpuRates rates;
+  jit::Arch arch = jit::Arch::sm_80;
+
+  // Loaded kernels by spec text (plan time only: runs hold their LoadedKernel).
+  std::mutex kernels_mutex;
+  std::map<std::string, runtime::LoadedKernel> kernels;
+
+  // cuBLAS for dequantize + cuBLAS: one handle, used under this lock (its stream and workspace
+  // are per call).
+  std::mutex blas_mutex;
+  std::unique_ptr<runtime::Cublas> blas;
+  // cuBLASLt for its FP8 candidate (made at the first plan that takes it).
+  std::mutex lt_mutex;
+  std::unique_ptr<runtime::CublasLt> lt;
+
+  // Workspaces per stream: scratch, and the split-K region the kernels leave zero. They only
+  // grow, in plan() / warm_up() / a gemm() that plans; an outgrown buffer is kept until the
+  // engine goes (a run on another thread may still hold its address).
+  // Calls from several threads on one stream enqueue one at a time: a call's kernels pass its
+  // operand through the stream's scratch, which the next call's first kernel would overwrite.
+  struct StreamWorkspace {
+    runtime::DeviceBuffer scratch, zeroed;
+    std::mutex enqueue;
+  };
+  std::shared_mutex workspace_mutex;
+  std::unordered_map<void*, StreamWorkspace> workspaces;
+  std::vector<runtime::DeviceBuffer> retired;
+
+  void make_current() const { runtime::use_primary_context(device); }
+
+  runtime::LoadedKernel kernel(const jit::KernelSpec& spec) {
+    const std::string text = jit::to_string(spec);
+    std::lock_guard lock(kernels_mutex);
+    auto found = kernels.find(text);
+    if (found != kernels.end()) return found->second;
+    auto lookup = jit::KernelCache::global().get(spec);
+    make_current();
+    runtime::LoadedKernel loaded = runtime::KernelLoader::global().get(*lookup.kernel);
+    kernels.emplace(text, loaded);
+    return loaded;
+  }
+
+  void reserve(void* stream, std::size_t scratch, std::size_t zeroed) {
+    std::unique_lock lock(workspace_mutex);
+    StreamWorkspace& w = workspaces[stream];
+    make_current();
+    auto grow = [&](runtime::DeviceBuffer& buffer, std::size_t bytes, bool zero) {
+      if (buffer.bytes() >= bytes) return;
+      // Grow by half again at least, so that a shape sweep reallocates a few times only.
+      const std::size_t size = std::max(bytes, buffer.bytes() + buffer.bytes() / 2);
+      runtime::DeviceBuffer fresh(detail::aligned(size));
+      if (zero) fresh.fill_bytes(0);
+      if (buffer.bytes()) retired.push_back(std::move(buffer));
+      buffer = std::move(fresh);
+    };
+    grow(w.scratch, scratch, false);
+    grow(w.zeroed, zeroed, true);
+  }
+
+  // Grows the stream's workspace to the plan's size when it is smaller (a shared-lock check
+  // first: gemm() calls this every time).
+  void ensure_workspace(void* stream, const detail::PlanData& plan) {
+    {
+      std::shared_lock lock(workspace_mutex);
+      auto found = workspaces.find(stream);
+      if (found != workspaces.end() && found->second.scratch.bytes() >= plan.scratch_bytes &&
+          found->second.zeroed.bytes() >= plan.zeroed_bytes)
+        return;
+    }
+    reserve(stream, plan.scratch_bytes, plan.zeroed_bytes);
+  }
+
+  // The stream's workspace (scratch and zeroed base pointers, and the lock of its stream, held
+  // while a call enqueues); Error when it is too small.
+  struct StreamSlot {
+    void* scratch = nullptr;
+    void* zeroed = nullptr;
+    std::unique_lock<std::mutex> enqueue;
+  };
+  StreamSlot stream_workspace(void* stream, const detail::PlanData& plan) {
+    std::shared_lock lock(workspace_mutex);
+    auto found = workspaces.find(stream);
+    const bool fits = found != workspaces.end() &&
+                      found->second.scratch.bytes() >= plan.scratch_bytes &&
+                      found->second.zeroed.bytes() >= plan.zeroed_bytes;
+    if (!fits)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: the engine's workspace of this stream holds less than the "
+                              "plan's {} bytes (rule: make the plan, or warm_up, with this stream, "
+                              "or pass a Workspace)",
+                              plan.scratch_bytes + plan.zeroed_bytes));
+    return {found->second.scratch.as<void>(), found->second.zeroed.as<void>(),
+            std::unique_lock<std::mutex>(found->second.enqueue)};
+  }
+
+  runtime::Cublas& cublas() {
+    if (!blas) blas = std::make_unique<runtime::Cublas>();
+    return *blas;
+  }
+
+  const runtime::CublasLt& cublaslt() {
+    std::lock_guard lock(lt_mutex);
+    make_current();
+    if (!lt) lt = std::make_unique<runtime::CublasLt>();
+    return *lt;
+  }
+
+  static const detail::PreparedWeight& prepared(const QuantWeight& weight) {
+    if (!weight)
+      throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
+    return *weight.impl_;
+  }
+
+  dispatch::SelectionContext selection_context(const GemmProblem& problem) const {
+    dispatch::SelectionContext context;
+    context.gpu = gpu;
+    context.rates = rates;
+    context.forced = problem.candidate;
+    return context;
+  }
+
+  detail::PlanStep make_step(const GemmProblem& problem, std::int64_t low, std::int64_t high,
+                             const dispatch::Verdict& verdict,
+                             const detail::PreparedWeight& weight);
+  GemmPlan make_plan(const GemmProblem& problem, const detail::PreparedWeight& weight);
+  void run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
+           const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
+           void* stream, const float* bias, const Workspace& workspace);
+  void run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
+               const detail::PreparedWeight& weight, const DeviceMatrix* a,
+               const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
+  void launch_dequantize(const detail::PreparedWeight& weight, const runtime::LoadedKernel& kernel,
+                         const jit::KernelSpec& spec, std::int64_t n0, std::int64_t rows,
+                         unsigned short* out, std::int64_t ld, CUstream stream);
+  void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+               const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
+               void* scratch, const float* row_factors);
+  void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
+                 const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
+                 const float* row_factors, void* zeroed);
+};
+
+}  // namespace qgemm
