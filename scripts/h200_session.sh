@@ -5,16 +5,16 @@
 #                                   gates, Humming on the issue #15 rows
 #   scripts/h200_session.sh profile SCHEME:M:N:K CONFIG...   the forced configs' times on one case,
 #                                   then ncu of each CONFIG (a wgmma/decode candidate name)
+#   scripts/h200_session.sh moe     the MoE GPU tests, then qgemm_moe_bench (issue #17's rows)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_out}; mkdir -p "$out"
 export QGEMM_CACHE_DIR=/tmp/qgemm-cache
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$out/info.txt"
-if [ ! -x build-gpu/qgemm ] || [ ! -x build-gpu/tests/qgemm_tests_gpu ]; then
-  OUT="$out" scripts/gpu_build.sh || exit 1
-  echo "built at ${SECONDS}s"
-fi
+# Incremental: a warm machine keeps build-gpu from the last call, the sources may have changed.
+OUT="$out" scripts/gpu_build.sh || exit 1
+echo "built at ${SECONDS}s"
 case "${1:-tests}" in
 tests)
   # Sampled matrices keep the whole GPU suite within the call (most of its time is NVRTC).
@@ -44,6 +44,14 @@ bench)
     --rows issue15 --json "$out/humming15.json" > "$out/humming15.txt" 2>&1
   echo "humming rc=$? at ${SECONDS}s"
   cat "$out/hopper.txt"; tail -25 "$out/humming15.txt"
+  ;;
+moe)
+  QGEMM_GPU_TEST_SUBSET=1 timeout 300 build-gpu/tests/qgemm_tests_gpu \
+    --gtest_filter='MoeLayerGpu.*:MoeRoutingGpu.*' > "$out/moe_tests.log" 2>&1
+  echo "moe tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|rel .* of its bound|seed" "$out/moe_tests.log" | head -40
+  timeout 240 build-gpu/bench/qgemm_moe_bench "${@:2}" > "$out/moe_bench.txt" 2>&1
+  echo "moe bench rc=$? at ${SECONDS}s"; cat "$out/moe_bench.txt"
   ;;
 profile)
   case_=$2; shift 2

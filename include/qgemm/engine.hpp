@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "qgemm/moe.hpp"
 #include "qgemm/plan.hpp"
@@ -70,6 +71,8 @@ class QuantWeight {
   // How gemm() quantizes a bf16/fp16 A for this weight (not quantized: A is used as given).
   const ActivationQuant& activation() const;
   std::size_t device_bytes() const;  // the prepared weight's device memory
+  // Expert weights (Engine::prepare_experts): how many; n() and k() are one expert's. 0: dense.
+  int experts() const;
   explicit operator bool() const { return impl_ != nullptr; }
 
  private:
@@ -149,6 +152,39 @@ class Engine {
   MoeIndexedRouting route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
                               const std::int32_t* expert_map, void* workspace,
                               std::size_t workspace_bytes, void* stream);
+
+  // Expert weights: E packed weights of one quantization and shape [N, K] (a layer's gate_up
+  // experts, or its down experts), prepared as one QuantWeight with an expert dimension
+  // (experts() = E; n() and k() are one expert's). Served on SM90 (the wgmma family) with
+  // 16-bit activations; Error(Unsupported) names what is not served yet (SM80-SM89, quantized
+  // activations).
+  QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
+                              const ActivationQuant& activation = {});
+
+  // The grouped GEMM alone, for engines that route themselves:
+  //   rows_out[p] = rows_in[p] · W_eᵀ (+ bias[e]),  e = routing.block_experts[p / block]
+  // for every position p below the routed total (the device's offsets[local_experts]); rows
+  // past it are not written. rows_in [>= capacity, K] (bf16/fp16) holds the routed rows in
+  // expert order (moe.hpp: what a gather of sorted_slots gives), rows_out [>= capacity, N].
+  // `routing` comes from route_moe, or from the caller's own arrays, with block =
+  // plan.choice_for(slots).route_block (or the problem's route_block). `bias`: device fp32
+  // [experts, N] or null. Graph-capturable: every size that depends on the routing is read on
+  // the device.
+  void moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing, const DeviceMatrix& rows_in,
+                const QuantWeight& experts, const DeviceMatrix& rows_out, void* stream,
+                const float* bias = nullptr);
+
+  // A whole routed expert layer (hidden [M, H] bf16/fp16; top-k choices per token):
+  //   out[t] = Σ_j weights[t·top_k + j] · down_e(glu(gate_up_e(hidden[t]))),  e = ids[t·top_k + j]
+  // gate_up: experts [2·I, H] (gate rows, then up rows); down: experts [H, I]. The activation
+  // between them is rounded to hidden's type (the down GEMM's A), the down rows stay fp32 and
+  // the top-k sum rounds once into out [M, H] (bf16, fp16 or fp32). `topk_ids` device int32
+  // [M · top_k], `topk_weights` device fp32 [M · top_k]. Plans on the first call of a shape (and
+  // sizes the stream's workspace: capture later calls), then routes, gathers, runs both grouped
+  // GEMMs, the activation and the weighted sum on `stream` with no synchronization.
+  void moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids, const float* topk_weights,
+           int top_k, const QuantWeight& gate_up, const QuantWeight& down, const DeviceMatrix& out,
+           void* stream, const MoeOptions& options = {});
 
  private:
   struct Impl;

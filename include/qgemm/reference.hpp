@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "qgemm/moe.hpp"
 #include "qgemm/quant.hpp"
 
 namespace qgemm::reference {
@@ -36,5 +37,21 @@ enum class MoeActivation { None, SiluGlu };
 std::vector<double> moe(const Scheme& scheme, const PackedActivation& a,
                         const std::vector<PackedWeight>& experts, const MoeRouting& routing,
                         MoeActivation activation = MoeActivation::None);
+
+// A whole routed expert layer, as Engine::moe defines it. For each slot (token t, choice j)
+// routed to expert e:
+//   g = a_t · GU_eᵀ (+ gate_up_bias[e])         GU_e: [2I, H], gate rows 0..I-1, up rows I..2I-1
+//       rounded to `intermediate` (the 16-bit rows the gate_up GEMM writes)
+//   h = glu(g[0..I), g[I..2I)) rounded to `intermediate` (the down GEMM's 16-bit A)
+//   y = h · D_eᵀ (+ down_bias[e])                D_e: [H, I]
+// out_t = Σ_j weights[t·top_k + j] · y in choice order, rounded once to the scheme's output.
+// Both expert lists are quantized as scheme.weight; biases are host fp32 [E, 2I] and [E, H] or
+// null.
+std::vector<double> moe_layer(const Scheme& scheme, const PackedActivation& a,
+                              const std::vector<PackedWeight>& gate_up,
+                              const std::vector<PackedWeight>& down, const MoeRouting& routing,
+                              const GluActivation& activation, const Format& intermediate,
+                              const float* gate_up_bias = nullptr,
+                              const float* down_bias = nullptr);
 
 }  // namespace qgemm::reference

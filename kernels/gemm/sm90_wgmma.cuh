@@ -10,7 +10,7 @@
 //           unit u: weight block u % n_blocks (block_n = 64 · kConsumers rows), token block
 //           (u / n_blocks) % m_blocks, K split u / (n_blocks · m_blocks) (chunks_per_split
 //           chunks of 64; the last split may be shorter)
-//   grouped (MoE, params.block_experts set): A holds the routed rows in expert order, each
+//   grouped (MoE, kGrouped; params.block_experts): A holds the routed rows in expert order, each
 //           expert's run padded to whole token blocks; a unit takes its weight, scales and bias
 //           from the expert of its token block, and units past the routed total are skipped
 //   block   warpgroup 0     producer: one thread waits for a free stage and issues its copies
@@ -71,7 +71,7 @@ namespace qgemm::kernels {
 
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, int kDequant>
+          bool kSplitK, int kDequant, bool kGrouped>
 struct WgmmaGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
@@ -120,7 +120,8 @@ struct WgmmaGemm {
     out.split = u / (p.n_blocks * p.m_blocks);
     out.chunk0 = out.split * p.chunks_per_split;
     out.chunks = min(p.chunks_per_split, p.k_chunks - out.chunk0);
-    out.expert = p.block_experts ? __ldg(p.block_experts + out.m_block / p.blocks_per_route) : 0;
+    out.expert = 0;
+    if constexpr (kGrouped) out.expert = __ldg(p.block_experts + out.m_block / p.blocks_per_route);
     return out;
   }
 
@@ -181,9 +182,14 @@ struct WgmmaGemm {
       if (unit.expert < 0) continue;
       const int tile0 = unit.n_block * kConsumers;
       const int tiles = min(kConsumers, p.n_tiles - tile0);
-      const unsigned* w = p.w + unit.expert * p.w_expert_stride;
-      const float* scales = p.scales + unit.expert * p.scale_expert_stride;
-      const float* zeros = kStoredZeros ? p.zeros + unit.expert * p.scale_expert_stride : nullptr;
+      const unsigned* w = p.w;
+      const float* scales = p.scales;
+      const float* zeros = p.zeros;
+      if constexpr (kGrouped) {
+        w += unit.expert * p.w_expert_stride;
+        scales += unit.expert * p.scale_expert_stride;
+        if constexpr (kStoredZeros) zeros += unit.expert * p.scale_expert_stride;
+      }
       for (int i = 0; i < unit.chunks; i += kStageChunks, ++it) {
         const int slot = it % kStages;
         ptx::mbarrier_wait_parity(empty_barrier(base, slot), ((it / kStages) & 1) ^ 1);
@@ -585,7 +591,7 @@ struct WgmmaGemm {
           acc[4 * q + 3] = sum.w;
         }
       }
-      emit(p, unit.m_block, tile, unit.expert);
+      emit(p, unit.m_block, tile);
     }
 
     // C[m][n] = acc · global_scale · row_factor[m] + bias[n] for the tile's 64 rows × kTokens
@@ -600,13 +606,17 @@ struct WgmmaGemm {
     //             XOR spreads a matrix's 8 rows over 8 bank groups)
     //   copy      8 threads a token row: chunk c to C[m][64 · tile + 8c ..], 16-byte stores where
     //             the row piece lies inside N and is 16-byte aligned, element stores elsewhere
-    __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile, int expert) {
+    __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile) {
       const int lane = thread % 32, warp = thread / 32;
       const int n0 = tile * 64 + warp * 16 + lane / 4;
       const int m0 = m_block * kTokens + 2 * (lane % 4);
       float bias[2] = {0.0f, 0.0f};
       if (p.bias) {
-        const float* expert_bias = p.bias + static_cast<long long>(expert) * p.n;
+        // Grouped: the block's expert's bias (looked up again here rather than kept in a
+        // register through the mainloop, where the consumers have none to spare).
+        const float* expert_bias = p.bias;
+        if constexpr (kGrouped)
+          expert_bias += static_cast<long long>(__ldg(p.block_experts + m_block / p.blocks_per_route)) * p.n;
         if (n0 < p.n) bias[0] = expert_bias[n0];
         if (n0 + 8 < p.n) bias[1] = expert_bias[n0 + 8];
       }
@@ -731,11 +741,12 @@ struct WgmmaGemm {
 // from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
-          bool kSplitK, int kDequant, int kThreads, int kDynamicSmemBytes>
+          bool kSplitK, int kDequant, bool kGrouped, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
   using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
-                         kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant>;
+                         kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant,
+                         kGrouped>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

@@ -1,6 +1,7 @@
 // The MoE glue around a grouped GEMM over the indexed layout (moe/routing_args.cuh): gather the
 // routed tokens' rows into expert order before it, combine the experts' rows per token after it
-// (the router-weighted top-k sum). Both are one grid-stride pass, a thread per element (16-byte
+// (the router-weighted top-k sum), and the GLU between an expert's two GEMMs. Each is one
+// grid-stride pass, a thread per element (16-byte
 // pieces are the next step once they are measured), and read every size they need from the
 // device (graph-capturable).
 #pragma once
@@ -68,11 +69,39 @@ __device__ void moe_combine(const MoeGlueArgs& args) {
   }
 }
 
+// Thread per (position, column) of the activation's output, below the padded total (padding
+// rows are computed too: their gate_up rows are the GEMM's, of zero inputs plus bias).
+template <int kRows, int kOut, int kThreads>
+__device__ void moe_glu(const MoeGlueArgs& args) {
+  const long long total = args.offsets[args.local_experts];
+  const long long items = total * args.columns;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < items;
+       i += stride) {
+    const long long p = i / args.columns, c = i - p * args.columns;
+    float gate = moe_load<kRows>(args.rows, p * args.ld_rows + c);
+    float up = moe_load<kRows>(args.rows, p * args.ld_rows + args.columns + c);
+    float h;
+    if (args.glu_kind == kGluSilu) {
+      h = gate / (1.0f + __expf(-gate)) * up;
+    } else if (args.glu_kind == kGluGelu) {
+      h = 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
+    } else {
+      gate = fminf(gate, args.glu_limit);
+      up = fminf(fmaxf(up, -args.glu_limit), args.glu_limit);
+      h = gate / (1.0f + __expf(-args.glu_alpha * gate)) * (up + 1.0f);
+    }
+    moe_store<kOut>(args.rows_out, p * args.ld_output + c, h);
+  }
+}
+
 template <int kStep, int kRows, int kOut, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) moe_glue_kernel(MoeGlueArgs args) {
   static_assert(kDynamicSmemBytes == 0, "moe_glue uses no shared memory");
   if constexpr (kStep == kMoeGather) {
     moe_gather<kThreads>(args);
+  } else if constexpr (kStep == kMoeGlu) {
+    moe_glu<kRows, kOut, kThreads>(args);
   } else {
     moe_combine<kRows, kOut, kThreads>(args);
   }

@@ -58,6 +58,7 @@ std::int64_t QuantWeight::k() const { return impl_->k; }
 const WeightQuant& QuantWeight::quant() const { return impl_->quant; }
 const ActivationQuant& QuantWeight::activation() const { return impl_->activation; }
 std::size_t QuantWeight::device_bytes() const { return impl_->bytes(); }
+int QuantWeight::experts() const { return impl_->experts; }
 
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output) {
@@ -72,12 +73,11 @@ GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format
   if (!weight.activation().is_quantized()) problem.scheme.activation.format = input;
   problem.scheme.output = output;
   problem.input = input;
+  problem.experts = weight.experts();
   return problem;
 }
 
 namespace {
-
-std::atomic<std::uint64_t> next_weight_id{1};
 
 // cuBLAS's workspace on Hopper (its documentation recommends 32 MiB); set per call so that
 // every stream has its own and calls stay graph-capturable.
@@ -148,7 +148,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   check_packed_weight(weight, "prepare_weight");
   require(max_rows >= 1, "prepare_weight: max_rows must be at least 1 ({} given)", max_rows);
   auto prepared = std::make_shared<detail::PreparedWeight>();
-  prepared->id = next_weight_id++;
+  prepared->id = detail::next_weight_id++;
   prepared->quant = weight.quant;
   prepared->n = weight.n;
   prepared->k = weight.k;
@@ -345,6 +345,11 @@ void check_problem_against(const GemmProblem& p, const detail::PreparedWeight& w
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm problem: N = {}, K = {} but the weight is {}x{}", p.n, p.k, w.n,
                             w.k));
+  if (p.experts != w.experts)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm problem: experts = {} but the weight has {} (rule: 0 for a "
+                            "dense weight, else the expert count of prepare_experts)",
+                            p.experts, w.experts));
   if (!(p.scheme.weight == w.quant))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm problem: the scheme's weight quantization differs from the "
@@ -363,14 +368,18 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
   data->weight = &weight;
   dispatch::SelectionContext context = selection_context(problem);
   const auto table = dispatch::applicable_tuning_table(info);
-  context.table = table.get();
+  // The tables hold dense measurements.
+  if (problem.experts == 0) context.table = table.get();
   std::string description = fmt::format(
       "GemmPlan {} M {}..{} N {} K {} ({} in{}, {} out{}) on {}", to_string(problem.scheme),
       problem.m, problem.max_rows(), problem.n, problem.k, problem.input.name(),
       problem.prequantized ? " pre-quantized" : "", problem.scheme.output.name(),
       problem.bias ? ", bias" : "", jit::arch_name(arch));
   for (const auto& [low, high] : dispatch::m_buckets(problem)) {
-    dispatch::Selection selection = dispatch::select(problem, high, weight.facts, context);
+    // A grouped GEMM's config is chosen at the rows one expert is expected to get.
+    const std::int64_t judged_m =
+        problem.experts > 0 ? dispatch::grouped_rows_per_expert(high, problem.experts) : high;
+    dispatch::Selection selection = dispatch::select(problem, judged_m, weight.facts, context);
     detail::PlanStep step;
     for (;;) {
       try {
@@ -385,7 +394,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
           throw;
         log(LogLevel::Info, "plan: {} refused M = {}: {}", chosen.name, high, error.what());
         context.refused[chosen.name] = error.what();
-        selection = dispatch::select(problem, high, weight.facts, context);
+        selection = dispatch::select(problem, judged_m, weight.facts, context);
       }
     }
     GemmPlan::Choice choice;
@@ -395,6 +404,9 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
     choice.kernel = step.launch.text();
     choice.predicted_us = selection.winner_us;
     choice.reason = selection.reason;
+    if (problem.experts > 0)
+      choice.route_block = problem.route_block > 0 ? problem.route_block
+                                                   : step.launch.wgmma_config->block_m();
     description += fmt::format("\n  M {}..{}: {}, {:.1f} µs ({})\n    {}", low, high,
                                choice.candidate, choice.predicted_us, choice.reason, choice.kernel);
     log(LogLevel::Info, "plan: {} M {}..{} N {} K {}: {} ({})", to_string(problem.scheme), low,
@@ -492,6 +504,31 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
                        const DeviceMatrix* a, const DeviceActivation* codes,
                        const DeviceMatrix& c, void* stream, const float* bias,
                        const Workspace& workspace) {
+  if (plan.problem.experts > 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "gemm run: the plan is a grouped (MoE) GEMM's (rule: run it with Engine::moe_gemm)");
+  if (workspace.data) {
+    if (workspace.bytes < plan.scratch_bytes + plan.zeroed_bytes ||
+        reinterpret_cast<std::uintptr_t>(workspace.data) % kAlign != 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm run: the Workspace holds {} bytes at {} (rule: at least the "
+                              "plan's {}, 256-byte aligned)",
+                              workspace.bytes, workspace.data, plan.scratch_bytes + plan.zeroed_bytes));
+    // The split-K region sits at the end: a buffer shared by plans keeps its zeros there.
+    run_in(plan, weight, a, codes, c, stream, bias,
+           {workspace.data, static_cast<char*>(workspace.data) +
+                                (workspace.bytes - plan.zeroed_bytes) / kAlign * kAlign},
+           nullptr);
+  } else {
+    StreamSlot slot = stream_workspace(stream, plan.scratch_bytes, plan.zeroed_bytes);
+    run_in(plan, weight, a, codes, c, stream, bias, {slot.scratch, slot.zeroed}, nullptr);
+  }
+}
+
+void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWeight& weight,
+                          const DeviceMatrix* a, const DeviceActivation* codes,
+                          const DeviceMatrix& c, void* stream, const float* bias,
+                          RunMemory memory, const MoeIndexedRouting* routing) {
   const GemmProblem& p = plan.problem;
   if (plan.engine != this)
     throw Error(ErrorCode::InvalidArgument, "gemm run: the plan was made by another Engine");
@@ -499,7 +536,9 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
     throw Error(ErrorCode::InvalidArgument,
                 "gemm run: the plan was made for another prepared weight");
   const std::int64_t m = a ? a->rows : codes->rows;
-  check_rows_in(p, m);
+  // A grouped run's rows are the routing's positions; its plan step is chosen by its slots.
+  const std::int64_t step_m = routing ? routing->shape.tokens * routing->shape.top_k : m;
+  check_rows_in(p, step_m);
   if (a) {
     check_matrix(*a, "A", m, p.k);
     if (!(a->dtype == p.input))
@@ -544,27 +583,32 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
   // The step of M: buckets ascend.
   const detail::PlanStep* step = &plan.steps.front();
   for (const detail::PlanStep& s : plan.steps)
-    if (m >= s.m_low && m <= s.m_high) step = &s;
-
-  void* scratch = nullptr;
-  void* zeroed = nullptr;
-  std::unique_lock<std::mutex> enqueue;  // the stream's, for the engine's workspace
-  if (workspace.data) {
-    if (workspace.bytes < plan.scratch_bytes + plan.zeroed_bytes ||
-        reinterpret_cast<std::uintptr_t>(workspace.data) % kAlign != 0)
+    if (step_m >= s.m_low && step_m <= s.m_high) step = &s;
+  if (routing) {
+    const int tile = step->launch.wgmma_config->block_m();
+    const int route_block = p.route_block > 0 ? p.route_block : tile;
+    if (routing->shape.block != route_block)
       throw Error(ErrorCode::InvalidArgument,
-                  fmt::format("gemm run: the Workspace holds {} bytes at {} (rule: at least the "
-                              "plan's {}, 256-byte aligned)",
-                              workspace.bytes, workspace.data, plan.scratch_bytes + plan.zeroed_bytes));
-    scratch = workspace.data;
-    // The split-K region sits at the end: a buffer shared by plans keeps its zeros there.
-    zeroed = static_cast<char*>(workspace.data) + (workspace.bytes - plan.zeroed_bytes) / kAlign * kAlign;
-  } else {
-    StreamSlot slot = stream_workspace(stream, plan);
-    scratch = slot.scratch;
-    zeroed = slot.zeroed;
-    enqueue = std::move(slot.enqueue);
+                  fmt::format("moe_gemm: the routing's block is {}, the plan's is {} at {} slots "
+                              "(rule: route with GemmPlan::Choice::route_block, or plan with "
+                              "problem.route_block)",
+                              routing->shape.block, route_block, step_m));
+    if (routing->shape.local_experts != weight.experts)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("moe_gemm: the routing has {} local experts, the weight {} (rule: "
+                              "equal)",
+                              routing->shape.local_experts, weight.experts));
+    if (m < routing->capacity)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("moe_gemm: the rows are {} (rule: at least the routing's capacity "
+                              "{})",
+                              m, routing->capacity));
+    if (!routing->block_experts)
+      throw Error(ErrorCode::InvalidArgument, "moe_gemm: the routing's block_experts is null");
   }
+
+  void* scratch = memory.scratch;
+  void* zeroed = memory.zeroed;
   make_current();
   const auto cu_stream = static_cast<CUstream>(stream);
   const ActivationQuant& quant = p.scheme.activation;
@@ -616,7 +660,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
       run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
       return;
     case dispatch::Path::Wgmma:
-      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, zeroed);
+      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, zeroed, routing);
       return;
     case dispatch::Path::CublasLtFp8:
     case dispatch::Path::MmaStreamed:
@@ -757,7 +801,8 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
 // address changes; host work of about a microsecond), the rest comes from the plan.
 void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                              const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream,
-                             const float* bias, const float* row_factors, void* zeroed) {
+                             const float* bias, const float* row_factors, void* zeroed,
+                             const MoeIndexedRouting* routing) {
   const layout::MmaWeight& w = *weight.facts.wgmma;
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
@@ -780,6 +825,15 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   params.groups = w.groups;
   params.n_blocks = planned.n_blocks;
   params.m_blocks = static_cast<int>((a.rows + config.block_m() - 1) / config.block_m());
+  if (routing) {
+    // Grouped: the routing's capacity in token blocks (the device stops at its total), each
+    // expert's weight a fixed stride from the last (prepare_experts).
+    params.m_blocks = static_cast<int>(routing->capacity / config.block_m());
+    params.block_experts = routing->block_experts;
+    params.blocks_per_route = routing->shape.block / config.block_m();
+    params.w_expert_stride = weight.wgmma_words_per_expert;
+    params.scale_expert_stride = weight.wgmma_scales_per_expert;
+  }
   params.splits = planned.splits;
   params.chunks_per_split = planned.chunks_per_split;
   params.global_scale = static_cast<float>(w.global_scale);
@@ -923,19 +977,6 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   }
   impl_->ensure_workspace(stream, *plan.data_);
   run(plan, a, weight, c, stream, options.bias);
-}
-
-MoeIndexedRouting Engine::route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
-                                   const std::int32_t* expert_map, void* workspace,
-                                   std::size_t workspace_bytes, void* stream) {
-  runtime::check_moe_routing_shape(shape);  // before compiling its kernels
-  impl_->make_current();
-  runtime::MoeRoutingKernels kernels;
-  kernels.count = impl_->kernel(jit::moe_routing_spec("count", impl_->arch));
-  kernels.offsets = impl_->kernel(jit::moe_routing_spec("offsets", impl_->arch));
-  kernels.scatter = impl_->kernel(jit::moe_routing_spec("scatter", impl_->arch));
-  return runtime::launch_moe_routing(kernels, shape, expert_ids, expert_map, workspace,
-                                     workspace_bytes, static_cast<CUstream>(stream));
 }
 
 }  // namespace qgemm

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -25,6 +26,7 @@
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
+#include "runtime/moe.hpp"
 
 namespace qgemm {
 
@@ -45,6 +47,10 @@ struct PreparedWeight {
   runtime::DeviceBuffer wgmma_words, wgmma_scales, wgmma_zeros;    // the wgmma order
   runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
   runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
+  // Expert weights (Engine::prepare_experts): `experts` wgmma orders back to back, expert e's
+  // words and scales (and zeros) e · the per-expert count into their buffers; 0: dense.
+  int experts = 0;
+  std::int64_t wgmma_words_per_expert = 0, wgmma_scales_per_expert = 0;
 
   // gemm()'s plans, by call shape.
   struct PlanKey {
@@ -76,6 +82,9 @@ namespace detail {
 
 // Device buffers and scratch regions are 256-byte aligned (TMA and 16-byte vector accesses
 // need less; this keeps every region on its own cache lines).
+// Ids of prepared weights (plans are made for one).
+inline std::atomic<std::uint64_t> next_weight_id{1};
+
 inline constexpr std::size_t kAlign = 256;
 inline std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 template <typename T>
@@ -152,14 +161,17 @@ struct Engine::Impl {
   // Grows the stream's workspace to the plan's size when it is smaller (a shared-lock check
   // first: gemm() calls this every time).
   void ensure_workspace(void* stream, const detail::PlanData& plan) {
+    ensure_workspace(stream, plan.scratch_bytes, plan.zeroed_bytes);
+  }
+  void ensure_workspace(void* stream, std::size_t scratch_bytes, std::size_t zeroed_bytes) {
     {
       std::shared_lock lock(workspace_mutex);
       auto found = workspaces.find(stream);
-      if (found != workspaces.end() && found->second.scratch.bytes() >= plan.scratch_bytes &&
-          found->second.zeroed.bytes() >= plan.zeroed_bytes)
+      if (found != workspaces.end() && found->second.scratch.bytes() >= scratch_bytes &&
+          found->second.zeroed.bytes() >= zeroed_bytes)
         return;
     }
-    reserve(stream, plan.scratch_bytes, plan.zeroed_bytes);
+    reserve(stream, scratch_bytes, zeroed_bytes);
   }
 
   // The stream's workspace (scratch and zeroed base pointers, and the lock of its stream, held
@@ -169,18 +181,18 @@ struct Engine::Impl {
     void* zeroed = nullptr;
     std::unique_lock<std::mutex> enqueue;
   };
-  StreamSlot stream_workspace(void* stream, const detail::PlanData& plan) {
+  StreamSlot stream_workspace(void* stream, std::size_t scratch_bytes, std::size_t zeroed_bytes) {
     std::shared_lock lock(workspace_mutex);
     auto found = workspaces.find(stream);
     const bool fits = found != workspaces.end() &&
-                      found->second.scratch.bytes() >= plan.scratch_bytes &&
-                      found->second.zeroed.bytes() >= plan.zeroed_bytes;
+                      found->second.scratch.bytes() >= scratch_bytes &&
+                      found->second.zeroed.bytes() >= zeroed_bytes;
     if (!fits)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("gemm run: the engine's workspace of this stream holds less than the "
                               "plan's {} bytes (rule: make the plan, or warm_up, with this stream, "
                               "or pass a Workspace)",
-                              plan.scratch_bytes + plan.zeroed_bytes));
+                              scratch_bytes + zeroed_bytes));
     return {found->second.scratch.as<void>(), found->second.zeroed.as<void>(),
             std::unique_lock<std::mutex>(found->second.enqueue)};
   }
@@ -215,9 +227,20 @@ struct Engine::Impl {
                              const dispatch::Verdict& verdict,
                              const detail::PreparedWeight& weight);
   GemmPlan make_plan(const GemmProblem& problem, const detail::PreparedWeight& weight);
+  // Runs a plan in the caller's Workspace or the engine's of the stream (held while enqueuing).
   void run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
            const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
            void* stream, const float* bias, const Workspace& workspace);
+  // Where a run's scratch and split-K regions are.
+  struct RunMemory {
+    void* scratch = nullptr;
+    void* zeroed = nullptr;
+  };
+  // The run itself; `routing`: a grouped (MoE) run over the rows that routing placed.
+  void run_in(const detail::PlanData& plan, const detail::PreparedWeight& weight,
+              const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
+              void* stream, const float* bias, RunMemory memory,
+              const MoeIndexedRouting* routing);
   void run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
                const detail::PreparedWeight& weight, const DeviceMatrix* a,
                const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
@@ -227,9 +250,11 @@ struct Engine::Impl {
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
+  // The three kernels of route_moe (compiled and loaded on first use).
+  runtime::MoeRoutingKernels moe_routing_kernels();
   void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                  const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
-                 const float* row_factors, void* zeroed);
+                 const float* row_factors, void* zeroed, const MoeIndexedRouting* routing);
 };
 
 }  // namespace qgemm

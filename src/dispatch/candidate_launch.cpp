@@ -78,7 +78,7 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
                                                 p.route_block, *weight.wgmma, launch.operand, gpu)
                          : wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
-                               p.scheme.output, arch);
+                               p.scheme.output, arch, p.experts > 0);
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);

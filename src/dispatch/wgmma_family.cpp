@@ -173,8 +173,7 @@ std::int64_t grouped_rows_per_expert(std::int64_t slots, int experts) {
   if (slots <= 0) return 1;
   const double e = experts;
   const double active = e * (1.0 - std::pow(1.0 - 1.0 / e, static_cast<double>(slots)));
-  return std::max<std::int64_t>(
-      1, static_cast<std::int64_t>(std::ceil(static_cast<double>(slots) / std::max(active, 1.0))));
+  return std::max<std::int64_t>(1, std::llround(static_cast<double>(slots) / std::max(active, 1.0)));
 }
 
 WgmmaLaunch grouped_wgmma_launch(const WgmmaConfig& c, std::int64_t slots, int experts,
@@ -215,7 +214,7 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
 
 jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch) {
+                           const Format& output, jit::Arch arch, bool grouped) {
   jit::KernelSpec spec;
   spec.arch = arch;
   spec.family = "wgmma_gemm_sm90";
@@ -232,6 +231,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::chosen("out", output.name()),
       jit::SpecParam::boolean("split_k", launch.splits > 1),
       jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),
+      jit::SpecParam::boolean("grouped", grouped),
   };
   spec.launch.threads_per_block = c.threads();
   kernels::WgmmaTile tile = c.tile;

@@ -103,6 +103,6 @@ std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_bloc
 
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch);
+                           const Format& output, jit::Arch arch, bool grouped = false);
 
 }  // namespace qgemm::dispatch

@@ -173,6 +173,13 @@ KernelSpec moe_combine_spec(const Format& rows, const Format& output, Arch arch)
                        SpecParam::chosen("out", glue_type_choice(output, "moe combine output"))});
 }
 
+KernelSpec moe_glu_spec(const Format& rows, const Format& output, Arch arch) {
+  return utility_spec("moe_glue", arch,
+                      {SpecParam::chosen("step", "glu"),
+                       SpecParam::chosen("rows", glue_type_choice(rows, "moe glu rows")),
+                       SpecParam::chosen("out", half_type_choice(output, "moe glu output"))});
+}
+
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch) {
   return utility_spec("tensor_absmax", arch,
                       {SpecParam::chosen("in", half_type_choice(input, "absmax input"))});
@@ -265,6 +272,7 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
     specs.push_back(moe_gather_spec(type, arch));
     specs.push_back(moe_combine_spec(formats::fp32, type, arch));
     specs.push_back(moe_combine_spec(type, type, arch));
+    specs.push_back(moe_glu_spec(type, type, arch));
   }
   return specs;
 }

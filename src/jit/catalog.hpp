@@ -48,6 +48,8 @@ inline constexpr int kMoeRoutingThreads = 512;
 // order, or the top-k combine of the grouped GEMM's `rows` (bf16 / fp16 / fp32) into `output`.
 KernelSpec moe_gather_spec(const Format& rows, Arch arch);
 KernelSpec moe_combine_spec(const Format& rows, const Format& output, Arch arch);
+// The activation between an expert's GEMMs: gate_up rows (rows) -> 16-bit output rows.
+KernelSpec moe_glu_spec(const Format& rows, const Format& output, Arch arch);
 // Canonical packed codes of `bits` -> K-major 32-bit words (kernels/util/repack.cuh).
 KernelSpec repack_weight_spec(int bits, Arch arch);
 // A prepared mma weight (its metadata: format, zero mode, group, scale exactness) -> 16-bit

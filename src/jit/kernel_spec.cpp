@@ -176,7 +176,7 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::MoeGlueArgs",
        // Orders = kernels::MoeGlueStep, kernels::MoeGlueType (rows: gather copies 16-bit rows;
        // combine reads the GEMM's rows; out: combine's output).
-       {{"step", ParamKind::Choice, {"gather", "combine"}},
+       {{"step", ParamKind::Choice, {"gather", "combine", "glu"}},
         {"rows", ParamKind::Choice, {"bf16", "fp16", "fp32"}},
         {"out", ParamKind::Choice, {"bf16", "fp16", "fp32"}}},
        false},
@@ -246,7 +246,9 @@ const std::vector<KernelFamily>& kernel_families() {
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
         {"split_k", ParamKind::Bool, {}},
         // Order = kernels::WgmmaDequant.
-        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16"}}},
+        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16"}},
+        // Grouped (MoE): the expert of each token block from the routing.
+        {"grouped", ParamKind::Bool, {}}},
        false},
       // kernels/gemm/mma_dequantize.cuh: the weight chunks of the dequantize + cuBLAS path;
       // specs come from jit::mma_dequantize_spec.

@@ -46,6 +46,66 @@ void round_all_to(const Format& format, std::vector<double>& values) {
 
 double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
+// Routing: sizes first, then every id and weight, naming the first bad entry.
+void check_routing(const char* function, const MoeRouting& routing, std::int64_t tokens,
+                   std::int64_t expert_count) {
+  require(routing.tokens == tokens,
+          "reference::{}: routing.tokens = {} but the activation has m = {} rows "
+          "(rule: one routing entry per token)",
+          function, routing.tokens, tokens);
+  require(routing.top_k >= 1, "reference::{}: routing.top_k = {} (rule: top_k >= 1)",
+          function, routing.top_k);
+  const std::int64_t slots = routing.tokens * routing.top_k;
+  require(static_cast<std::int64_t>(routing.expert_ids.size()) == slots,
+          "reference::{}: routing.expert_ids has {} entries (rule: tokens * top_k "
+          "= {} * {} = {})",
+          function, routing.expert_ids.size(), routing.tokens, routing.top_k, slots);
+  require(static_cast<std::int64_t>(routing.weights.size()) == slots,
+          "reference::{}: routing.weights has {} entries (rule: tokens * top_k "
+          "= {} * {} = {})",
+          function, routing.weights.size(), routing.tokens, routing.top_k, slots);
+  for (std::int64_t slot = 0; slot < slots; ++slot) {
+    const std::int32_t id = routing.expert_ids[static_cast<std::size_t>(slot)];
+    require(id >= 0 && id < expert_count,
+            "reference::{}: routing.expert_ids[{}] (token {}, choice {}) = {} "
+            "(rule: 0 <= id < experts = {})",
+            function, slot, slot / routing.top_k, slot % routing.top_k, id, expert_count);
+    const float weight = routing.weights[static_cast<std::size_t>(slot)];
+    require(std::isfinite(weight),
+            "reference::{}: routing.weights[{}] (token {}, choice {}) = {} (rule: "
+            "finite)",
+            function, slot, slot / routing.top_k, slot % routing.top_k, weight);
+  }
+}
+
+// The activation between an expert's GEMMs (qgemm/moe.hpp), in double.
+double glu(const GluActivation& activation, double gate, double up) {
+  switch (activation.kind) {
+    case GluKind::Silu: return silu(gate) * up;
+    case GluKind::Gelu: return 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0))) * up;
+    case GluKind::ClampedSwiglu: {
+      const double limit = activation.limit;
+      const double g = std::min(gate, limit), u = std::clamp(up, -limit, limit);
+      return g / (1.0 + std::exp(-static_cast<double>(activation.alpha) * g)) * (u + 1.0);
+    }
+  }
+  return 0.0;
+}
+
+// Expert e's bias row as doubles (empty without a bias), every value finite.
+std::vector<double> expert_bias(const float* bias, std::int64_t e, std::int64_t n,
+                                const char* name) {
+  if (bias == nullptr) return {};
+  std::vector<double> values(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float v = bias[e * n + j];
+    require(std::isfinite(v), "reference::moe_layer: {}[{}][{}] = {} (rule: finite)", name, e, j,
+            v);
+    values[static_cast<std::size_t>(j)] = v;
+  }
+  return values;
+}
+
 }  // namespace
 
 std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a, const PackedWeight& w,
@@ -90,35 +150,9 @@ std::vector<double> moe(const Scheme& scheme, const PackedActivation& a,
           expert_n);
   const std::int64_t out_n = gated ? expert_n / 2 : expert_n;
 
-  // Routing: sizes first, then every id and weight, naming the first bad entry.
-  require(routing.tokens == a.m,
-          "reference::moe: routing.tokens = {} but the activation has m = {} rows "
-          "(rule: one routing entry per token)",
-          routing.tokens, a.m);
-  require(routing.top_k >= 1, "reference::moe: routing.top_k = {} (rule: top_k >= 1)",
-          routing.top_k);
-  const std::int64_t slots = routing.tokens * routing.top_k;
-  require(static_cast<std::int64_t>(routing.expert_ids.size()) == slots,
-          "reference::moe: routing.expert_ids has {} entries (rule: tokens * top_k "
-          "= {} * {} = {})",
-          routing.expert_ids.size(), routing.tokens, routing.top_k, slots);
-  require(static_cast<std::int64_t>(routing.weights.size()) == slots,
-          "reference::moe: routing.weights has {} entries (rule: tokens * top_k "
-          "= {} * {} = {})",
-          routing.weights.size(), routing.tokens, routing.top_k, slots);
   const auto expert_count = static_cast<std::int64_t>(experts.size());
-  for (std::int64_t slot = 0; slot < slots; ++slot) {
-    const std::int32_t id = routing.expert_ids[static_cast<std::size_t>(slot)];
-    require(id >= 0 && id < expert_count,
-            "reference::moe: routing.expert_ids[{}] (token {}, choice {}) = {} "
-            "(rule: 0 <= id < experts = {})",
-            slot, slot / routing.top_k, slot % routing.top_k, id, expert_count);
-    const float weight = routing.weights[static_cast<std::size_t>(slot)];
-    require(std::isfinite(weight),
-            "reference::moe: routing.weights[{}] (token {}, choice {}) = {} (rule: "
-            "finite)",
-            slot, slot / routing.top_k, slot % routing.top_k, weight);
-  }
+  check_routing("moe", routing, a.m, expert_count);
+  const std::int64_t slots = routing.tokens * routing.top_k;
 
   const std::vector<double> a_values = dequantize_activation(a);
   // expert(a_t) for every (token, choice) slot, then the weighted sum in choice order: the
@@ -155,6 +189,74 @@ std::vector<double> moe(const Scheme& scheme, const PackedActivation& a,
       for (std::int64_t j = 0; j < out_n; ++j) out[j] += weight * expert_out[j];
     }
   }
+  round_all_to(scheme.output, c);
+  return c;
+}
+
+std::vector<double> moe_layer(const Scheme& scheme, const PackedActivation& a,
+                              const std::vector<PackedWeight>& gate_up,
+                              const std::vector<PackedWeight>& down, const MoeRouting& routing,
+                              const GluActivation& activation, const Format& intermediate,
+                              const float* gate_up_bias, const float* down_bias) {
+  validate(scheme);
+  require(!gate_up.empty() && gate_up.size() == down.size(),
+          "reference::moe_layer: {} gate_up and {} down experts (rule: one or more, equal counts)",
+          gate_up.size(), down.size());
+  const auto expert_count = static_cast<std::int64_t>(gate_up.size());
+  const std::int64_t h = a.k, inter = down.front().k;
+  for (std::int64_t e = 0; e < expert_count; ++e) {
+    const PackedWeight& up = gate_up[static_cast<std::size_t>(e)];
+    const PackedWeight& dn = down[static_cast<std::size_t>(e)];
+    require_operands_match("moe_layer", scheme, a, up.quant, up.k,
+                           fmt::format("gate_up expert {}", e));
+    require(up.n == 2 * inter && dn.n == h && dn.k == inter && dn.quant == scheme.weight,
+            "reference::moe_layer: expert {}: gate_up {}x{}, down {}x{} (rule: gate_up [2I, H], "
+            "down [H, I] with H = {}, I = {}, both quantized as the scheme)",
+            e, up.n, up.k, dn.n, dn.k, h, inter);
+  }
+  check_routing("moe_layer", routing, a.m, expert_count);
+  const std::int64_t slots = routing.tokens * routing.top_k;
+
+  const std::vector<double> a_values = dequantize_activation(a);
+  std::vector<double> slot_outputs(static_cast<std::size_t>(slots * h));
+  for (std::int64_t e = 0; e < expert_count; ++e) {
+    std::vector<std::int64_t> routed_slots;
+    for (std::int64_t slot = 0; slot < slots; ++slot)
+      if (routing.expert_ids[static_cast<std::size_t>(slot)] == e) routed_slots.push_back(slot);
+    if (routed_slots.empty()) continue;
+    const auto rows = static_cast<std::int64_t>(routed_slots.size());
+    std::vector<double> gathered(static_cast<std::size_t>(rows * h));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t token = routed_slots[static_cast<std::size_t>(r)] / routing.top_k;
+      std::copy_n(a_values.begin() + token * h, h, gathered.begin() + r * h);
+    }
+    const std::vector<double> up_bias = expert_bias(gate_up_bias, e, 2 * inter, "gate_up_bias");
+    const std::vector<double> g =
+        matmul_nt(gathered.data(), dequantize_weight(gate_up[static_cast<std::size_t>(e)]).data(),
+                  rows, 2 * inter, h, up_bias.empty() ? nullptr : up_bias.data());
+    std::vector<double> act(static_cast<std::size_t>(rows * inter));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < inter; ++j)
+        act[static_cast<std::size_t>(r * inter + j)] = round_to(
+            intermediate,
+            glu(activation,
+                round_to(intermediate, g[static_cast<std::size_t>(r * 2 * inter + j)]),
+                round_to(intermediate, g[static_cast<std::size_t>(r * 2 * inter + inter + j)])));
+    const std::vector<double> dn_bias = expert_bias(down_bias, e, h, "down_bias");
+    const std::vector<double> y =
+        matmul_nt(act.data(), dequantize_weight(down[static_cast<std::size_t>(e)]).data(), rows,
+                  h, inter, dn_bias.empty() ? nullptr : dn_bias.data());
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(y.begin() + r * h, h,
+                  slot_outputs.begin() + routed_slots[static_cast<std::size_t>(r)] * h);
+  }
+  std::vector<double> c(static_cast<std::size_t>(routing.tokens * h), 0.0);
+  for (std::int64_t t = 0; t < routing.tokens; ++t)
+    for (int choice = 0; choice < routing.top_k; ++choice) {
+      const std::int64_t slot = t * routing.top_k + choice;
+      const double weight = routing.weights[static_cast<std::size_t>(slot)];
+      for (std::int64_t j = 0; j < h; ++j) c[t * h + j] += weight * slot_outputs[slot * h + j];
+    }
   round_all_to(scheme.output, c);
   return c;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "../../kernels/moe/glue_args.cuh"
@@ -230,6 +231,37 @@ void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& rou
   args.output = output;
   args.ld_output = ld_output;
   launch_kernel(kernel, glue_grid(routing.shape.tokens * columns, kernel.launch.threads_per_block),
+                args, stream);
+}
+
+static_assert(static_cast<int>(GluKind::Silu) == kernels::kGluSilu &&
+                  static_cast<int>(GluKind::Gelu) == kernels::kGluGelu &&
+                  static_cast<int>(GluKind::ClampedSwiglu) == kernels::kGluClampedSwiglu,
+              "GluKind and kernels::MoeGluKind list the activations in one order");
+
+void launch_moe_glu(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                    const GluActivation& activation, const void* rows, std::int64_t ld_rows,
+                    std::int64_t columns, void* rows_out, std::int64_t ld_out, CUstream stream) {
+  kernels::MoeGlueArgs args = glue_args(routing, columns);
+  require(rows != nullptr && rows_out != nullptr,
+          "moe glu: rows = {}, rows_out = {} (rule: non-null device pointers)", rows, rows_out);
+  require(ld_rows >= 2 * columns && ld_out >= columns,
+          "moe glu: ld_rows = {}, ld_out = {} (rule: ld_rows >= 2 * columns, ld_out >= columns = "
+          "{})",
+          ld_rows, ld_out, columns);
+  require(activation.kind != GluKind::ClampedSwiglu ||
+              (std::isfinite(activation.alpha) && std::isfinite(activation.limit) &&
+               activation.limit > 0),
+          "moe glu: clamped SwiGLU alpha = {}, limit = {} (rule: finite, limit > 0)",
+          activation.alpha, activation.limit);
+  args.rows = rows;
+  args.ld_rows = ld_rows;
+  args.rows_out = rows_out;
+  args.ld_output = ld_out;
+  args.glu_kind = static_cast<int>(activation.kind);
+  args.glu_alpha = activation.alpha;
+  args.glu_limit = activation.limit;
+  launch_kernel(kernel, glue_grid(routing.capacity * columns, kernel.launch.threads_per_block),
                 args, stream);
 }
 

@@ -38,4 +38,11 @@ void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& rou
                         std::int64_t columns, void* output, std::int64_t ld_output,
                         CUstream stream);
 
+// rows_out[p][c] = glu(rows[p][c], rows[p][columns + c]) for p below the padded total the
+// device holds (columns = I; rows [capacity][ld_rows] with ld_rows >= 2 I); `kernel` from
+// jit::moe_glu_spec.
+void launch_moe_glu(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
+                    const GluActivation& activation, const void* rows, std::int64_t ld_rows,
+                    std::int64_t columns, void* rows_out, std::int64_t ld_out, CUstream stream);
+
 }  // namespace qgemm::runtime

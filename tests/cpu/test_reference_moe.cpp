@@ -213,4 +213,128 @@ TEST_F(ReferenceMoeRouting, RejectsNonFiniteWeightsOddGateUpAndMixedExperts) {
   EXPECT_NE(empty_message.find("experts is empty"), std::string::npos) << empty_message;
 }
 
+
+// reference::moe_layer against a per-slot loop written here: g = a·GUᵀ + bias rounded to the
+// intermediate type, h = glu(gate, up) rounded again, y = h·Dᵀ + bias, Σ_j w_j·y rounded once.
+// Each GLU is written out here on its own (SiLU through tanh, GELU through erf, the clamped
+// SwiGLU of gpt-oss), so a wrong formula, a swapped gate and up, or a missing bias fails.
+TEST(ReferenceMoeLayer, MatchesADirectPerSlotLoopForEveryGlu) {
+  const std::uint64_t seed = fresh_test_seed();
+  SCOPED_TRACE(testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  const std::int64_t tokens = 7, h = 96, inter = 40;
+  const int experts = 5, top_k = 2;
+  for (qgemm::GluKind kind :
+       {qgemm::GluKind::Silu, qgemm::GluKind::Gelu, qgemm::GluKind::ClampedSwiglu}) {
+    SCOPED_TRACE(qgemm::glu_kind_name(kind));
+    qgemm::GluActivation glu;
+    glu.kind = kind;
+    glu.alpha = 1.702f;
+    glu.limit = 1.5f;  // small enough that the clamps bite on unit-scale values
+    const qgemm::Scheme scheme = qgemm::parse_scheme("w4a16");
+    const auto a_values = random_floats(rng, tokens * h, 1.0);
+    const qgemm::PackedActivation a = qgemm::quantize_activation(scheme.activation, a_values.data(), tokens, h);
+    std::vector<qgemm::PackedWeight> gate_up, down;
+    for (int e = 0; e < experts; ++e) {
+      const auto gu = random_floats(rng, 2 * inter * h, 0.15);
+      const auto dn = random_floats(rng, h * inter, 0.2);
+      gate_up.push_back(qgemm::quantize_weight(scheme.weight, gu.data(), 2 * inter, h));
+      down.push_back(qgemm::quantize_weight(scheme.weight, dn.data(), h, inter));
+    }
+    const auto up_bias = random_floats(rng, experts * 2 * inter, 0.5);
+    const auto down_bias = random_floats(rng, experts * h, 0.5);
+    const MoeProblem routed = moe_problem("w4a16", tokens, 8, 16, experts, top_k, rng);
+    const std::vector<double> got = qgemm::reference::moe_layer(
+        scheme, a, gate_up, down, routed.routing, glu, qgemm::formats::bf16, up_bias.data(),
+        down_bias.data());
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(tokens * h));
+
+    const auto av = qgemm::dequantize_activation(a);
+    auto bf16 = [](double x) { return qgemm::round_to(qgemm::formats::bf16, x); };
+    auto glu_of = [&](double gate, double up) {
+      switch (kind) {
+        case qgemm::GluKind::Silu: return sigmoid_weighted(gate) * up;
+        case qgemm::GluKind::Gelu: return 0.5 * gate * std::erfc(-gate / std::sqrt(2.0)) * up;
+        case qgemm::GluKind::ClampedSwiglu: {
+          const double g = gate > 1.5 ? 1.5 : gate;
+          const double u = up > 1.5 ? 1.5 : (up < -1.5 ? -1.5 : up);
+          return g * 0.5 * (1.0 + std::tanh(0.5 * 1.702 * g)) * (u + 1.0);
+        }
+      }
+      return 0.0;
+    };
+    int reported = 0;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::vector<double> sum(static_cast<std::size_t>(h), 0.0), magnitude(sum.size(), 0.0);
+      for (int j = 0; j < top_k; ++j) {
+        const int e = routed.routing.expert_ids[t * top_k + j];
+        const double w = routed.routing.weights[t * top_k + j];
+        const auto gu = qgemm::dequantize_weight(gate_up[e]);
+        const auto dn = qgemm::dequantize_weight(down[e]);
+        std::vector<double> act(static_cast<std::size_t>(inter));
+        for (std::int64_t i = 0; i < inter; ++i) {
+          double gate = up_bias[e * 2 * inter + i], up = up_bias[e * 2 * inter + inter + i];
+          for (std::int64_t d = 0; d < h; ++d) {
+            gate += av[t * h + d] * gu[i * h + d];
+            up += av[t * h + d] * gu[(inter + i) * h + d];
+          }
+          act[i] = bf16(glu_of(bf16(gate), bf16(up)));
+        }
+        for (std::int64_t n = 0; n < h; ++n) {
+          double y = down_bias[e * h + n];
+          for (std::int64_t i = 0; i < inter; ++i) y += act[i] * dn[n * inter + i];
+          sum[n] += w * y;
+          magnitude[n] += std::fabs(w) * (std::fabs(y) + 1.0);
+        }
+      }
+      for (std::int64_t n = 0; n < h; ++n) {
+        // Different summation orders may flip an intermediate rounding: one bf16 step of one
+        // activation value moves y by at most 2^-8 of its magnitude.
+        const double want = qgemm::round_to(qgemm::formats::bf16, sum[n]);
+        if (std::fabs(got[t * h + n] - want) <= std::ldexp(magnitude[n], -8)) continue;
+        if (reported++ < 5)
+          ADD_FAILURE() << "token " << t << " column " << n << ": " << got[t * h + n]
+                        << ", direct loop " << want;
+      }
+    }
+  }
+}
+
+TEST(ReferenceMoeLayer, RejectsMismatchedExpertsAndBadBiases) {
+  std::mt19937_64 rng(7);
+  const qgemm::Scheme scheme = qgemm::parse_scheme("w4a16");
+  const auto a_values = random_floats(rng, 2 * 64, 1.0);
+  const qgemm::PackedActivation a = qgemm::quantize_activation(scheme.activation, a_values.data(), 2, 64);
+  const auto gu = random_floats(rng, 2 * 32 * 64, 0.1);
+  const auto dn = random_floats(rng, 64 * 32, 0.1);
+  const auto wrong = random_floats(rng, 64 * 48, 0.1);
+  std::vector<qgemm::PackedWeight> gate_up = {qgemm::quantize_weight(scheme.weight, gu.data(), 64, 64)};
+  std::vector<qgemm::PackedWeight> down = {qgemm::quantize_weight(scheme.weight, dn.data(), 64, 32)};
+  std::vector<qgemm::PackedWeight> down_wrong = {qgemm::quantize_weight(scheme.weight, wrong.data(), 64, 48)};
+  MoeRouting routing;
+  routing.tokens = 2;
+  routing.top_k = 1;
+  routing.expert_ids = {0, 0};
+  routing.weights = {1.0f, 0.5f};
+  const qgemm::GluActivation glu;
+  EXPECT_NO_THROW(qgemm::reference::moe_layer(scheme, a, gate_up, down, routing, glu,
+                                              qgemm::formats::bf16));
+  try {
+    qgemm::reference::moe_layer(scheme, a, gate_up, down_wrong, routing, glu, qgemm::formats::bf16);
+    ADD_FAILURE() << "gate_up 64 rows against down K = 48 was accepted";
+  } catch (const qgemm::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("gate_up [2I, H]"), std::string::npos) << error.what();
+  }
+  std::vector<float> bias(64, 0.0f);
+  bias[5] = std::numeric_limits<float>::infinity();
+  try {
+    qgemm::reference::moe_layer(scheme, a, gate_up, down, routing, glu, qgemm::formats::bf16,
+                                bias.data());
+    ADD_FAILURE() << "an infinite bias was accepted";
+  } catch (const qgemm::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("gate_up_bias[0][5]"), std::string::npos)
+        << error.what();
+  }
+}
+
 }  // namespace

@@ -10,6 +10,8 @@
 #include "dispatch/wgmma_family.hpp"
 #include "jit/cache.hpp"
 #include "qgemm/error.hpp"
+#include "qgemm/moe.hpp"
+#include "qgemm/plan.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm::dispatch {
@@ -162,8 +164,56 @@ TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
         }
 }
 
+// Grouped (MoE) GEMMs: only the wgmma family reads the routing, a routing block its tile does
+// not divide is refused, the launch covers every routing's capacity (in token blocks of the
+// config) and its split-K scratch stays bounded.
+TEST(WgmmaFamily, GroupedGemmsRunOnTheFamilyOverTheRoutingsCapacity) {
+  EXPECT_EQ(grouped_rows_per_expert(8, 128), 1);  // decode: 8 choices, 8 experts
+  EXPECT_EQ(grouped_rows_per_expert(32768, 128), 256);
+  EXPECT_EQ(grouped_rows_per_expert(300, 1), 300);
+  GemmProblem p = problem_of("w4a16", 64 * 8, 1536, 2048);
+  p.experts = 128;
+  const Selection s = select_on(p, kH200);
+  int served = 0;
+  for (const Verdict& v : s.verdicts) {
+    if (v.candidate->path != Path::Wgmma) {
+      EXPECT_NE(v.rejected.find("grouped (MoE) GEMM runs on the wgmma family"), std::string::npos)
+          << v.candidate->name << ": " << v.rejected;
+    } else if (v.rejected.empty()) {
+      ++served;
+    }
+  }
+  EXPECT_GT(served, 0);
+  EXPECT_NE(verdict_of(s, "wgmma-128").rejected.find("at most 64"), std::string::npos);
+  p.route_block = 16;
+  const Selection blocked = select_on(p, kH200);
+  EXPECT_NE(verdict_of(blocked, "wgmma-32").rejected.find("not a multiple of its 32-token tile"),
+            std::string::npos);
+  p.route_block = 48;
+  EXPECT_THROW(validate(p), Error);
+  for (const WgmmaConfig& config : wgmma_configs())
+    for (std::int64_t slots : {1, 8, 512, 32768})
+      for (int route_block : {0, 256}) {
+        SCOPED_TRACE(config.name + " slots=" + std::to_string(slots) + " route_block=" +
+                     std::to_string(route_block));
+        const layout::MmaWeight w = wgmma_weight("w4a16", 3072, 2048);
+        const WgmmaLaunch launch =
+            grouped_wgmma_launch(config, slots, 128, route_block, w, formats::bf16, kH200);
+        MoeRoutingShape shape;
+        shape.tokens = slots;
+        shape.global_experts = shape.local_experts = 128;
+        shape.block = route_block > 0 ? route_block : config.block_m();
+        EXPECT_EQ(static_cast<std::int64_t>(launch.m_blocks) * config.block_m(),
+                  moe_routing_capacity(shape));
+        EXPECT_LE(wgmma_zeroed_bytes(config, launch, w), std::size_t{64} << 20);
+        EXPECT_GE(static_cast<std::int64_t>(launch.chunks_per_split) * launch.splits,
+                  w.k_blocks / 4);
+      }
+}
+
 // The kernel specs compile for sm_90a without spills or a stack frame: each token width, each
-// dequantization (packed16, float16, fp32), stored zero points, split-K and fp16 / fp32 outputs.
+// dequantization (packed16, float16, fp32), stored zero points, split-K and fp16 / fp32 outputs,
+// dense and grouped (MoE).
 TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
   jit::KernelCache cache(jit::CacheConfig{});
   struct Case {
@@ -171,6 +221,7 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     std::int64_t m;
     const char* config;
     Format output;
+    bool grouped = false;
   };
   const Case cases[] = {
       {"w4a16", 1, "wgmma-8", formats::bf16},
@@ -189,6 +240,10 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
       {"mxfp4-a16", 256, "wgmma-128-tx", formats::fp32},
       {"w=uint4:g128:s=bf16:zp=int;a=bf16", 64, "wgmma-64-tx", formats::bf16},
       {"w=e4m3:ch:s=fp32;a=bf16;o=bf16", 4096, "wgmma-256-tx", formats::bf16},
+      {"w4a16", 1, "wgmma-8", formats::bf16, true},
+      {"w4a16", 64, "wgmma-16", formats::fp32, true},
+      {"w=uint4:g128:s=bf16:zp=int;a=bf16", 64, "wgmma-32", formats::bf16, true},
+      {"mxfp4-a16", 256, "wgmma-64", formats::bf16, true},
   };
   for (const Case& c : cases) {
     const Scheme s = parse_scheme(c.scheme);
@@ -199,7 +254,8 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     ASSERT_NE(config, nullptr);
     const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, s.activation.format, kH200);
     const jit::KernelSpec spec =
-        wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a);
+        wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a,
+                   c.grouped);
     SCOPED_TRACE(jit::to_string(spec));
     const auto lookup = cache.get(spec);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);

@@ -1,0 +1,287 @@
+// The Engine's mixture-of-experts entries (include/qgemm/engine.hpp, include/qgemm/moe.hpp):
+// expert weights with an expert dimension, routing, the grouped GEMM and the whole layer.
+//
+//   hidden [M, H] ─ route (top-k ids → indexed layout) ─ gather ─► rows [capacity, H]
+//     ─ grouped GEMM gate_up (+ bias) ─► [capacity, 2I] ─ glu ─► [capacity, I] (hidden's type)
+//     ─ grouped GEMM down (+ bias) ─► [capacity, H] fp32
+//     ─ combine: out[t] = Σ_j w[t, j] · rows[slot_positions[t, j]] ─► out [M, H]
+//
+// Both GEMMs read the one routing, so they share its block: the gate_up plan picks its token
+// tile, the down plan is made for that block (a config whose tile divides it). Every size that
+// depends on the routing stays on the device: a layer captures into a CUDA graph once its
+// shape has been planned.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "api/engine_impl.hpp"
+#include "common/log.hpp"
+#include "jit/catalog.hpp"
+#include "layout/mma_repack_gpu.hpp"
+#include "qgemm/moe.hpp"
+#include "runtime/moe.hpp"
+
+namespace qgemm {
+
+using detail::aligned;
+using detail::at;
+
+const char* glu_kind_name(GluKind kind) {
+  switch (kind) {
+    case GluKind::Silu: return "silu";
+    case GluKind::Gelu: return "gelu";
+    case GluKind::ClampedSwiglu: return "clamped-swiglu";
+  }
+  return "?";
+}
+
+QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
+                                    const ActivationQuant& activation) {
+  impl_->make_current();
+  require(!experts.empty() && experts.size() <= 4096,
+          "prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
+  const PackedWeight& first = experts.front();
+  for (std::size_t e = 0; e < experts.size(); ++e) {
+    check_packed_weight(experts[e], "prepare_experts");
+    const PackedWeight& w = experts[e];
+    require(w.quant == first.quant && w.n == first.n && w.k == first.k &&
+                w.global_scale == first.global_scale,
+            "prepare_experts: expert {} is {}x{} ({}) but expert 0 is {}x{} ({}) (rule: one "
+            "quantization, shape and global scale for every expert)",
+            e, w.n, w.k, to_string(Scheme{"", w.quant, {}, formats::bf16}), first.n, first.k,
+            to_string(Scheme{"", first.quant, {}, formats::bf16}));
+  }
+  if (activation.is_quantized())
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("prepare_experts: activations quantized as {} (rule: the grouped GEMM "
+                            "takes bf16/fp16 activations for now; 8-bit activation experts are "
+                            "not served yet)",
+                            to_string(Scheme{"", first.quant, activation, formats::bf16})));
+  Scheme scheme;
+  scheme.weight = first.quant;
+  dispatch::WeightFacts facts =
+      dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, impl_->arch);
+  if (!facts.wgmma)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("prepare_experts: the grouped GEMM runs on the SM90 wgmma family, which "
+                            "cannot take this weight on {}: {}",
+                            jit::arch_name(impl_->arch), facts.no_wgmma));
+
+  // Each expert into the wgmma order on the device, then one buffer per array with the experts
+  // back to back (the repacked sizes are equal: one shape and quantization).
+  auto prepared = std::make_shared<detail::PreparedWeight>();
+  prepared->id = detail::next_weight_id++;
+  prepared->quant = first.quant;
+  prepared->n = first.n;
+  prepared->k = first.k;
+  prepared->global_scale = first.global_scale;
+  prepared->experts = static_cast<int>(experts.size());
+  std::vector<unsigned char> words, scales, zeros;
+  for (const PackedWeight& expert : experts) {
+    layout::MmaDeviceWeight device =
+        layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, layout::FragmentOrder::Wgmma);
+    facts.wgmma = device.meta;
+    auto append = [](std::vector<unsigned char>& all, const runtime::DeviceBuffer& buffer) {
+      const std::size_t at = all.size();
+      all.resize(at + buffer.bytes());
+      if (buffer.bytes()) buffer.download(all.data() + at, buffer.bytes());
+    };
+    if (prepared->wgmma_words_per_expert == 0) {
+      prepared->wgmma_words_per_expert = static_cast<std::int64_t>(device.words.bytes() / 4);
+      prepared->wgmma_scales_per_expert = static_cast<std::int64_t>(device.scales.bytes() / 4);
+    }
+    append(words, device.words);
+    append(scales, device.scales);
+    append(zeros, device.zeros);
+  }
+  prepared->wgmma_words = runtime::DeviceBuffer::from(words);
+  prepared->wgmma_scales = runtime::DeviceBuffer::from(scales);
+  if (!zeros.empty()) prepared->wgmma_zeros = runtime::DeviceBuffer::from(zeros);
+  facts.mma.reset();
+  facts.no_mma = "expert weights keep the wgmma order only";
+  facts.canonical = false;
+  facts.fp8_weight_mode.reset();
+  prepared->facts = std::move(facts);
+  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: wgmma order, {} bytes", experts.size(),
+      first.n, first.k, first.quant.format.name(), prepared->bytes());
+  QuantWeight out;
+  out.impl_ = std::move(prepared);
+  return out;
+}
+
+void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
+                      const DeviceMatrix& rows_in, const QuantWeight& experts,
+                      const DeviceMatrix& rows_out, void* stream, const float* bias) {
+  const GemmProblem& p = plan.problem();
+  if (p.experts == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "moe_gemm: the plan is a dense GEMM's (rule: plan with problem.experts = the "
+                "weight's experts())");
+  const detail::PreparedWeight& w = Impl::prepared(experts);
+  if ((bias != nullptr) != p.bias)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("moe_gemm: {} (rule: as the plan's problem.bias = {})",
+                            bias ? "a bias was given" : "no bias was given", p.bias));
+  Impl::StreamSlot slot = impl_->stream_workspace(stream, plan.data_->scratch_bytes,
+                                                  plan.data_->zeroed_bytes);
+  impl_->run_in(*plan.data_, w, &rows_in, nullptr, rows_out, stream, bias,
+                {slot.scratch, slot.zeroed}, &routing);
+}
+
+namespace {
+
+// The plans of a layer's two GEMMs at `slots` routed rows: gate_up picks the routing block.
+struct LayerPlans {
+  GemmPlan gate_up, down;
+  int route_block = 0;
+};
+
+}  // namespace
+
+void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
+                 const float* topk_weights, int top_k, const QuantWeight& gate_up,
+                 const QuantWeight& down, const DeviceMatrix& out, void* stream,
+                 const MoeOptions& options) {
+  const detail::PreparedWeight& up_w = Impl::prepared(gate_up);
+  const detail::PreparedWeight& down_w = Impl::prepared(down);
+  const int experts = up_w.experts;
+  const std::int64_t tokens = hidden.rows, h = hidden.cols, inter = down_w.k;
+  require(experts > 0 && down_w.experts == experts,
+          "moe: gate_up has {} experts, down {} (rule: both from prepare_experts, equal counts)",
+          up_w.experts, down_w.experts);
+  require(up_w.k == h && down_w.n == h,
+          "moe: hidden has {} columns, gate_up's K is {}, down's N is {} (rule: all equal, the "
+          "hidden size)",
+          h, up_w.k, down_w.n);
+  require(up_w.n == 2 * inter,
+          "moe: gate_up's N is {}, down's K is {} (rule: gate_up N = 2 x down K: gate rows, then "
+          "up rows)",
+          up_w.n, inter);
+  require(tokens >= 1 && hidden.data && hidden.stride >= h,
+          "moe: hidden is {}x{} at {} with stride {} (rule: at least one row, non-null, stride >= "
+          "columns)",
+          tokens, h, hidden.data, hidden.stride);
+  require(hidden.dtype == formats::bf16 || hidden.dtype == formats::fp16,
+          "moe: hidden is {} (rule: bf16 or fp16)", hidden.dtype.name());
+  require(out.data && out.rows == tokens && out.cols == h && out.stride >= h,
+          "moe: out is {}x{} at {} with stride {} (rule: non-null, {}x{}, stride >= columns)",
+          out.rows, out.cols, out.data, out.stride, tokens, h);
+  require(out.dtype == formats::bf16 || out.dtype == formats::fp16 || out.dtype == formats::fp32,
+          "moe: out is {} (rule: bf16, fp16 or fp32)", out.dtype.name());
+  require(top_k >= 1 && top_k <= 32, "moe: top_k = {} (rule: 1 .. 32)", top_k);
+  require(topk_ids && topk_weights, "moe: topk_ids = {}, topk_weights = {} (rule: non-null)",
+          fmt::ptr(topk_ids), fmt::ptr(topk_weights));
+  const int global_experts = options.global_experts > 0 ? options.global_experts : experts;
+  require(options.expert_map != nullptr || global_experts == experts,
+          "moe: global_experts = {} with {} local experts and no expert_map (rule: a map from "
+          "global to local ids when they differ)",
+          global_experts, experts);
+  const std::int64_t slots = tokens * top_k;
+
+  // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
+  // they depend on).
+  const std::string key_text =
+      fmt::format("moe {} {} {} {} {}", slots, hidden.dtype.name(), down_w.id,
+                  options.gate_up_bias != nullptr, options.down_bias != nullptr);
+  detail::PreparedWeight::PlanKey key{slots, key_text, "", "", false, 0, 0, 0};
+  GemmPlan up_plan, down_plan;
+  {
+    std::shared_lock lock(up_w.plans_mutex);
+    if (auto found = up_w.plans.find(key); found != up_w.plans.end()) up_plan = found->second;
+    key.candidate = "down";
+    if (auto found = up_w.plans.find(key); found != up_w.plans.end()) down_plan = found->second;
+    key.candidate.clear();
+  }
+  if (!up_plan || !down_plan) {
+    GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
+    problem.bias = options.gate_up_bias != nullptr;
+    up_plan = impl_->make_plan(problem, up_w);
+    GemmProblem down_problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
+    down_problem.bias = options.down_bias != nullptr;
+    down_problem.route_block = up_plan.choice_for(slots).route_block;
+    down_plan = impl_->make_plan(down_problem, down_w);
+    std::unique_lock lock(up_w.plans_mutex);
+    up_w.plans.emplace(key, up_plan);
+    key.candidate = "down";
+    up_w.plans.emplace(key, down_plan);
+  }
+  const int route_block = up_plan.choice_for(slots).route_block;
+
+  // Workspace: the routing, the gathered rows, gate_up's rows, the activation's rows and the
+  // down rows, then the larger of the GEMMs' scratch; their split-K regions share one.
+  MoeRoutingShape shape;
+  shape.tokens = tokens;
+  shape.top_k = top_k;
+  shape.global_experts = global_experts;
+  shape.local_experts = experts;
+  shape.block = route_block;
+  const std::int64_t capacity = moe_routing_capacity(shape);
+  const std::size_t half = hidden.dtype.storage_bytes();
+  // 16-bit rows 16 bytes apart (TMA reads the GEMMs' A rows; it zero-fills past K).
+  auto row_stride = [](std::int64_t columns) { return (columns + 7) / 8 * 8; };
+  const std::int64_t ld_h = row_stride(h), ld_up = row_stride(2 * inter), ld_act = row_stride(inter);
+  std::size_t used = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t offset = used;
+    used += aligned(std::max<std::size_t>(bytes, 1));
+    return offset;
+  };
+  const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
+  const std::size_t gathered_at = take(static_cast<std::size_t>(capacity * ld_h) * half);
+  const std::size_t up_rows_at = take(static_cast<std::size_t>(capacity * ld_up) * half);
+  const std::size_t act_rows_at = take(static_cast<std::size_t>(capacity * ld_act) * half);
+  const std::size_t down_rows_at = take(static_cast<std::size_t>(capacity * h) * sizeof(float));
+  const std::size_t gemm_scratch_at =
+      take(std::max(up_plan.data_->scratch_bytes, down_plan.data_->scratch_bytes));
+  const std::size_t zeroed_bytes =
+      std::max(up_plan.data_->zeroed_bytes, down_plan.data_->zeroed_bytes);
+  impl_->ensure_workspace(stream, used, zeroed_bytes);
+  Impl::StreamSlot slot = impl_->stream_workspace(stream, used, zeroed_bytes);
+  void* base = slot.scratch;
+
+  impl_->make_current();
+  const auto cu_stream = static_cast<CUstream>(stream);
+  const MoeIndexedRouting routing = runtime::launch_moe_routing(
+      impl_->moe_routing_kernels(), shape, topk_ids, options.expert_map, at<void>(base, routing_at),
+      moe_routing_workspace_bytes(shape), cu_stream);
+
+  const DeviceMatrix gathered{at<void>(base, gathered_at), capacity, h, ld_h, hidden.dtype};
+  runtime::launch_moe_gather(impl_->kernel(jit::moe_gather_spec(hidden.dtype, impl_->arch)),
+                             routing, hidden.data, hidden.stride, h, gathered.data, ld_h,
+                             cu_stream);
+  const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
+                             hidden.dtype};
+  const Impl::RunMemory memory{at<void>(base, gemm_scratch_at), slot.zeroed};
+  impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream, options.gate_up_bias,
+                memory, &routing);
+  const DeviceMatrix act_rows{at<void>(base, act_rows_at), capacity, inter, ld_act,
+                              hidden.dtype};
+  runtime::launch_moe_glu(
+      impl_->kernel(jit::moe_glu_spec(hidden.dtype, hidden.dtype, impl_->arch)), routing,
+      options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act, cu_stream);
+  const DeviceMatrix down_rows{at<void>(base, down_rows_at), capacity, h, h, formats::fp32};
+  impl_->run_in(*down_plan.data_, down_w, &act_rows, nullptr, down_rows, stream,
+                options.down_bias, memory, &routing);
+  runtime::launch_moe_combine(
+      impl_->kernel(jit::moe_combine_spec(formats::fp32, out.dtype, impl_->arch)), routing,
+      down_rows.data, h, topk_weights, h, out.data, out.stride, cu_stream);
+}
+
+runtime::MoeRoutingKernels Engine::Impl::moe_routing_kernels() {
+  runtime::MoeRoutingKernels kernels;
+  kernels.count = kernel(jit::moe_routing_spec("count", arch));
+  kernels.offsets = kernel(jit::moe_routing_spec("offsets", arch));
+  kernels.scatter = kernel(jit::moe_routing_spec("scatter", arch));
+  return kernels;
+}
+
+MoeIndexedRouting Engine::route_moe(const MoeRoutingShape& shape, const std::int32_t* expert_ids,
+                                   const std::int32_t* expert_map, void* workspace,
+                                   std::size_t workspace_bytes, void* stream) {
+  runtime::check_moe_routing_shape(shape);  // before compiling its kernels
+  impl_->make_current();
+  return runtime::launch_moe_routing(impl_->moe_routing_kernels(), shape, expert_ids, expert_map, workspace,
+                                     workspace_bytes, static_cast<CUstream>(stream));
+}
+
+}  // namespace qgemm

@@ -1,0 +1,499 @@
+// The MoE layer on the GPU (Engine::prepare_experts, moe, moe_gemm; issue #17) against the CPU
+// reference (reference::moe_layer), element by element: random expert weights and hidden
+// states, random and adversarial routings (every token to one expert, experts with no tokens,
+// top_k 1 and 8, M = 1, other ranks' experts), every GLU, biases, fp16/bf16 hidden states and
+// every output type, then graph capture replayed on fresh routings. Outputs are poisoned with
+// NaN before each call. The seed is printed (QGEMM_TEST_SEED replays it).
+//
+// Bounds. The layer rounds where the reference does (gate_up rows and the activation to the
+// hidden type, the result once) but its GEMMs multiply each weight rounded to the 16-bit operand
+// and accumulate in fp32, and its GLU runs in fp32: every gate_up value g may differ from the
+// reference's by dg ≤ 2^-7 · Σ|a||w| (+ its own rounding), which moves h by at most
+// |∂h/∂gate| dg_gate + |∂h/∂up| dg_up plus one rounding of h; the down GEMM carries that as
+// Σ_k |D[n][k]| dh_k (plus its weight rounding, 2^-8 · Σ|D||h|); the top-k sum weights it by
+// |w_j| and the output rounds once. The GLUs' slopes: |silu'|, |gelu'| ≤ 1.13, and
+// |d(g σ(αg))/dg| ≤ 1.1 for α ≤ 1.702, so 1.2 · (|up| + 1 + dg_up) bounds ∂h/∂gate and
+// |gate| + dg_gate bounds ∂h/∂up for all three.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gemm_check.hpp"
+#include "gpu_test_util.hpp"
+#include "qgemm/engine.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/moe.hpp"
+#include "qgemm/reference.hpp"
+#include "runtime/device_memory.hpp"
+#include "runtime/driver.hpp"
+
+namespace qgemm {
+namespace {
+
+using runtime::DeviceBuffer;
+
+std::uint32_t test_seed() {
+  static const std::uint32_t seed = [] {
+    const char* text = std::getenv("QGEMM_TEST_SEED");
+    const auto s = text ? static_cast<std::uint32_t>(std::strtoul(text, nullptr, 10))
+                        : std::random_device{}();
+    std::printf("seed %u (QGEMM_TEST_SEED=%u replays it)\n", s, s);
+    return s;
+  }();
+  return seed;
+}
+
+struct LayerCase {
+  std::string scheme = "w4a16";
+  std::int64_t tokens = 16;
+  int experts = 16, top_k = 4;
+  std::int64_t hidden = 512, inter = 256;
+  GluActivation glu;
+  bool bias = false;
+  Format input = formats::bf16, output = formats::bf16;
+  enum class Routing { Random, OneExpert, HalfTheExperts } routing = Routing::Random;
+  int global_experts = 0;  // > experts: an expert map, the rest on other ranks
+};
+
+std::string describe(const LayerCase& c) {
+  return c.scheme + " M=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) +
+         " top" + std::to_string(c.top_k) + " H=" + std::to_string(c.hidden) +
+         " I=" + std::to_string(c.inter) + " " + glu_kind_name(c.glu.kind) +
+         (c.bias ? " bias" : "") + " " + c.input.name() + "->" + c.output.name() +
+         (c.global_experts > c.experts ? " map of " + std::to_string(c.global_experts) : "");
+}
+
+// A layer's weights: host packed experts and their exact values, and the prepared pair.
+struct Layer {
+  Scheme scheme;
+  std::vector<PackedWeight> gate_up, down;
+  std::vector<std::vector<double>> gate_up_values, down_values;
+  std::vector<float> gate_up_bias, down_bias;
+  QuantWeight gate_up_prepared, down_prepared;
+  DeviceBuffer gate_up_bias_device, down_bias_device;
+};
+
+Layer make_layer(Engine& engine, const LayerCase& c, std::mt19937& rng) {
+  Layer layer;
+  layer.scheme = parse_scheme(c.scheme);
+  layer.scheme.activation.format = c.input;
+  layer.scheme.output = c.output;
+  auto draw = [&](std::int64_t n, std::int64_t k) {
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(k)));
+    std::vector<float> values(static_cast<std::size_t>(n * k));
+    for (float& x : values) x = normal(rng);
+    return quantize_weight(layer.scheme.weight, values.data(), n, k);
+  };
+  for (int e = 0; e < c.experts; ++e) {
+    layer.gate_up.push_back(draw(2 * c.inter, c.hidden));
+    layer.down.push_back(draw(c.hidden, c.inter));
+    layer.gate_up_values.push_back(dequantize_weight(layer.gate_up.back()));
+    layer.down_values.push_back(dequantize_weight(layer.down.back()));
+  }
+  if (c.bias) {
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    layer.gate_up_bias.resize(static_cast<std::size_t>(c.experts * 2 * c.inter));
+    layer.down_bias.resize(static_cast<std::size_t>(c.experts * c.hidden));
+    for (float& x : layer.gate_up_bias) x = normal(rng);
+    for (float& x : layer.down_bias) x = normal(rng);
+    layer.gate_up_bias_device = DeviceBuffer::from(layer.gate_up_bias);
+    layer.down_bias_device = DeviceBuffer::from(layer.down_bias);
+  }
+  layer.gate_up_prepared = engine.prepare_experts(layer.gate_up);
+  layer.down_prepared = engine.prepare_experts(layer.down);
+  return layer;
+}
+
+// One call's inputs on the host and the device. Choices routed to another rank's expert carry
+// their global id; the reference sees them as weight-0 choices of local expert 0 (they add
+// nothing, exactly).
+struct Inputs {
+  std::vector<std::uint16_t> hidden_bits;
+  std::vector<double> hidden_values;
+  std::vector<std::int32_t> ids;       // global ids
+  std::vector<float> weights;
+  std::vector<std::int32_t> map;       // global -> local or -1; empty: identity
+  DeviceBuffer hidden, ids_device, weights_device, map_device;
+};
+
+void draw_inputs(const LayerCase& c, std::mt19937& rng, Inputs& in, bool reuse_buffers) {
+  const std::int64_t slots = c.tokens * c.top_k;
+  const int global = std::max(c.global_experts, c.experts);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  in.hidden_bits.resize(static_cast<std::size_t>(c.tokens * c.hidden));
+  in.hidden_values.resize(in.hidden_bits.size());
+  for (std::size_t i = 0; i < in.hidden_bits.size(); ++i) {
+    in.hidden_bits[i] = static_cast<std::uint16_t>(encode(c.input, normal(rng)));
+    in.hidden_values[i] = decode(c.input, in.hidden_bits[i]);
+  }
+  in.ids.resize(static_cast<std::size_t>(slots));
+  in.weights.resize(static_cast<std::size_t>(slots));
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    // Distinct experts per token, as a router's top-k gives.
+    std::vector<int> order(static_cast<std::size_t>(global));
+    for (int e = 0; e < global; ++e) order[static_cast<std::size_t>(e)] = e;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int j = 0; j < c.top_k; ++j) {
+      int id = order[static_cast<std::size_t>(j % global)];
+      if (c.routing == LayerCase::Routing::OneExpert) id = 3 % global;
+      if (c.routing == LayerCase::Routing::HalfTheExperts) id = 2 * (id / 2);
+      in.ids[static_cast<std::size_t>(t * c.top_k + j)] = id;
+      in.weights[static_cast<std::size_t>(t * c.top_k + j)] = weight(rng);
+    }
+  }
+  if (global > c.experts) {
+    // Every other global expert is ours, the rest another rank's.
+    in.map.assign(static_cast<std::size_t>(global), -1);
+    for (int e = 0; e < global && e / 2 < c.experts; e += 2) in.map[static_cast<std::size_t>(e)] = e / 2;
+  }
+  if (reuse_buffers) {
+    in.hidden.upload(in.hidden_bits.data(), in.hidden_bits.size() * 2);
+    in.ids_device.upload(in.ids.data(), in.ids.size() * 4);
+    in.weights_device.upload(in.weights.data(), in.weights.size() * 4);
+  } else {
+    in.hidden = DeviceBuffer::from(in.hidden_bits);
+    in.ids_device = DeviceBuffer::from(in.ids);
+    in.weights_device = DeviceBuffer::from(in.weights);
+    if (!in.map.empty()) in.map_device = DeviceBuffer::from(in.map);
+  }
+}
+
+struct Expected {
+  std::vector<double> values, bounds;
+};
+
+// The reference's result, and the bounds of the header's comment computed slot by slot.
+Expected expect(const LayerCase& c, const Layer& layer, const Inputs& in) {
+  const std::int64_t h = c.hidden, inter = c.inter, slots = c.tokens * c.top_k;
+  reference::MoeRouting routing;
+  routing.tokens = c.tokens;
+  routing.top_k = c.top_k;
+  routing.expert_ids.resize(static_cast<std::size_t>(slots));
+  routing.weights.resize(static_cast<std::size_t>(slots));
+  for (std::int64_t s = 0; s < slots; ++s) {
+    const int id = in.ids[static_cast<std::size_t>(s)];
+    const int local = in.map.empty() ? id : in.map[static_cast<std::size_t>(id)];
+    routing.expert_ids[static_cast<std::size_t>(s)] = local < 0 ? 0 : local;
+    routing.weights[static_cast<std::size_t>(s)] = local < 0 ? 0.0f : in.weights[static_cast<std::size_t>(s)];
+  }
+  std::vector<float> hidden_float(in.hidden_values.begin(), in.hidden_values.end());
+  ActivationQuant plain;
+  plain.format = c.input;
+  const PackedActivation a = quantize_activation(plain, hidden_float.data(), c.tokens, h);
+  Expected x;
+  x.values = reference::moe_layer(layer.scheme, a, layer.gate_up, layer.down, routing, c.glu,
+                                  c.input, c.bias ? layer.gate_up_bias.data() : nullptr,
+                                  c.bias ? layer.down_bias.data() : nullptr);
+
+  const double u_in = test::unit_roundoff(c.input);
+  x.bounds.assign(x.values.size(), 0.0);
+  for (std::int64_t s = 0; s < slots; ++s) {
+    const int e = routing.expert_ids[static_cast<std::size_t>(s)];
+    const double w = routing.weights[static_cast<std::size_t>(s)];
+    if (w == 0.0) continue;
+    const double* a_row = in.hidden_values.data() + (s / c.top_k) * h;
+    const std::vector<double>& gu = layer.gate_up_values[static_cast<std::size_t>(e)];
+    const std::vector<double>& dn = layer.down_values[static_cast<std::size_t>(e)];
+    std::vector<double> g(static_cast<std::size_t>(2 * inter)), dg(g.size());
+    for (std::int64_t r = 0; r < 2 * inter; ++r) {
+      double sum = c.bias ? layer.gate_up_bias[static_cast<std::size_t>(e * 2 * inter + r)] : 0.0;
+      double magnitude = 0.0;
+      for (std::int64_t k = 0; k < h; ++k) {
+        sum += a_row[k] * gu[static_cast<std::size_t>(r * h + k)];
+        magnitude += std::fabs(a_row[k] * gu[static_cast<std::size_t>(r * h + k)]);
+      }
+      g[static_cast<std::size_t>(r)] = sum;
+      dg[static_cast<std::size_t>(r)] = 2.0 * u_in * magnitude + 2.0 * u_in * std::fabs(sum);
+    }
+    std::vector<double> hv(static_cast<std::size_t>(inter)), dh(hv.size());
+    for (std::int64_t j = 0; j < inter; ++j) {
+      const double gate = g[static_cast<std::size_t>(j)], up = g[static_cast<std::size_t>(inter + j)];
+      const double dgate = dg[static_cast<std::size_t>(j)], dup = dg[static_cast<std::size_t>(inter + j)];
+      double value = 0;
+      switch (c.glu.kind) {
+        case GluKind::Silu: value = gate / (1 + std::exp(-gate)) * up; break;
+        case GluKind::Gelu: value = 0.5 * gate * (1 + std::erf(gate / std::sqrt(2.0))) * up; break;
+        case GluKind::ClampedSwiglu: {
+          const double gg = std::min<double>(gate, c.glu.limit);
+          const double uu = std::clamp<double>(up, -c.glu.limit, c.glu.limit);
+          value = gg / (1 + std::exp(-c.glu.alpha * gg)) * (uu + 1);
+        }
+      }
+      hv[static_cast<std::size_t>(j)] = value;
+      dh[static_cast<std::size_t>(j)] = 1.2 * (std::fabs(up) + 1 + dup) * dgate +
+                                        (std::fabs(gate) + dgate) * dup +
+                                        2.0 * u_in * (std::fabs(value) + 1e-30) + 1e-6 * u_in;
+    }
+    for (std::int64_t n = 0; n < h; ++n) {
+      double carried = 0, magnitude = 0;
+      for (std::int64_t k = 0; k < inter; ++k) {
+        const double d = std::fabs(dn[static_cast<std::size_t>(n * inter + k)]);
+        carried += d * dh[static_cast<std::size_t>(k)];
+        magnitude += d * (std::fabs(hv[static_cast<std::size_t>(k)]) + dh[static_cast<std::size_t>(k)]);
+      }
+      x.bounds[static_cast<std::size_t>((s / c.top_k) * h + n)] +=
+          w * (carried + 2.0 * u_in * magnitude);
+    }
+  }
+  const double u_out = test::unit_roundoff(c.output);
+  for (std::size_t i = 0; i < x.bounds.size(); ++i)
+    x.bounds[i] += 2.0 * u_out * std::fabs(x.values[i]) + 1e-6;
+  return x;
+}
+
+void run_and_check(Engine& engine, const LayerCase& c, const Layer& layer, Inputs& in,
+                   DeviceBuffer& out, CUstream stream) {
+  MoeOptions options;
+  options.activation = c.glu;
+  if (c.bias) {
+    options.gate_up_bias = layer.gate_up_bias_device.as<const float>();
+    options.down_bias = layer.down_bias_device.as<const float>();
+  }
+  if (!in.map.empty()) {
+    options.expert_map = in.map_device.as<const std::int32_t>();
+    options.global_experts = static_cast<int>(in.map.size());
+  }
+  out.fill_bytes(0xff);  // NaN in every output type
+  engine.moe({in.hidden.as<void>(), c.tokens, c.hidden, c.hidden, c.input},
+             in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(), c.top_k,
+             layer.gate_up_prepared, layer.down_prepared,
+             {out.as<void>(), c.tokens, c.hidden, c.hidden, c.output}, stream, options);
+}
+
+test::OutputCheck check_out(const LayerCase& c, const Layer& layer, const Inputs& in,
+                            const DeviceBuffer& out) {
+  const Expected x = expect(c, layer, in);
+  return test::check_output(
+      test::read_output(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden)), x.values,
+      x.bounds, c.hidden);
+}
+
+bool on_sm90() { return test::device_arch() == jit::Arch::sm_90a; }
+
+void check_layer(const LayerCase& c, std::uint32_t salt) {
+  std::mt19937 rng(test_seed() + salt);
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  DeviceBuffer out(static_cast<std::size_t>(c.tokens * c.hidden) * c.output.storage_bytes());
+  run_and_check(engine, c, layer, in, out, nullptr);
+  const auto& driver = runtime::Driver::get();
+  driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+  const test::OutputCheck check = check_out(c, layer, in, out);
+  EXPECT_TRUE(check.ok()) << describe(c) << ": " << check.describe();
+  std::printf("%-70s rel %.2e worst %.2f of its bound\n", describe(c).c_str(), check.relative,
+              check.worst);
+}
+
+TEST(MoeLayerGpu, EveryRoutingShapeMatchesTheReference) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::vector<LayerCase> cases;
+  for (std::int64_t m : {1, 7, 64, 1000}) {
+    LayerCase c;
+    c.tokens = m;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // top_k 1, every token to one expert
+    c.tokens = 300, c.top_k = 1, c.experts = 8, c.routing = LayerCase::Routing::OneExpert;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // half the experts get nothing; top 8
+    c.tokens = 200, c.top_k = 8, c.experts = 32, c.routing = LayerCase::Routing::HalfTheExperts;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // expert parallelism: 16 of 32 global experts here
+    c.tokens = 50, c.top_k = 4, c.experts = 16, c.global_experts = 32;
+    cases.push_back(c);
+  }
+  std::uint32_t salt = 0;
+  for (const LayerCase& c : cases) check_layer(c, ++salt);
+}
+
+TEST(MoeLayerGpu, SchemesActivationsBiasesAndTypes) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::vector<LayerCase> cases;
+  {
+    LayerCase c;  // gpt-oss-like: MXFP4, clamped SwiGLU, biases, I not a multiple of 32
+    c.scheme = "mxfp4-a16", c.tokens = 40, c.experts = 8, c.top_k = 4, c.hidden = 720,
+    c.inter = 360, c.bias = true;
+    c.glu.kind = GluKind::ClampedSwiglu;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // GELU-GLU, fp16 in, fp32 out, 8-bit weights
+    c.scheme = "w8a16", c.tokens = 33, c.input = formats::fp16, c.output = formats::fp32;
+    c.glu.kind = GluKind::Gelu;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // Qwen3-30B-A3B's shape (128 experts, top 8, H 2048, I 768)
+    c.tokens = 24, c.experts = 128, c.top_k = 8, c.hidden = 2048, c.inter = 768;
+    cases.push_back(c);
+  }
+  {
+    LayerCase c;  // a tensor-parallel split: I = 192
+    c.scheme = "w4a16", c.tokens = 128, c.experts = 16, c.top_k = 2, c.inter = 192;
+    cases.push_back(c);
+  }
+  std::uint32_t salt = 100;
+  for (const LayerCase& c : cases) check_layer(c, ++salt);
+}
+
+// One warm call plans and sizes the workspace; a captured call then replays on fresh hidden
+// states, routings and router weights written into the same buffers.
+TEST(MoeLayerGpu, CapturedLayerReplaysOnFreshRoutings) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::mt19937 rng(test_seed() + 200);
+  LayerCase c;
+  c.tokens = 96, c.experts = 16, c.top_k = 4;
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  DeviceBuffer out(static_cast<std::size_t>(c.tokens * c.hidden) * 2);
+  const auto& driver = runtime::Driver::get();
+  CUstream stream = nullptr;
+  driver.check(driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  run_and_check(engine, c, layer, in, out, stream);
+  driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  EXPECT_TRUE(check_out(c, layer, in, out).ok());
+
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  driver.check(driver.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture");
+  MoeOptions options;
+  engine.moe({in.hidden.as<void>(), c.tokens, c.hidden, c.hidden, c.input},
+             in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(), c.top_k,
+             layer.gate_up_prepared, layer.down_prepared,
+             {out.as<void>(), c.tokens, c.hidden, c.hidden, c.output}, stream, options);
+  driver.check(driver.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  driver.check(driver.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  for (int replay = 0; replay < 3; ++replay) {
+    draw_inputs(c, rng, in, true);
+    out.fill_bytes(0xff);
+    driver.check(driver.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    const test::OutputCheck check = check_out(c, layer, in, out);
+    EXPECT_TRUE(check.ok()) << "replay " << replay << ": " << check.describe();
+  }
+  driver.cuGraphExecDestroy(exec);
+  driver.cuGraphDestroy(graph);
+  driver.cuStreamDestroy(stream);
+}
+
+// The grouped GEMM alone, through a plan and route_moe, as an engine that routes itself calls
+// it; and the errors of a routing that does not fit the plan.
+TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::mt19937 rng(test_seed() + 300);
+  LayerCase c;
+  c.tokens = 20, c.experts = 8, c.top_k = 2;
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  const std::int64_t slots = c.tokens * c.top_k, n = 2 * c.inter, k = c.hidden;
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, slots, formats::bf16, formats::fp32);
+  ASSERT_EQ(problem.experts, c.experts);
+  const GemmPlan plan = engine.plan(problem, layer.gate_up_prepared);
+  MoeRoutingShape shape;
+  shape.tokens = c.tokens, shape.top_k = c.top_k, shape.global_experts = shape.local_experts = c.experts;
+  shape.block = plan.choice_for(slots).route_block;
+  ASSERT_GE(shape.block, 8);
+  DeviceBuffer routing_space(moe_routing_workspace_bytes(shape));
+  const MoeIndexedRouting routing =
+      engine.route_moe(shape, in.ids_device.as<const std::int32_t>(), nullptr,
+                       routing_space.as<void>(), routing_space.bytes(), nullptr);
+  // The routed rows in expert order, built on the host from the device's sorted slots.
+  const auto sorted = [&] {
+    std::vector<std::int32_t> host(static_cast<std::size_t>(routing.capacity));
+    runtime::Driver::get().check(
+        runtime::Driver::get().cuMemcpyDtoH(host.data(),
+                                            reinterpret_cast<CUdeviceptr>(routing.sorted_slots),
+                                            host.size() * 4),
+        "cuMemcpyDtoH");
+    return host;
+  }();
+  std::vector<std::uint16_t> rows(static_cast<std::size_t>(routing.capacity * k), 0);
+  for (std::int64_t p = 0; p < routing.capacity; ++p)
+    if (sorted[static_cast<std::size_t>(p)] < slots)
+      std::copy_n(in.hidden_bits.begin() + (sorted[static_cast<std::size_t>(p)] / c.top_k) * k, k,
+                  rows.begin() + p * k);
+  const DeviceBuffer rows_device = DeviceBuffer::from(rows);
+  DeviceBuffer out(static_cast<std::size_t>(routing.capacity * n) * 4);
+  out.fill_bytes(0xff);
+  engine.moe_gemm(plan, routing, {rows_device.as<void>(), routing.capacity, k, k, formats::bf16},
+                  layer.gate_up_prepared,
+                  {out.as<void>(), routing.capacity, n, n, formats::fp32}, nullptr);
+  const auto got = out.to_vector<float>(static_cast<std::size_t>(routing.capacity * n));
+  // Every real slot's row against its expert's exact product (bf16 weights rounding: 2^-8 of
+  // the magnitude, fp32 accumulation).
+  int checked = 0, wrong = 0;
+  for (std::int64_t p = 0; p < routing.capacity; ++p) {
+    const int slot = sorted[static_cast<std::size_t>(p)];
+    if (slot >= slots) continue;
+    const int e = in.ids[static_cast<std::size_t>(slot)];
+    const std::vector<double>& w = layer.gate_up_values[static_cast<std::size_t>(e)];
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (std::int64_t i = 0; i < k; ++i) {
+        const double a = decode(formats::bf16, rows[static_cast<std::size_t>(p * k + i)]);
+        sum += a * w[static_cast<std::size_t>(j * k + i)];
+        magnitude += std::fabs(a * w[static_cast<std::size_t>(j * k + i)]);
+      }
+      const double value = got[static_cast<std::size_t>(p * n + j)];
+      ++checked;
+      if (!(std::fabs(value - sum) <= std::ldexp(magnitude, -8) + 1e-6) && wrong++ < 3)
+        ADD_FAILURE() << "position " << p << " (slot " << slot << ", expert " << e << ") column "
+                      << j << ": got " << value << ", expected " << sum;
+    }
+  }
+  EXPECT_EQ(checked, slots * n);
+  EXPECT_EQ(wrong, 0);
+
+  // A routing in blocks the plan did not choose, and a dense run of a grouped plan.
+  MoeRoutingShape other = shape;
+  other.block = shape.block * 2;
+  DeviceBuffer other_space(moe_routing_workspace_bytes(other));
+  const MoeIndexedRouting other_routing =
+      engine.route_moe(other, in.ids_device.as<const std::int32_t>(), nullptr,
+                       other_space.as<void>(), other_space.bytes(), nullptr);
+  DeviceBuffer big(static_cast<std::size_t>(other_routing.capacity * k) * 2);
+  DeviceBuffer big_out(static_cast<std::size_t>(other_routing.capacity * n) * 4);
+  try {
+    engine.moe_gemm(plan, other_routing,
+                    {big.as<void>(), other_routing.capacity, k, k, formats::bf16},
+                    layer.gate_up_prepared,
+                    {big_out.as<void>(), other_routing.capacity, n, n, formats::fp32}, nullptr);
+    ADD_FAILURE() << "a routing block the plan did not choose was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("routing's block"), std::string::npos) << error.what();
+  }
+  try {
+    engine.run(plan, {rows_device.as<void>(), routing.capacity, k, k, formats::bf16},
+               layer.gate_up_prepared, {out.as<void>(), routing.capacity, n, n, formats::fp32},
+               nullptr);
+    ADD_FAILURE() << "a grouped plan ran as a dense GEMM";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("moe_gemm"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace qgemm
