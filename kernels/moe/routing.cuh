@@ -6,6 +6,7 @@
 //   offsets  one block: padded counts scanned into offsets[], cursors[] = offsets[],
 //            block_experts[] from the offsets
 //   scatter  grid-stride over slots: position = atomicAdd(cursors[e], 1)
+//   small    (slots ≤ kMoeSmallSlots) all of it, memsets included, in one block
 //
 // All three read the slots at memory speed; the offsets step scans local_experts (≤ 512) counts
 // in one block of 512 threads and writes the capacity / block block entries.
@@ -118,6 +119,28 @@ __device__ void moe_scatter(const MoeRoutingArgs& args) {
   }
 }
 
+// Every step in one block (slots ≤ kMoeSmallSlots): the zeroing and the sentinel fill the host
+// otherwise does with memsets, the count in shared memory, the scan, the scatter. Each phase
+// ends at a barrier, which also orders the block's global writes for the next.
+template <int kThreads>
+__device__ void moe_route_in_one_block(const MoeRoutingArgs& args, int* per_expert) {
+  if (threadIdx.x == 0) *args.invalid_ids = 0;
+  for (int e = threadIdx.x; e < args.local_experts; e += kThreads) per_expert[e] = 0;
+  for (long long p = threadIdx.x; p < args.capacity; p += kThreads)
+    args.sorted_slots[p] = static_cast<int>(args.slots);
+  __syncthreads();
+  for (long long s = threadIdx.x; s < args.slots; s += kThreads) {
+    const int e = moe_local_expert(args, s, true);
+    if (e >= 0) atomicAdd(&per_expert[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < args.local_experts; e += kThreads) args.counts[e] = per_expert[e];
+  __syncthreads();
+  moe_offsets<kThreads>(args, per_expert);
+  __syncthreads();
+  moe_scatter<kThreads>(args);
+}
+
 template <int kStep, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs args) {
   static_assert(kDynamicSmemBytes == 0, "moe_routing uses static shared memory only");
@@ -126,6 +149,8 @@ __global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs ar
     moe_count<kThreads>(args, per_expert);
   } else if constexpr (kStep == kMoeOffsets) {
     moe_offsets<kThreads>(args, per_expert);
+  } else if constexpr (kStep == kMoeSmall) {
+    moe_route_in_one_block<kThreads>(args, per_expert);
   } else {
     moe_scatter<kThreads>(args);
   }

@@ -5,7 +5,10 @@
 namespace qgemm::kernels {
 
 // The step a moe_routing kernel performs (the `step` parameter of its spec).
-enum MoeRoutingStep { kMoeCount = 0, kMoeOffsets = 1, kMoeScatter = 2 };
+// kMoeSmall: one block does every step (and the host's memsets), for routings of at most
+// kMoeSmallSlots slots (decode), where six launches would cost more than the work.
+enum MoeRoutingStep { kMoeCount = 0, kMoeOffsets = 1, kMoeScatter = 2, kMoeSmall = 3 };
+inline constexpr long long kMoeSmallSlots = 2048;
 
 // The "indexed" layout of routed tokens that the grouped GEMM reads (include/qgemm/moe.hpp):
 //

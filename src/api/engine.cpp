@@ -18,6 +18,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -376,10 +377,14 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
       problem.prequantized ? " pre-quantized" : "", problem.scheme.output.name(),
       problem.bias ? ", bias" : "", jit::arch_name(arch));
   for (const auto& [low, high] : dispatch::m_buckets(problem)) {
-    // A grouped GEMM's config is chosen at the rows one expert is expected to get.
-    const std::int64_t judged_m =
-        problem.experts > 0 ? dispatch::grouped_rows_per_expert(high, problem.experts) : high;
-    dispatch::Selection selection = dispatch::select(problem, judged_m, weight.facts, context);
+    // A grouped GEMM's config is ranked as the dense GEMM it costs (dispatch::grouped_view).
+    const std::optional<dispatch::GroupedView> grouped =
+        problem.experts > 0 ? std::optional(dispatch::grouped_view(problem, weight.facts, high))
+                            : std::nullopt;
+    const GemmProblem& judged = grouped ? grouped->problem : problem;
+    const dispatch::WeightFacts& judged_facts = grouped ? grouped->weight : weight.facts;
+    const std::int64_t judged_m = grouped ? grouped->m : high;
+    dispatch::Selection selection = dispatch::select(judged, judged_m, judged_facts, context);
     detail::PlanStep step;
     for (;;) {
       try {
@@ -394,7 +399,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
           throw;
         log(LogLevel::Info, "plan: {} refused M = {}: {}", chosen.name, high, error.what());
         context.refused[chosen.name] = error.what();
-        selection = dispatch::select(problem, judged_m, weight.facts, context);
+        selection = dispatch::select(judged, judged_m, judged_facts, context);
       }
     }
     GemmPlan::Choice choice;

@@ -272,6 +272,7 @@ runtime::MoeRoutingKernels Engine::Impl::moe_routing_kernels() {
   kernels.count = kernel(jit::moe_routing_spec("count", arch));
   kernels.offsets = kernel(jit::moe_routing_spec("offsets", arch));
   kernels.scatter = kernel(jit::moe_routing_spec("scatter", arch));
+  kernels.small = kernel(jit::moe_routing_spec("small", arch));
   return kernels;
 }
 

@@ -115,6 +115,16 @@ WeightFacts WeightFacts::of_scheme(const Scheme& scheme, std::int64_t n, std::in
   return facts;
 }
 
+GroupedView grouped_view(const GemmProblem& problem, const WeightFacts& weight,
+                         std::int64_t slots) {
+  GroupedView view{problem, weight, grouped_rows_per_expert(slots, problem.experts)};
+  const std::int64_t active = grouped_active_experts(slots, problem.experts);
+  view.problem.n = problem.n * active;
+  view.weight.n = view.problem.n;
+  if (weight.wgmma) view.weight.wgmma = grouped_equivalent_weight(*weight.wgmma, active);
+  return view;
+}
+
 std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem) {
   std::vector<std::pair<std::int64_t, std::int64_t>> buckets;
   const std::int64_t last = problem.max_rows();

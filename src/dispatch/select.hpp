@@ -102,6 +102,17 @@ Selection select(const GemmProblem& problem, std::int64_t m, const WeightFacts& 
 // clipped to the range.
 std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem);
 
+// A grouped (MoE) GEMM of `slots` routed rows as the dense GEMM whose cost it has, which the
+// selector ranks: the experts expected to get rows side by side (N times their count, the
+// wgmma order's metadata likewise) against the rows one of them is expected to get (m). The
+// rules that hold for the grouped GEMM alone still apply (the problem keeps its experts).
+struct GroupedView {
+  GemmProblem problem;
+  WeightFacts weight;
+  std::int64_t m = 1;
+};
+GroupedView grouped_view(const GemmProblem& problem, const WeightFacts& weight, std::int64_t slots);
+
 // {"m": M, "candidates": [{"name", "path", "operand", "rejected" | "predicted_us", "cost":
 // {...}}], "winner": {"name", "kernel"?, "predicted_us", "reason"}} (kernel: when the caller
 // adds it).

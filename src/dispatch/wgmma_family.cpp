@@ -169,20 +169,53 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& c, std::int64_t m, const layout::Mma
   return launch;
 }
 
+namespace {
+double expected_active(std::int64_t slots, int experts) {
+  const double e = experts;
+  return std::max(1.0, e * (1.0 - std::pow(1.0 - 1.0 / e, static_cast<double>(slots))));
+}
+}  // namespace
+
+std::int64_t grouped_active_experts(std::int64_t slots, int experts) {
+  if (slots <= 0) return 1;
+  return std::max<std::int64_t>(1, std::llround(expected_active(slots, experts)));
+}
+
 std::int64_t grouped_rows_per_expert(std::int64_t slots, int experts) {
   if (slots <= 0) return 1;
-  const double e = experts;
-  const double active = e * (1.0 - std::pow(1.0 - 1.0 / e, static_cast<double>(slots)));
-  return std::max<std::int64_t>(1, std::llround(static_cast<double>(slots) / std::max(active, 1.0)));
+  return std::max<std::int64_t>(
+      1, std::llround(static_cast<double>(slots) / expected_active(slots, experts)));
+}
+
+layout::MmaWeight grouped_equivalent_weight(const layout::MmaWeight& weight,
+                                            std::int64_t active) {
+  layout::MmaWeight equivalent;
+  equivalent.order = weight.order;
+  equivalent.format = weight.format;
+  equivalent.n = weight.n_padded * (active - 1) + weight.n;
+  equivalent.k = weight.k;
+  equivalent.n_padded = weight.n_padded * active;
+  equivalent.k_blocks = weight.k_blocks;
+  equivalent.groups = weight.groups;
+  equivalent.group_size = weight.group_size;
+  equivalent.zero_mode = weight.zero_mode;
+  equivalent.global_scale = weight.global_scale;
+  equivalent.scales_exact_in_bf16 = weight.scales_exact_in_bf16;
+  equivalent.scales_exact_in_fp16 = weight.scales_exact_in_fp16;
+  return equivalent;
 }
 
 WgmmaLaunch grouped_wgmma_launch(const WgmmaConfig& c, std::int64_t slots, int experts,
                                  int route_block, const layout::MmaWeight& weight,
                                  const Format& operand, const GpuLimits& gpu) {
-  const std::int64_t per_expert = grouped_rows_per_expert(slots, experts);
-  const std::int64_t active = (slots + per_expert - 1) / per_expert;
-  const std::int64_t busy_blocks = active * ((per_expert + c.block_m() - 1) / c.block_m());
-  WgmmaLaunch launch = wgmma_launch(c, busy_blocks * c.block_m(), weight, operand, gpu);
+  // Splits as for the experts side by side against one expert's rows; then the real weight's
+  // blocks, and token blocks for the routing's capacity.
+  const std::int64_t active = grouped_active_experts(slots, experts);
+  WgmmaLaunch launch =
+      wgmma_launch(c, grouped_rows_per_expert(slots, experts),
+                   grouped_equivalent_weight(weight, active), operand, gpu);
+  const std::int64_t tiles = weight.n_padded / 64;
+  launch.n_blocks = static_cast<int>((tiles + c.tile.consumers - 1) / c.tile.consumers);
   MoeRoutingShape shape;
   shape.tokens = slots;
   shape.global_experts = shape.local_experts = std::min(experts, 512);

@@ -89,9 +89,14 @@ WgmmaLaunch wgmma_launch(const WgmmaConfig& config, std::int64_t m,
 WgmmaLaunch grouped_wgmma_launch(const WgmmaConfig& config, std::int64_t slots, int experts,
                                  int route_block, const layout::MmaWeight& weight,
                                  const Format& operand, const GpuLimits& gpu);
-// The rows an expert is expected to get when `slots` rows are routed uniformly over `experts`
-// (those of the experts that get any): what a grouped GEMM's config is chosen at.
+// Uniform routing of `slots` rows over `experts`: how many experts are expected to get any, and
+// how many rows each of those gets (what a grouped GEMM's config is chosen at).
+std::int64_t grouped_active_experts(std::int64_t slots, int experts);
 std::int64_t grouped_rows_per_expert(std::int64_t slots, int experts);
+// The experts that get rows, side by side, as one weight: `active` times the rows of `weight`
+// (a grouped GEMM costs what the dense GEMM of that weight against one expert's rows costs:
+// the same units, waves and weight bytes).
+layout::MmaWeight grouped_equivalent_weight(const layout::MmaWeight& weight, std::int64_t active);
 
 // Split-K scratch: an fp32 slot per accumulator of every (token block, weight tile), then one
 // counter per (token block, weight tile); the kernel leaves both zero (0 without split-K).

@@ -266,7 +266,7 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
   }
   specs.push_back(tensor_absmax_spec(formats::bf16, arch));
   for (int bits : {2, 3, 4, 8}) specs.push_back(repack_weight_spec(bits, arch));
-  for (const char* step : {"count", "offsets", "scatter"})
+  for (const char* step : {"count", "offsets", "scatter", "small"})
     specs.push_back(moe_routing_spec(step, arch));
   for (const Format& type : {formats::bf16, formats::fp16}) {
     specs.push_back(moe_gather_spec(type, arch));

@@ -167,7 +167,7 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::moe_routing_kernel",
        "qgemm::kernels::MoeRoutingArgs",
        // Order = kernels::MoeRoutingStep.
-       {{"step", ParamKind::Choice, {"count", "offsets", "scatter"}}},
+       {{"step", ParamKind::Choice, {"count", "offsets", "scatter", "small"}}},
        false},
       // kernels/moe/glue.cuh: gather before the grouped GEMM, combine after it.
       {"moe_glue",

@@ -93,6 +93,33 @@ void check_moe_routing_shape(const MoeRoutingShape& s) {
           s.tokens, s.top_k, s.local_experts, s.block, needed);
 }
 
+namespace {
+
+// The large routing: memsets (counts and the invalid count to 0, every position not given a
+// slot — each run's padding, the unused tail — to the sentinel), then the three steps.
+void launch_moe_routing_steps(const MoeRoutingKernels& kernels, kernels::MoeRoutingArgs& args,
+                              CUstream stream) {
+  const Driver& driver = Driver::get();
+  const long long slots = args.slots;
+  const auto address = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  driver.check(driver.cuMemsetD32Async(address(args.counts), 0u,
+                                       static_cast<std::size_t>(args.local_experts), stream),
+               "cuMemsetD32Async (moe counts)");
+  driver.check(driver.cuMemsetD32Async(address(args.invalid_ids), 0u, 1, stream),
+               "cuMemsetD32Async (moe invalid ids)");
+  driver.check(driver.cuMemsetD32Async(address(args.sorted_slots), static_cast<unsigned>(slots),
+                                       static_cast<std::size_t>(args.capacity), stream),
+               "cuMemsetD32Async (moe sorted slots)");
+  const int threads = kernels.count.launch.threads_per_block;
+  const auto blocks =
+      static_cast<unsigned>(std::clamp<std::int64_t>((slots + threads - 1) / threads, 1, 4096));
+  launch_kernel(kernels.count, LaunchGrid{blocks, 1, 1}, args, stream);
+  launch_kernel(kernels.offsets, LaunchGrid{1, 1, 1}, args, stream);
+  launch_kernel(kernels.scatter, LaunchGrid{blocks, 1, 1}, args, stream);
+}
+
+}  // namespace
+
 MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const MoeRoutingShape& shape,
                                      const std::int32_t* expert_ids, const std::int32_t* expert_map,
                                      void* workspace, std::size_t workspace_bytes,
@@ -137,24 +164,11 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
   args.slot_positions = at(layout.positions);
   args.invalid_ids = at(layout.invalid);
 
-  // Counts and the invalid count start at 0, and every position not given a slot (each run's
-  // padding, the unused tail) holds the sentinel: memsets, graph-capturable like the kernels.
-  const Driver& driver = Driver::get();
-  const auto address = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
-  driver.check(driver.cuMemsetD32Async(address(args.counts), 0u,
-                                       static_cast<std::size_t>(shape.local_experts), stream),
-               "cuMemsetD32Async (moe counts)");
-  driver.check(driver.cuMemsetD32Async(address(args.invalid_ids), 0u, 1, stream),
-               "cuMemsetD32Async (moe invalid ids)");
-  driver.check(driver.cuMemsetD32Async(address(args.sorted_slots), static_cast<unsigned>(slots),
-                                       static_cast<std::size_t>(args.capacity), stream),
-               "cuMemsetD32Async (moe sorted slots)");
-  const int threads = kernels.count.launch.threads_per_block;
-  const auto blocks =
-      static_cast<unsigned>(std::clamp<std::int64_t>((slots + threads - 1) / threads, 1, 4096));
-  launch_kernel(kernels.count, LaunchGrid{blocks, 1, 1}, args, stream);
-  launch_kernel(kernels.offsets, LaunchGrid{1, 1, 1}, args, stream);
-  launch_kernel(kernels.scatter, LaunchGrid{blocks, 1, 1}, args, stream);
+  if (slots <= kernels::kMoeSmallSlots && kernels.small.function) {
+    launch_kernel(kernels.small, LaunchGrid{1, 1, 1}, args, stream);
+  } else {
+    launch_moe_routing_steps(kernels, args, stream);
+  }
 
   MoeIndexedRouting routing;
   routing.shape = shape;

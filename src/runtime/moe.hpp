@@ -17,7 +17,7 @@ namespace qgemm::runtime {
 void check_moe_routing_shape(const MoeRoutingShape& shape);
 
 struct MoeRoutingKernels {
-  LoadedKernel count, offsets, scatter;
+  LoadedKernel count, offsets, scatter, small;
 };
 
 // Lays the arrays out in `workspace` (moe_routing_workspace_bytes(shape) bytes) and enqueues a

@@ -36,6 +36,7 @@ struct ExplainOptions {
   std::string input = "bf16";
   bool prequantized = false, bias = false, json = false;
   int a_alignment = 16;
+  int experts = 0;  // > 0: a grouped (MoE) GEMM; --m counts the routed slots
 };
 
 int run(const ExplainOptions& options) {
@@ -51,6 +52,7 @@ int run(const ExplainOptions& options) {
   if (!problem.scheme.activation.is_quantized()) problem.scheme.activation.format = problem.input;
   problem.bias = options.bias;
   problem.a_alignment = options.a_alignment;
+  problem.experts = options.experts;
   validate(problem);
 
   // The target: --arch (and --sms), else device 0 when there is one, else the H200.
@@ -81,8 +83,18 @@ int run(const ExplainOptions& options) {
   if (!options.json)
     fmt::print("qgemm explain  {}  N = {}  K = {}  on {}\n", to_string(problem.scheme), problem.n,
                problem.k, target);
+  if (problem.experts > 0) context.table = nullptr;  // the tables hold dense measurements
   for (const auto& [low, high] : dispatch::m_buckets(problem)) {
-    const dispatch::Selection selection = dispatch::select(problem, high, weight, context);
+    // A grouped GEMM is ranked as the dense GEMM it costs (as Engine::plan does).
+    const std::optional<dispatch::GroupedView> grouped =
+        problem.experts > 0 ? std::optional(dispatch::grouped_view(problem, weight, high))
+                            : std::nullopt;
+    if (grouped && !options.json)
+      fmt::print("\ngrouped: {} slots over {} experts, ranked as N = {} against M = {}\n", high,
+                 problem.experts, grouped->problem.n, grouped->m);
+    const dispatch::Selection selection =
+        grouped ? dispatch::select(grouped->problem, grouped->m, grouped->weight, context)
+                : dispatch::select(problem, high, weight, context);
     const dispatch::CandidateLaunch launch =
         dispatch::candidate_launch(problem, high, selection.chosen(), weight, context.gpu, 0.0);
     if (options.json) {
@@ -123,6 +135,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_flag("--prequantized", options->prequantized,
                     "A comes as codes quantized beforehand (a DeviceActivation)");
   command->add_flag("--bias", options->bias, "The call adds a bias");
+  command->add_option("--experts", options->experts,
+                      "A grouped (MoE) GEMM over this many experts (--m: routed slots)");
   command->add_option("--a-alignment", options->a_alignment,
                       "Bytes (1-16, a power of two) dividing A's address and row stride");
   command->add_flag("--json", options->json, "Print JSON");
