@@ -1,0 +1,402 @@
+"""qgemm's vLLM plugin against the installed vLLM, on the CPU (ctest -L vllm; the environment
+is scripts/vllm_env.sh's build/vllm-env, and without vLLM every test here skips).
+
+The checkpoint tensors come from the writers of python/tests (test_checkpoint.py and
+test_checkpoint_formats.py), which lay them out as the producing tools do and compute the
+weights they stand for, w[n, k], in numpy from the raw values, independently of qgemm. A layer
+is built by vLLM's own linear classes with TP = 1 on a gloo group, loaded through vLLM's
+weight loaders (shard by shard for fused layers), processed, and run on qgemm's CPU reference
+operator; its output is compared element-wise with x · wᵀ in float64, within the rounding of
+the output to bf16 (plus the activation quantization, where the scheme quantizes them).
+"""
+
+import os
+import pickle
+import socket
+import sys
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/vllm_env.sh makes "
+                                          "its environment)")
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
+import test_checkpoint as gptq_fixtures  # noqa: E402
+import test_checkpoint_formats as fixtures  # noqa: E402
+
+from qgemm_vllm import layout  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from qgemm_vllm import vllm_plugin
+
+    return vllm_plugin
+
+
+@pytest.fixture(scope="module")
+def tp1(plugin):
+    """A one-rank gloo group: vLLM's tensor-parallel world of size 1."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import (init_distributed_environment, initialize_model_parallel)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from vllm.config import DeviceConfig
+
+    # Without a GPU, vLLM's CUDA build finds no platform and cannot infer the device (and its
+    # CPU platform needs triton-cpu): name the device.
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1, 1)
+        yield config
+
+
+# --- loading and claiming ----------------------------------------------------------------------
+
+def test_entry_point_registers_qgemm_idempotently(plugin):
+    import importlib.metadata as md
+
+    from vllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
+                                                         get_quantization_config)
+
+    import qgemm_vllm
+
+    entry = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "qgemm"]
+    assert [ep.value for ep in entry] == ["qgemm_vllm:register"]
+    assert entry[0].load() is qgemm_vllm.register
+    qgemm_vllm.register()
+    qgemm_vllm.register()
+    assert QUANTIZATION_METHODS.count("qgemm") == 1
+    assert get_quantization_config("qgemm") is plugin.QgemmConfig
+    assert pickle.loads(pickle.dumps(qgemm_vllm.register)) is qgemm_vllm.register
+    # vLLM builds the config without arguments for unquantized checkpoints; it pickles.
+    empty = pickle.loads(pickle.dumps(plugin.QgemmConfig()))
+    assert empty.get_name() == "qgemm" and empty.checkpoint_config == {}
+    assert hasattr(torch.ops.qgemm, "gemm")
+
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+       "version": "gemm"}
+CT_W4A16 = fixtures.ct_config(4, False, "group", 32)
+NVFP4 = dict(fixtures.MODELOPT_NVFP4)
+MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                              "lm_head"]}
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+CLAIMED = {"gptq": GPTQ, "awq": AWQ, "compressed-tensors": CT_W4A16, "modelopt-nvfp4": NVFP4,
+           "gpt-oss-mxfp4": MXFP4, "fp8-block": FP8_BLOCK}
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMED))
+def test_claims_only_when_asked(plugin, name):
+    config = CLAIMED[name]
+    cls = plugin.QgemmConfig
+    assert cls.override_quantization_method(config, "qgemm") == "qgemm"
+    assert cls.override_quantization_method(config, None) is None
+    assert cls.override_quantization_method(config, config["quant_method"]) is None
+    restored = pickle.loads(pickle.dumps(cls.from_config(config)))
+    assert restored.checkpoint_config["quant_method"] == config["quant_method"]
+
+
+def test_refuses_what_it_cannot_serve_with_the_reason(plugin):
+    cls = plugin.QgemmConfig
+    with pytest.raises(ValueError, match="quant_method 'bitsandbytes'"):
+        cls.override_quantization_method({"quant_method": "bitsandbytes"}, "qgemm")
+    with pytest.raises(ValueError, match="without weight_block_size"):
+        cls.override_quantization_method({"quant_method": "fp8"}, "qgemm")
+    assert cls.override_quantization_method({"quant_method": "bitsandbytes"}, "fp8") is None
+
+
+def tiny_model_dir(tmp_path, quantization_config, model_type="llama"):
+    """A model directory with config.json only (no weights: create_model_config reads the
+    config)."""
+    import json
+
+    common = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 512,
+              "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+              "quantization_config": quantization_config}
+    if model_type == "gpt_oss":
+        common.update({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                       "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 64,
+                       "sliding_window": 128, "layer_types": ["full_attention"]})
+    else:
+        common.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    (tmp_path / "config.json").write_text(json.dumps(common))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMED))
+def test_model_config_chooses_qgemm(plugin, tmp_path, name):
+    from vllm.config import ModelConfig
+
+    model_type = "gpt_oss" if name == "gpt-oss-mxfp4" else "llama"
+    path = tiny_model_dir(tmp_path, CLAIMED[name], model_type)
+    config = ModelConfig(model=path, quantization="qgemm", skip_tokenizer_init=True,
+                         dtype="bfloat16")
+    assert config.quantization == "qgemm"
+    plain = ModelConfig(model=path, skip_tokenizer_init=True, dtype="bfloat16")
+    assert plain.quantization != "qgemm"
+
+
+# --- linear layers on one rank --------------------------------------------------------------
+
+def torch_tensor(value):
+    """A fixture's tensor ((safetensors dtype, raw numpy) or a numpy array) as torch."""
+    if isinstance(value, tuple):
+        dtype, raw = value
+        t = torch.from_numpy(np.ascontiguousarray(raw))
+        view = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16}.get(dtype)
+        return t.view(view) if view is not None else t
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+def load(layer, tensors, shard_id=None):
+    """Loads one checkpoint layer's tensors (name without prefix -> tensor) through the
+    parameters' vLLM weight loaders, as vLLM's model loader does."""
+    for name, value in tensors.items():
+        param = getattr(layer, name)
+        if shard_id is None:
+            param.weight_loader(param, torch_tensor(value))
+        else:
+            param.weight_loader(param, torch_tensor(value), shard_id)
+
+
+def check_forward(layer, w, rng, rtol=2.0 ** -8, activation_rtol=0.0, m=5):
+    """layer(x) against x · wᵀ (float64) on bf16 x, element-wise: the output's rounding to
+    bf16 (relative 2^-9, doubled for margin) and, where activations are quantized, their
+    error bounded by activation_rtol · |x| · |w|ᵀ."""
+    k = w.shape[1]
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    y = layer.quant_method.apply(layer, x)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, w.shape[0])
+    x64 = x.double().numpy()
+    ref = x64 @ w.T
+    bound = rtol * np.abs(ref) + activation_rtol * (np.abs(x64) @ np.abs(w).T) + 1e-30
+    err = np.abs(y.double().numpy() - ref)
+    assert np.all(err <= bound), (f"max error {err.max()}, worst ratio "
+                                  f"{(err / bound).max()}")
+    return x, y
+
+
+def quant_config(plugin, config, **settings):
+    return plugin.QgemmConfig(config, layout.Settings(**settings) if settings else None)
+
+
+def test_gptq_act_order_column_parallel(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    n, k = 64, 256
+    tensors, w = gptq_fixtures.gptq_tensors(rng, n, k, 4, 128, v1=True, act_order=True)
+    config = quant_config(plugin, {**GPTQ, "desc_act": True, "sym": False})
+    layer = ColumnParallelLinear(k, n, bias=False, params_dtype=torch.bfloat16,
+                                 quant_config=config, prefix="model.layers.0.mlp.down_proj")
+    assert type(layer.quant_method).__name__ == "QgemmLinearMethod"
+    load(layer, tensors)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.qgemm_input_permutation is not None
+    check_forward(layer, w, rng)
+
+
+def test_gptq_fused_gate_up(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    k, sizes = 256, [64, 32]
+    config = quant_config(plugin, GPTQ)
+    config.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    layer = MergedColumnParallelLinear(k, sizes, bias=False, params_dtype=torch.bfloat16,
+                                       quant_config=config,
+                                       prefix="model.layers.0.mlp.gate_up_proj")
+    ws = []
+    for shard, n in enumerate(sizes):
+        tensors, w = gptq_fixtures.gptq_tensors(rng, n, k, 4, 128, v1=True, act_order=False)
+        load(layer, tensors, shard)
+        ws.append(w)
+    layer.quant_method.process_weights_after_loading(layer)
+    check_forward(layer, np.concatenate(ws), rng)
+
+
+def test_awq_row_parallel_with_bias(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    n, k, group = 128, 320, 64
+    q = rng.integers(0, 16, size=(k, n))
+    z = rng.integers(0, 16, size=(k // group, n))
+    s = (rng.random((k // group, n)) * 0.02 + 0.001).astype(np.float16)
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    pack = gptq_fixtures.pack_words_along_rows
+    tensors = {"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
+               "scales": s}
+    g = np.arange(k) // group
+    w = ((q - z[g]) * s[g].astype(np.float64)).T
+    layer = RowParallelLinear(k, n, bias=True, params_dtype=torch.bfloat16,
+                              quant_config=quant_config(plugin, AWQ),
+                              prefix="model.layers.0.self_attn.o_proj")
+    load(layer, tensors)
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16)
+    layer.bias.weight_loader(layer.bias, bias)
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)).to(torch.bfloat16)
+    y = layer.quant_method.apply(layer, x, layer.bias)
+    ref = x.double().numpy() @ w.T + bias.double().numpy()
+    assert np.all(np.abs(y.double().numpy() - ref) <= 2.0 ** -8 * np.abs(ref) + 1e-30)
+
+
+def test_compressed_tensors_fused_qkv(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    hidden, head, heads, kv_heads = 96, 16, 4, 2
+    config = quant_config(plugin, CT_W4A16)
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    layer = QKVParallelLinear(hidden, head, heads, kv_heads, bias=False,
+                              params_dtype=torch.bfloat16, quant_config=config,
+                              prefix="model.layers.0.self_attn.qkv_proj")
+    ws = []
+    for shard, n in zip("qkv", (heads * head, kv_heads * head, kv_heads * head)):
+        tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, hidden,
+                                              32)
+        load(layer, {name[2:]: v for name, v in tensors.items()}, shard)
+        ws.append(w)
+    layer.quant_method.process_weights_after_loading(layer)
+    check_forward(layer, np.concatenate(ws), rng)
+
+
+def test_modelopt_nvfp4_fused_gate_up(plugin, tp1, rng):
+    """Shards with one global scale (weight_scale_2, as modelopt exports fused layers): exact.
+    Activations kept 16-bit (QGEMM_ACTIVATIONS=16bit), then the checkpoint's W4A4."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    k, sizes, g = 64, [32, 48], 0.004
+    ws, shards = [], []
+    for n in sizes:
+        tensors, w = fixtures.nvfp4_tensors(rng, "p", n, k, weight_scale_2=g)
+        shards.append({name[2:]: v for name, v in tensors.items()})
+        ws.append(w)
+    for activations, activation_rtol in (("16bit", 0.0), ("checkpoint", 2.0 ** -1)):
+        config = quant_config(plugin, NVFP4, activations=activations)
+        config.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+        layer = MergedColumnParallelLinear(k, sizes, bias=False, params_dtype=torch.bfloat16,
+                                           quant_config=config,
+                                           prefix="model.layers.0.mlp.gate_up_proj")
+        for shard, tensors in enumerate(shards):
+            load(layer, tensors, shard)
+        layer.quant_method.process_weights_after_loading(layer)
+        assert layer.qgemm_weight.scheme.activation_quantized == (activations == "checkpoint")
+        # e2m1 activations with a per-16 e4m3 scale: each value within a quarter of itself
+        # (e2m1's steps) plus the scale's rounding; bounded loosely by half.
+        check_forward(layer, np.concatenate(ws), rng, activation_rtol=activation_rtol)
+
+
+def test_modelopt_fp8_per_shard_scales_become_per_channel(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    hidden, head, heads, kv_heads = 64, 16, 2, 1
+    config = quant_config(plugin, {"quant_method": "modelopt", "quant_algo": "FP8"},
+                          activations="16bit")
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    layer = QKVParallelLinear(hidden, head, heads, kv_heads, bias=False,
+                              params_dtype=torch.bfloat16, quant_config=config,
+                              prefix="model.layers.0.self_attn.qkv_proj")
+    ws = []
+    for shard, n in zip("qkv", (heads * head, kv_heads * head, kv_heads * head)):
+        codes = fixtures.random_e4m3_codes(rng, (n, hidden))
+        scale = np.float32(rng.uniform(1e-3, 1e-2))
+        load(layer, {"weight": ("F8_E4M3", codes),
+                     "weight_scale": np.array(scale, np.float32),
+                     "input_scale": np.array(0.5, np.float32)}, shard)
+        ws.append(fixtures.e4m3fn(codes) * np.float64(scale))
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.qgemm_weight.scheme.granularity == "channel"
+    check_forward(layer, np.concatenate(ws), rng)
+
+
+def test_fp8_block_checkpoint_activations(plugin, tp1, rng):
+    """DeepSeek-style FP8 blocks with the checkpoint's 1 x 128 e4m3 activations: e4m3 rounds
+    each activation within 2^-4 of itself (the group scale maps the group's max to 448)."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    n, k = 256, 384
+    codes = fixtures.random_e4m3_codes(rng, (n, k))
+    s = rng.uniform(1e-4, 1e-2, size=(2, 3)).astype(np.float32)
+    layer = ColumnParallelLinear(k, n, bias=False, params_dtype=torch.bfloat16,
+                                 quant_config=quant_config(plugin, FP8_BLOCK),
+                                 prefix="model.layers.0.mlp.gate_proj")
+    load(layer, {"weight": ("F8_E4M3", codes), "weight_scale_inv": s})
+    layer.quant_method.process_weights_after_loading(layer)
+    w = fixtures.e4m3fn(codes) * s.astype(np.float64)[np.arange(n) // 128][:, np.arange(k) //
+                                                                           128]
+    check_forward(layer, w, rng, activation_rtol=2.0 ** -3)
+
+
+def test_unquantized_layers_stay_with_vllm(plugin, tp1):
+    from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
+
+    config = quant_config(plugin, {**CT_W4A16, "ignore": ["re:.*o_proj$"]})
+    attn = ReplicatedLinear(64, 64, bias=False, params_dtype=torch.bfloat16,
+                            quant_config=config, prefix="model.layers.0.self_attn.o_proj")
+    router = ReplicatedLinear(64, 8, bias=False, params_dtype=torch.bfloat16,
+                              quant_config=quant_config(plugin, GPTQ),
+                              prefix="model.layers.0.mlp.gate")
+    oss = ReplicatedLinear(64, 64, bias=False, params_dtype=torch.bfloat16,
+                           quant_config=quant_config(plugin, MXFP4),
+                           prefix="model.layers.0.self_attn.q_proj")
+    for layer in (attn, router, oss):
+        assert isinstance(layer.quant_method, UnquantizedLinearMethod)
+
+
+def test_torch_compile_fullgraph_dynamic(plugin, tp1, rng):
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    n, k = 64, 256
+    tensors, w = gptq_fixtures.gptq_tensors(rng, n, k, 4, 128, v1=False, act_order=True)
+    layer = ColumnParallelLinear(k, n, bias=False, params_dtype=torch.bfloat16,
+                                 quant_config=quant_config(plugin, {**GPTQ, "desc_act": True,
+                                                                    "checkpoint_format":
+                                                                        "gptq_v2"}),
+                                 prefix="model.layers.0.mlp.down_proj")
+    load(layer, tensors)
+    layer.quant_method.process_weights_after_loading(layer)
+    torch._dynamo.reset()
+
+    def forward(x):
+        return layer.quant_method.apply(layer, x) * 2
+
+    compiled = torch.compile(forward, fullgraph=True, dynamic=True)
+    for m in (3, 7, 1):  # new token counts reuse the one dynamic graph
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+        y = compiled(x)
+        ref = 2 * (x.double().numpy() @ w.T)
+        assert np.all(np.abs(y.double().numpy() - ref) <= 2.0 ** -8 * np.abs(ref) + 1e-30)
+
+
+def test_moe_layers_are_refused_with_the_reason(plugin):
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    config = quant_config(plugin, MXFP4)
+    fake = RoutedExperts.__new__(RoutedExperts)
+    with pytest.raises(NotImplementedError, match="torch.ops.qgemm.moe"):
+        config.get_quant_method(fake, "model.layers.0.mlp.experts")
+
+
+def test_settings_errors_name_the_setting(monkeypatch):
+    monkeypatch.setenv("QGEMM_MAX_ROWS", "many")
+    with pytest.raises(ValueError, match="QGEMM_MAX_ROWS"):
+        layout.Settings.load({})
+    monkeypatch.delenv("QGEMM_MAX_ROWS")
+    monkeypatch.setenv("QGEMM_ACTIVATIONS", "fp7")
+    with pytest.raises(ValueError, match="QGEMM_ACTIVATIONS"):
+        layout.Settings.load({})
+    monkeypatch.setenv("QGEMM_ACTIVATIONS", "e4m3:tok")
+    assert layout.Settings.load({"qgemm": {"max_rows": 128}}) == layout.Settings("e4m3:tok",
+                                                                                 128)
