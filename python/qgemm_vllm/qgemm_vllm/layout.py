@@ -195,13 +195,16 @@ def _ct_group(config: Mapping, prefix: str) -> Optional[Mapping]:
     return None if best is None or not best[1].get("weights") else best[1]
 
 
-def is_quantized(config: Mapping, prefix: str) -> bool:
-    """Whether the checkpoint stores the linear layer `prefix` quantized: not in its ignore /
-    exclude list, targeted (compressed-tensors), not a MoE router; gpt-oss MXFP4 quantizes only
-    its experts. Unquantized layers stay with vLLM's own linear method."""
+def is_quantized(config: Mapping, prefix: str, experts: bool = False) -> bool:
+    """Whether the checkpoint stores the layer `prefix` quantized: a linear layer (or, with
+    experts=True, a MoE layer's experts) not in its ignore / exclude lists and targeted
+    (compressed-tensors). MoE routers and lm_head are never quantized here; gpt-oss MXFP4
+    quantizes only its experts. Unquantized layers stay with vLLM's own methods."""
     method = config.get("quant_method")
     name = prefix.rsplit(".", 1)[-1]
-    if method == "mxfp4" or name in ("gate", "router") or "lm_head" in prefix:
+    if "lm_head" in prefix:
+        return False
+    if not experts and (method == "mxfp4" or name in ("gate", "router")):
         return False
     if method == "compressed-tensors":
         return _ct_group(config, prefix) is not None

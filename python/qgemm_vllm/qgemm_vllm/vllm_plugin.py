@@ -127,11 +127,8 @@ class QgemmConfig(QuantizationConfig):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
 
         if isinstance(layer, RoutedExperts):
-            if self.checkpoint_config and is_quantized(
-                    {**self.checkpoint_config,
-                     "quant_method": "moe" if self.checkpoint_config.get(
-                         "quant_method") == "mxfp4" else
-                     self.checkpoint_config.get("quant_method")}, prefix):
+            if self.checkpoint_config and is_quantized(self.checkpoint_config, prefix,
+                                                       experts=True):
                 raise NotImplementedError(
                     f"--quantization qgemm: {prefix} is a quantized MoE layer; qgemm's vLLM "
                     "plugin does not serve MoE layers yet (torch.ops.qgemm.moe, the grouped "

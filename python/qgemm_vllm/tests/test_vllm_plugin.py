@@ -298,6 +298,26 @@ def test_modelopt_nvfp4_fused_gate_up(plugin, tp1, rng):
         check_forward(layer, np.concatenate(ws), rng, activation_rtol=activation_rtol)
 
 
+def test_nvfp4_shards_with_different_global_scales(plugin, tp1, rng):
+    """Each shard's own weight_scale_2: the block scales are rescaled to the largest and
+    rounded to ue4m3 again, a relative error of at most 2^-4 on each weight."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    k, sizes = 64, [32, 16]
+    config = quant_config(plugin, NVFP4, activations="16bit")
+    config.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    layer = MergedColumnParallelLinear(k, sizes, bias=False, params_dtype=torch.bfloat16,
+                                       quant_config=config,
+                                       prefix="model.layers.0.mlp.gate_up_proj")
+    ws = []
+    for shard, (n, g) in enumerate(zip(sizes, (0.004, 0.001))):
+        tensors, w = fixtures.nvfp4_tensors(rng, "p", n, k, weight_scale_2=g)
+        load(layer, {name[2:]: v for name, v in tensors.items()}, shard)
+        ws.append(w)
+    layer.quant_method.process_weights_after_loading(layer)
+    check_forward(layer, np.concatenate(ws), rng, activation_rtol=2.0 ** -4)
+
+
 def test_modelopt_fp8_per_shard_scales_become_per_channel(plugin, tp1, rng):
     from vllm.model_executor.layers.linear import QKVParallelLinear
 
@@ -351,7 +371,10 @@ def test_unquantized_layers_stay_with_vllm(plugin, tp1):
     oss = ReplicatedLinear(64, 64, bias=False, params_dtype=torch.bfloat16,
                            quant_config=quant_config(plugin, MXFP4),
                            prefix="model.layers.0.self_attn.q_proj")
-    for layer in (attn, router, oss):
+    plain = ReplicatedLinear(64, 64, bias=False, params_dtype=torch.bfloat16,
+                             quant_config=plugin.QgemmConfig(),
+                             prefix="model.layers.0.self_attn.q_proj")
+    for layer in (attn, router, oss, plain):
         assert isinstance(layer.quant_method, UnquantizedLinearMethod)
 
 
