@@ -113,12 +113,19 @@ class Settings:
             raise PluginError(f"QGEMM_MAX_ROWS must be a positive integer ({max_rows} given)")
         activations = str(activations).strip()
         if activations not in ("checkpoint", "16bit"):
-            try:
-                qgemm.Scheme(f"w=uint4:g128:s=fp16:zp=mid;a={activations};o=bf16")
-            except qgemm.Error as error:
+            # A format some weight takes (whether the checkpoint's does is checked per layer).
+            errors = []
+            for weights in ("w=uint4:g128:s=fp16:zp=mid", "w=e4m3:ch:s=fp32",
+                            "w=e2m1:g16:s=ue4m3:global"):
+                try:
+                    qgemm.Scheme(f"{weights};a={activations};o=bf16")
+                    break
+                except qgemm.Error as error:
+                    errors.append(str(error))
+            else:
                 raise PluginError(f"QGEMM_ACTIVATIONS must be 'checkpoint', '16bit' or a "
                                   f"qgemm activation format such as 'e4m3:tok' "
-                                  f"({activations!r} given: {error})") from None
+                                  f"({activations!r} given: {errors[0]})")
         return cls(activations, max_rows)
 
 

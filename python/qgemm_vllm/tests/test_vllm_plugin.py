@@ -227,6 +227,23 @@ def test_gptq_fused_gate_up(plugin, tp1, rng):
     check_forward(layer, np.concatenate(ws), rng)
 
 
+def test_w4a8_on_a_w4a16_checkpoint(plugin, tp1, rng):
+    """QGEMM_ACTIVATIONS=e4m3:tok: the GPTQ weights with e4m3 per-token activations (each
+    activation within 2^-4 of itself; bounded by 2^-3 of |x| · |w|ᵀ)."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    n, k = 64, 256
+    tensors, w = gptq_fixtures.gptq_tensors(rng, n, k, 4, 128, v1=True, act_order=False)
+    layer = ColumnParallelLinear(k, n, bias=False, params_dtype=torch.bfloat16,
+                                 quant_config=quant_config(plugin, GPTQ, activations="e4m3:tok"),
+                                 prefix="model.layers.0.mlp.down_proj")
+    load(layer, tensors)
+    layer.quant_method.process_weights_after_loading(layer)
+    scheme = layer.qgemm_weight.scheme
+    assert scheme.activation_quantized and scheme.activation_format == "e4m3", str(scheme)
+    check_forward(layer, w, rng, activation_rtol=2.0 ** -3)
+
+
 def test_awq_row_parallel_with_bias(plugin, tp1, rng):
     from vllm.model_executor.layers.linear import RowParallelLinear
 
