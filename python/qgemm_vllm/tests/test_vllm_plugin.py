@@ -376,6 +376,72 @@ def test_fp8_block_checkpoint_activations(plugin, tp1, rng):
     check_forward(layer, w, rng, activation_rtol=2.0 ** -3)
 
 
+def test_vllm_model_loader_on_a_gptq_llama(plugin, tp1, rng, tmp_path, monkeypatch):
+    """vLLM's own model loader (get_model) on a one-layer GPTQ Llama checkpoint with
+    --quantization qgemm: the model's packed_modules_mapping, its stacked-parameter loading of
+    q/k/v and gate/up, the checkpoint weight mapper (act-order g_idx kept), and
+    process_weights_after_loading. Each linear layer is then compared with the checkpoint's
+    weights. (Attention is not under test: its backend is set to vLLM's CPU one, which the
+    CUDA build of vLLM does not select on a machine without a GPU.)"""
+    import json
+
+    from safetensors.numpy import save_file
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "get_attn_backend_cls", lambda *args, **kwargs:
+                        "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend")
+    hidden, inter, heads, kv_heads, vocab = 128, 256, 4, 2, 512
+    head = hidden // heads
+    shapes = {"self_attn.q_proj": (heads * head, hidden), "self_attn.k_proj":
+              (kv_heads * head, hidden), "self_attn.v_proj": (kv_heads * head, hidden),
+              "self_attn.o_proj": (hidden, heads * head), "mlp.gate_proj": (inter, hidden),
+              "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+    tensors, weights = {}, {}
+    for name, (n, k) in shapes.items():
+        # Act-order where the layer is not fused (fused shards share one input, so GPTQ gives
+        # them one g_idx).
+        stored, w = gptq_fixtures.gptq_tensors(rng, n, k, 4, 64, v1=True,
+                                               act_order=name in ("mlp.down_proj",
+                                                                  "self_attn.o_proj"))
+        tensors.update({f"model.layers.0.{name}.{t}": v for t, v in stored.items()})
+        weights[name] = w
+    small = lambda *shape: (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    tensors.update({"model.embed_tokens.weight": small(vocab, hidden),
+                    "lm_head.weight": small(vocab, hidden),
+                    "model.norm.weight": np.ones(hidden, np.float32),
+                    "model.layers.0.input_layernorm.weight": np.ones(hidden, np.float32),
+                    "model.layers.0.post_attention_layernorm.weight":
+                        np.ones(hidden, np.float32)})
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": inter, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "num_hidden_layers": 1, "vocab_size": vocab,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "quantization_config": {**GPTQ, "group_size": 64, "desc_act": True, "sym": False}}))
+    model_config = ModelConfig(model=str(tmp_path), quantization="qgemm",
+                               skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True)
+    config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config):
+        model = get_model(vllm_config=config)
+    layer0 = model.model.layers[0]
+    fused = {
+        "self_attn.qkv_proj": (layer0.self_attn.qkv_proj,
+                               ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+        "self_attn.o_proj": (layer0.self_attn.o_proj, ["self_attn.o_proj"]),
+        "mlp.gate_up_proj": (layer0.mlp.gate_up_proj, ["mlp.gate_proj", "mlp.up_proj"]),
+        "mlp.down_proj": (layer0.mlp.down_proj, ["mlp.down_proj"]),
+    }
+    for name, (layer, parts) in fused.items():
+        assert type(layer.quant_method).__name__ == "QgemmLinearMethod", name
+        check_forward(layer, np.concatenate([weights[p] for p in parts]), rng)
+    assert layer0.mlp.down_proj.qgemm_input_permutation is not None
+    assert type(model.lm_head.quant_method).__name__ == "UnquantizedEmbeddingMethod"
+
+
 def test_unquantized_layers_stay_with_vllm(plugin, tp1):
     from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
 
