@@ -152,12 +152,14 @@ def cases(rng):
 
 
 def check(name, y, x, w, activation_rtol, bias=None):
-    """Element-wise: the weights' and the output's rounding to bf16 (2^-8 of |x|·|w|ᵀ, generous
-    for fp32 accumulation) plus the activation quantization's error where there is one."""
+    """Element-wise: the output's rounding to bf16 (unit roundoff 2^-8, doubled) and the
+    weights' (a kernel may round dequantized weights to bf16: 2^-8 of |x|·|w|ᵀ, doubled, which
+    also covers fp32 accumulation), plus the activation quantization's error where there is
+    one."""
     x64 = x.double().cpu().numpy()
     ref = x64 @ w.T + (0.0 if bias is None else bias.double().cpu().numpy())
     scale = np.abs(x64) @ np.abs(w).T
-    bound = 2.0 ** -8 * np.abs(ref) + (2.0 ** -8 + activation_rtol) * scale + 1e-30
+    bound = 2.0 ** -7 * np.abs(ref) + (2.0 ** -7 + activation_rtol) * scale + 1e-30
     err = np.abs(y.double().cpu().numpy() - ref)
     ok = bool(np.all(err <= bound))
     print(f"{'ok  ' if ok else 'FAIL'} {name}: max |error| / bound = {(err / bound).max():.3f}",

@@ -478,6 +478,11 @@ def build_weight(config: Mapping, part: LayerPartition, specs: Sequence[TensorSp
     activation = ACTIVATION_NAMES[params_dtype]
     quantize = settings.activations != "16bit"
     tensors = [t.detach().to("cpu") for t in tensors]
+    if part.input_split:
+        # A rank's slice of g_idx holds the checkpoint's group numbers (those of its inputs'
+        # groups: contiguous, act-order being refused here); its own groups count from 0.
+        tensors = [t - t.min() if s.fill == "group_index" and t.numel() else t
+                   for s, t in zip(specs, tensors)]
     if len(part.output_sizes) == 1 or not any(
             s.param_class == "PerTensorScaleParameter" and s.used for s in specs):
         layer = _import(config, part.shard_prefixes[0], tensors, specs, activation, quantize,
