@@ -3,12 +3,15 @@
 # vLLM (default 0.34.0, QGEMM_VLLM_SPEC picks another) with the dependencies of its own that
 # install, qgemm, and the plugin package python/qgemm_vllm (editable, so the tests follow the tree).
 #
-# vLLM 0.34 pins torch 2.14 and about eighty other packages; a plain `pip install vllm` stops at
-# the first pinned requirement that cannot be installed. So vLLM goes in with --no-deps, then its
-# requirements (read from the installed wheel's metadata, markers evaluated for this machine) go
-# in together, and, if that fails, one by one: those that still fail are listed in
-# $venv/vllm-missing.txt and reported at the end. Expect about 8 GB of downloads (torch and the
-# CUDA libraries are most of it) and some minutes; the log is $build_dir/vllm-env.log.
+# vLLM 0.34 pins torch 2.14 and about twenty other exact versions, and one of them
+# (flashinfer-python 0.7.3) is not on the package index: a plain `pip install vllm==0.34.0`
+# fails. So vLLM goes in with --no-deps, then its requirements (read from the installed wheel's
+# metadata, markers evaluated for this machine) go in together, with vLLM's exact pins as
+# constraints; a pinned version that pip reports as unavailable is left out and the rest tried
+# again; if they still do not install together, one by one. Those left out are listed in
+# $venv/vllm-missing.txt and reported at the end. About 8.5 GB (torch and the CUDA libraries are
+# most of it): 4 minutes here with a fast network and no pip cache. The log is
+# $build_dir/vllm-env.log.
 #
 # qgemm: the package built in $build_dir/python (scripts/setup.sh, or `ninja -C build _core`) is put
 # on the venv's path with a .pth file when its native module matches the venv's Python; otherwise
