@@ -1,0 +1,226 @@
+"""qgemm as a vLLM quantization method: `vllm serve <model> --quantization qgemm`.
+
+Imported by qgemm_vllm.register (vLLM's general-plugin entry point) in every vLLM process.
+QgemmConfig claims a checkpoint (GPTQ, AWQ, compressed-tensors, modelopt NVFP4/FP8, gpt-oss
+MXFP4, FP8-block) only when the user asked for qgemm; QgemmLinearMethod creates the
+checkpoint's tensors as vLLM parameters (so that tensor parallelism and the fused QKV /
+gate_up loaders work), turns them into one qgemm weight after loading, and calls
+torch.ops.qgemm.gemm. MoE layers are not served yet (torch.ops.qgemm.moe does not exist): a
+model with quantized experts fails at construction, with that reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+import qgemm.ops  # noqa: F401  (registers torch.ops.qgemm in this process)
+from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import (LinearBase, LinearMethodBase,
+                                               UnquantizedLinearMethod,
+                                               register_weight_loader_v2_supported_method)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
+                                                                 QuantizeMethodBase)
+from vllm.model_executor import parameter as vllm_parameter
+from vllm.model_executor.utils import set_weight_attrs
+
+from .layout import (CLAIMED_METHODS, LayerPartition, PluginError, QgemmLinearKernel, Settings,
+                     build_weight, initial_tensor, is_quantized, linear_forward,
+                     normalized_config, tensor_specs)
+
+logger = init_logger(__name__)
+
+NAME = "qgemm"
+
+
+def claimable(hf_quant_cfg: Optional[dict]) -> Optional[str]:
+    """None where qgemm serves the checkpoint's format, else the reason it does not."""
+    if not hf_quant_cfg:
+        return "the checkpoint has no quantization_config (qgemm serves quantized checkpoints)"
+    try:
+        config = normalized_config(hf_quant_cfg)
+    except PluginError as error:
+        return str(error)
+    method = config.get("quant_method")
+    if method not in CLAIMED_METHODS:
+        return (f"its quant_method {method!r} is not one qgemm serves "
+                f"({', '.join(CLAIMED_METHODS)})")
+    if method == "fp8" and not config.get("weight_block_size"):
+        return "quant_method fp8 without weight_block_size: qgemm serves FP8-block checkpoints"
+    if method == "modelopt" and str(config.get("quant_algo", "")).upper() not in (
+            "NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN"):
+        return f"modelopt quant_algo {config.get('quant_algo')!r} is not one qgemm serves"
+    return None
+
+
+@register_quantization_config(NAME)
+class QgemmConfig(QuantizationConfig):
+    """The checkpoint's own quantization config, served by qgemm's kernels. The no-argument
+    form (vLLM builds one for an unquantized checkpoint) quantizes nothing."""
+
+    def __init__(self, checkpoint_config: Optional[dict] = None,
+                 settings: Optional[Settings] = None):
+        super().__init__()
+        self.checkpoint_config = normalized_config(checkpoint_config or {})
+        self.settings = settings if settings is not None else \
+            Settings.load(self.checkpoint_config)
+
+    def __repr__(self) -> str:
+        return (f"QgemmConfig(quant_method={self.checkpoint_config.get('quant_method')!r}, "
+                f"settings={self.settings})")
+
+    @classmethod
+    def get_name(cls) -> str:
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list:
+        return [torch.bfloat16, torch.float16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 80  # qgemm's kernels start at Ampere
+
+    @staticmethod
+    def get_config_filenames() -> list:
+        return ["hf_quant_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict) -> "QgemmConfig":
+        reason = claimable(config)
+        if reason is not None:
+            raise ValueError(f"--quantization qgemm: {reason}")
+        return cls(config)
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+        if user_quant != NAME:
+            return None  # qgemm claims a checkpoint only when the user asks for it
+        reason = claimable(hf_quant_cfg)
+        if reason is not None:
+            raise ValueError(f"--quantization qgemm cannot serve this checkpoint: {reason}")
+        return NAME
+
+    @staticmethod
+    def get_checkpoint_weight_mapper():
+        # vLLM's default drops GPTQ's g_idx; qgemm reads act-order checkpoints through it.
+        from vllm.model_executor.models.utils import WeightsMapper
+
+        return WeightsMapper()
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        self.hf_to_vllm_mapper = hf_to_vllm_mapper
+
+    def shard_prefixes(self, prefix: str) -> list:
+        """The checkpoint layers a vLLM layer fuses (qkv_proj: q_proj, k_proj, v_proj), by
+        the model's packed_modules_mapping; [prefix] for a layer that fuses nothing."""
+        base, _, name = prefix.rpartition(".")
+        shards = self.packed_modules_mapping.get(name)
+        if not shards:
+            return [prefix]
+        return [f"{base}.{shard}" if base else shard for shard in shards]
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str
+                         ) -> Optional[QuantizeMethodBase]:
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+        if isinstance(layer, RoutedExperts):
+            if self.checkpoint_config and is_quantized(self.checkpoint_config, prefix,
+                                                       experts=True):
+                raise NotImplementedError(
+                    f"--quantization qgemm: {prefix} is a quantized MoE layer; qgemm's vLLM "
+                    "plugin does not serve MoE layers yet (torch.ops.qgemm.moe, the grouped "
+                    "GEMM op it needs, is not built). Serve this model without --quantization "
+                    "qgemm.")
+            return None
+        if not isinstance(layer, LinearBase):
+            return None
+        shards = self.shard_prefixes(prefix)
+        if not self.checkpoint_config:
+            return UnquantizedLinearMethod()
+        quantized = [is_quantized(self.checkpoint_config, p) for p in shards]
+        if not any(quantized):
+            return UnquantizedLinearMethod()
+        if not all(quantized):
+            raise ValueError(f"--quantization qgemm: {prefix} fuses {shards}, of which the "
+                             "checkpoint quantizes only some")
+        return QgemmLinearMethod(self, prefix, shards)
+
+
+_PARAM_ARGS = ("input_dim", "output_dim", "packed_dim", "packed_factor")
+
+
+def make_parameter(spec, tensor: torch.Tensor, weight_loader):
+    """A spec's tensor as the vLLM parameter class it names."""
+    cls = getattr(vllm_parameter, spec.param_class)
+    kwargs = {"data": tensor, "weight_loader": weight_loader}
+    init_args = {
+        "PackedvLLMParameter": _PARAM_ARGS,
+        "ModelWeightParameter": ("input_dim", "output_dim"),
+        "GroupQuantScaleParameter": ("input_dim", "output_dim"),
+        "BlockQuantScaleParameter": ("input_dim", "output_dim"),
+        "PackedColumnParameter": ("output_dim", "packed_dim", "packed_factor"),
+        "ChannelQuantScaleParameter": ("output_dim",),
+        "RowvLLMParameter": ("input_dim",),
+        "PerTensorScaleParameter": (),
+        "BasevLLMParameter": (),
+    }[spec.param_class]
+    for name in init_args:
+        kwargs[name] = getattr(spec, name)
+    return cls(**kwargs)
+
+
+@register_weight_loader_v2_supported_method
+class QgemmLinearMethod(LinearMethodBase):
+    """A quantized linear layer of the checkpoint, computed by torch.ops.qgemm.gemm."""
+
+    def __init__(self, config: QgemmConfig, prefix: str, shard_prefixes: list):
+        self.config = config
+        self.prefix = prefix
+        self.shard_prefixes = list(shard_prefixes)
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list, input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs):
+        shards = self.shard_prefixes
+        if len(shards) != len(output_partition_sizes):
+            if len(shards) != 1:
+                raise ValueError(f"{self.prefix}: {len(output_partition_sizes)} output "
+                                 f"partitions, but the model maps it to {shards}")
+            shards = shards * len(output_partition_sizes)
+        part = LayerPartition(self.prefix, [int(s) for s in output_partition_sizes],
+                              int(input_size_per_partition), shards,
+                              input_split=int(input_size_per_partition) != int(input_size))
+        specs = tensor_specs(self.config.checkpoint_config, part, params_dtype)
+        weight_loader = extra_weight_attrs.pop("weight_loader")
+        for spec in specs:
+            param = make_parameter(spec, initial_tensor(spec), weight_loader)
+            set_weight_attrs(param, extra_weight_attrs)
+            layer.register_parameter(spec.name, param)
+            if spec.param_class == "BlockQuantScaleParameter":
+                block = self.config.checkpoint_config.get("weight_block_size") or [
+                    spec.block_rows, -(-part.k // spec.shape[1])]
+                layer.weight_block_size = [int(block[0]), int(block[1])]
+        layer.qgemm_partition = part
+        layer.qgemm_specs = specs
+        layer.qgemm_params_dtype = params_dtype
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        specs = layer.qgemm_specs
+        params = [getattr(layer, spec.name) for spec in specs]
+        device = params[0].device
+        imported, scheme = build_weight(self.config.checkpoint_config, layer.qgemm_partition,
+                                        specs, [p.data for p in params],
+                                        layer.qgemm_params_dtype, self.config.settings)
+        QgemmLinearKernel(imported, scheme, self.config.settings).attach(layer, device)
+        # The checkpoint's tensors are no longer needed: qgemm holds the canonical form on the
+        # host and its kernel layouts on the GPU.
+        for spec in specs:
+            delattr(layer, spec.name)
+        logger.debug("qgemm: %s as %s", self.prefix, scheme)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return linear_forward(layer, x, bias)
