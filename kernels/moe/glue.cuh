@@ -1,9 +1,8 @@
 // The MoE glue around a grouped GEMM over the indexed layout (moe/routing_args.cuh): gather the
 // routed tokens' rows into expert order before it, combine the experts' rows per token after it
 // (the router-weighted top-k sum), and the GLU between an expert's two GEMMs. Each is one
-// grid-stride pass, a thread per element (16-byte
-// pieces are the next step once they are measured), and read every size they need from the
-// device (graph-capturable).
+// grid-stride pass of a block per row and its threads along the row (16-byte pieces where the
+// rows allow), and reads every size it needs from the device (graph-capturable).
 #pragma once
 
 #include "moe/glue_args.cuh"
@@ -33,66 +32,71 @@ __device__ __forceinline__ void moe_store(void* base, long long index, float val
   }
 }
 
-// Thread per (position, column): 16-bit rows copied as they are (no conversion).
+// Block per position (grid-stride over rows: no index division per element), its threads
+// along the row: 16-bit rows copied as they are, 16 bytes at a time where every row is 16-byte
+// aligned (columns and both strides multiples of 8, 16-byte aligned bases).
 template <int kThreads>
 __device__ void moe_gather(const MoeGlueArgs& args) {
   const long long total = args.offsets[args.local_experts];
   const long long slots = args.tokens * args.top_k;
-  const long long items = total * args.columns;
-  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   auto* out = static_cast<unsigned short*>(args.rows_out);
-  for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < items;
-       i += stride) {
-    const long long p = i / args.columns, c = i - p * args.columns;
+  const bool vectors = ((args.columns | args.ld_input | args.ld_rows) % 8 == 0) &&
+                       ((reinterpret_cast<unsigned long long>(args.input) |
+                         reinterpret_cast<unsigned long long>(out)) % 16 == 0);
+  for (long long p = blockIdx.x; p < total; p += gridDim.x) {
     const long long slot = args.sorted_slots[p];
-    out[p * args.ld_rows + c] = slot < slots ? args.input[slot / args.top_k * args.ld_input + c]
-                                             : static_cast<unsigned short>(0);
+    const unsigned short* from = args.input + (slot < slots ? slot / args.top_k : 0) * args.ld_input;
+    unsigned short* to = out + p * args.ld_rows;
+    if (vectors) {
+      for (long long c = threadIdx.x * 8; c < args.columns; c += kThreads * 8)
+        *reinterpret_cast<uint4*>(to + c) =
+            slot < slots ? *reinterpret_cast<const uint4*>(from + c) : make_uint4(0, 0, 0, 0);
+    } else {
+      for (long long c = threadIdx.x; c < args.columns; c += kThreads)
+        to[c] = slot < slots ? from[c] : static_cast<unsigned short>(0);
+    }
   }
 }
 
-// Thread per (token, column): the top_k rows summed in fp32 in choice order.
+// Block per token (grid-stride), threads along the row: the top_k rows summed in fp32 in
+// choice order.
 template <int kRows, int kOut, int kThreads>
 __device__ void moe_combine(const MoeGlueArgs& args) {
-  const long long items = args.tokens * args.columns;
-  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < items;
-       i += stride) {
-    const long long t = i / args.columns, c = i - t * args.columns;
-    float sum = 0.0f;
-    for (int j = 0; j < args.top_k; ++j) {
-      const long long slot = t * args.top_k + j;
-      const int p = args.slot_positions[slot];
-      if (p >= 0)
-        sum = fmaf(args.weights[slot], moe_load<kRows>(args.rows, p * args.ld_rows + c), sum);
+  for (long long t = blockIdx.x; t < args.tokens; t += gridDim.x) {
+    for (long long c = threadIdx.x; c < args.columns; c += kThreads) {
+      float sum = 0.0f;
+      for (int j = 0; j < args.top_k; ++j) {
+        const long long slot = t * args.top_k + j;
+        const int p = args.slot_positions[slot];
+        if (p >= 0)
+          sum = fmaf(args.weights[slot], moe_load<kRows>(args.rows, p * args.ld_rows + c), sum);
+      }
+      moe_store<kOut>(args.output, t * args.ld_output + c, sum);
     }
-    moe_store<kOut>(args.output, t * args.ld_output + c, sum);
   }
 }
 
-// Thread per (position, column) of the activation's output, below the padded total (padding
-// rows are computed too: their gate_up rows are the GEMM's, of zero inputs plus bias).
+// Block per position below the padded total (grid-stride; padding rows are computed too: their
+// gate_up rows are the GEMM's, of zero inputs plus bias), threads along the row.
 template <int kRows, int kOut, int kThreads>
 __device__ void moe_glu(const MoeGlueArgs& args) {
   const long long total = args.offsets[args.local_experts];
-  const long long items = total * args.columns;
-  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < items;
-       i += stride) {
-    const long long p = i / args.columns, c = i - p * args.columns;
-    float gate = moe_load<kRows>(args.rows, p * args.ld_rows + c);
-    float up = moe_load<kRows>(args.rows, p * args.ld_rows + args.columns + c);
-    float h;
-    if (args.glu_kind == kGluSilu) {
-      h = gate / (1.0f + __expf(-gate)) * up;
-    } else if (args.glu_kind == kGluGelu) {
-      h = 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
-    } else {
-      gate = fminf(gate, args.glu_limit);
-      up = fminf(fmaxf(up, -args.glu_limit), args.glu_limit);
-      h = gate / (1.0f + __expf(-args.glu_alpha * gate)) * (up + 1.0f);
+  for (long long p = blockIdx.x; p < total; p += gridDim.x)
+    for (long long c = threadIdx.x; c < args.columns; c += kThreads) {
+      float gate = moe_load<kRows>(args.rows, p * args.ld_rows + c);
+      float up = moe_load<kRows>(args.rows, p * args.ld_rows + args.columns + c);
+      float h;
+      if (args.glu_kind == kGluSilu) {
+        h = gate / (1.0f + __expf(-gate)) * up;
+      } else if (args.glu_kind == kGluGelu) {
+        h = 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
+      } else {
+        gate = fminf(gate, args.glu_limit);
+        up = fminf(fmaxf(up, -args.glu_limit), args.glu_limit);
+        h = gate / (1.0f + __expf(-args.glu_alpha * gate)) * (up + 1.0f);
+      }
+      moe_store<kOut>(args.rows_out, p * args.ld_output + c, h);
     }
-    moe_store<kOut>(args.rows_out, p * args.ld_output + c, h);
-  }
 }
 
 template <int kStep, int kRows, int kOut, int kThreads, int kDynamicSmemBytes>

@@ -201,10 +201,9 @@ kernels::MoeGlueArgs glue_args(const MoeIndexedRouting& routing, std::int64_t co
   return args;
 }
 
-LaunchGrid glue_grid(std::int64_t items, int threads) {
-  return LaunchGrid{
-      static_cast<unsigned>(std::clamp<std::int64_t>((items + threads - 1) / threads, 1, 65536)), 1,
-      1};
+// A block per row (the kernels stride over rows), at most 16384 blocks.
+LaunchGrid glue_grid(std::int64_t rows) {
+  return LaunchGrid{static_cast<unsigned>(std::clamp<std::int64_t>(rows, 1, 16384)), 1, 1};
 }
 
 }  // namespace
@@ -224,8 +223,7 @@ void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& rout
   args.rows_out = rows_out;
   args.ld_rows = ld_rows;
   // The padded total is on the device: the grid covers the capacity, the kernel stops at it.
-  launch_kernel(kernel, glue_grid(routing.capacity * columns, kernel.launch.threads_per_block),
-                args, stream);
+  launch_kernel(kernel, glue_grid(routing.capacity), args, stream);
 }
 
 void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
@@ -244,8 +242,7 @@ void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& rou
   args.weights = weights;
   args.output = output;
   args.ld_output = ld_output;
-  launch_kernel(kernel, glue_grid(routing.shape.tokens * columns, kernel.launch.threads_per_block),
-                args, stream);
+  launch_kernel(kernel, glue_grid(routing.shape.tokens), args, stream);
 }
 
 static_assert(static_cast<int>(GluKind::Silu) == kernels::kGluSilu &&
@@ -275,8 +272,7 @@ void launch_moe_glu(const LoadedKernel& kernel, const MoeIndexedRouting& routing
   args.glu_kind = static_cast<int>(activation.kind);
   args.glu_alpha = activation.alpha;
   args.glu_limit = activation.limit;
-  launch_kernel(kernel, glue_grid(routing.capacity * columns, kernel.launch.threads_per_block),
-                args, stream);
+  launch_kernel(kernel, glue_grid(routing.capacity), args, stream);
 }
 
 }  // namespace runtime
