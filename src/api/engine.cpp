@@ -955,8 +955,10 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
   kernels::WgmmaGemmParams params{};
-  params.activations = runtime::activation_tensor_map(reinterpret_cast<CUdeviceptr>(a.data),
-                                                      a.rows, a.cols, a.stride, config.block_m());
+  // 16-bit activations, or e4m3 codes in the 8-bit mma's K order for the FP8 configs.
+  params.activations = runtime::activation_tensor_map(
+      reinterpret_cast<CUdeviceptr>(a.data), a.rows, a.cols, a.stride, config.block_m(),
+      static_cast<int>(a.dtype.storage_bytes()));
   params.w = weight.wgmma_words.as<const unsigned>();
   params.scales = weight.wgmma_scales.as<const float>();
   params.zeros = weight.wgmma_zeros.bytes() ? weight.wgmma_zeros.as<const float>() : nullptr;

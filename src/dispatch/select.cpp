@@ -239,13 +239,19 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   // bounds (predicted).
   const bool transform = config.tile.transform;
   cost.unhidden = transform ? 0.0 : r.wgmma_unhidden;
-  const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, r.wgmma_tflops * occupancy);
+  const double tensor_rate = config.tile.fp8 ? r.wgmma_fp8_tflops : r.wgmma_tflops;
+  const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, tensor_rate * occupancy);
   const std::string dequant = wgmma_dequant(w, operand);
   // Promoted scales save the multiply: a quarter of packed16's work per pair.
   const double promoted = wgmma_promotes_scales(config, w, operand) ? 4.0 / 3.0 : 1.0;
+  // e4m3 (FP8 configs, promoted): 4-bit codes through the PRMT tables about as fast as promoted
+  // packed16 (13 against ~14 instructions per 8 codes) with half the wgmma instructions; e4m3
+  // codes pass through one PRMT per 4 (predicted; kernels/dequant/wgmma_e4m3.cuh).
+  const double e4m3_factor = w.format.bits == 8 ? r.wgmma_e4m3_bytes_factor : 1.0;
   const double dequant_rate = (transform ? r.wgmma_transform_gelems : r.wgmma_dequant_gelems) *
                               promoted *
                               (dequant == "packed16"  ? 1.0
+                               : dequant == "e4m3"    ? e4m3_factor
                                : dequant == "float16" ? 0.7
                                                       : 0.4);
   const double dequant_us =
@@ -336,6 +342,16 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         if (!weight.wgmma) {
           reject("the weight has no wgmma order: " + weight.no_wgmma);
           break;
+        }
+        if (config.tile.fp8) {
+          // The activation quantizer's codes are the operand as they are: e4m3 with one scale
+          // per row, applied in the epilogue (the 8-bit mma's operand, jit::codes_are_operand8).
+          if (!quantized || !jit::codes_are_operand8(quant) || quant.format != formats::e4m3) {
+            reject("the FP8 configs take e4m3 activation codes with one scale per row (per "
+                   "token or per tensor)");
+            break;
+          }
+          v.operand = quant.format;
         }
         if (!quantized && p.a_alignment < 16) {
           reject(fmt::format("A rows are {}-byte aligned; TMA needs 16 bytes", p.a_alignment));

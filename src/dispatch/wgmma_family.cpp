@@ -8,6 +8,8 @@
 #include <string_view>
 
 #include "dispatch/cost_model.hpp"
+#include "dequant/wgmma_e4m3.cuh"
+#include "jit/kernel_spec.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::dispatch {
@@ -60,6 +62,16 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-64-tx", {2, 64, 2, 6, true}, kTransformHeldBack},
       {"wgmma-128-tx", {2, 128, 1, 7, true}, kTransformHeldBack},
       {"wgmma-256-tx", {2, 256, 1, 5, true}, kTransformHeldBack},
+      // FP8 tensor cores (issue #16): e4m3 activation codes against the weight turned into
+      // e4m3 in registers, m64nNk32; stages of whole 128-K activation boxes; at most 128 tokens
+      // (a group accumulator beside the result).
+      {"wgmma-fp8-8", {2, 8, 2, 10, false, true}},
+      {"wgmma-fp8-16", {2, 16, 2, 10, false, true}},
+      {"wgmma-fp8-32", {2, 32, 2, 8, false, true}},
+      {"wgmma-fp8-64", {2, 64, 2, 6, false, true}},
+      {"wgmma-fp8-128", {2, 128, 2, 6, false, true}},
+      {"wgmma-fp8-8-k256", {2, 8, 4, 16, false, true}},
+      {"wgmma-fp8-16-k256", {2, 16, 4, 16, false, true}},
   };
   return configs;
 }
@@ -86,8 +98,14 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
     return fmt::format("wgmma runs on sm_90a only (this is {})", jit::arch_name(gpu.arch));
   if (weight.order != layout::FragmentOrder::Wgmma)
     return std::string("the weight is not in the wgmma order");
-  if (operand != formats::bf16 && operand != formats::fp16)
+  if (tile.fp8) {
+    if (operand != formats::e4m3)
+      return fmt::format("the FP8 wgmma configs take e4m3 activation codes ({} given)",
+                         operand.name());
+    if (auto why = wgmma_e4m3_weight_unsupported(weight)) return why;
+  } else if (operand != formats::bf16 && operand != formats::fp16) {
     return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
+  }
   if (const char* why = kernels::wgmma_tile_error(tile, weight.group_size))
     return fmt::format("group {}: {}", weight.group_size, why);
   if (shared_bytes(weight, gpu) > gpu.shared_per_block)
@@ -99,7 +117,29 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
   return std::nullopt;
 }
 
+std::optional<std::string> wgmma_e4m3_weight_unsupported(const layout::MmaWeight& weight) {
+  const Format& f = weight.format;
+  if (f == formats::e4m3) {
+    if (weight.zero_mode != layout::MmaZeroMode::None)
+      return std::string("e4m3 weights with a zero point");
+    return std::nullopt;
+  }
+  if (f.bits != 4)
+    return fmt::format("the FP8 wgmma takes e4m3 or 4-bit weights ({} is {} bits)", f.name(),
+                       f.bits);
+  if (weight.zero_mode != layout::MmaZeroMode::None &&
+      weight.zero_mode != layout::MmaZeroMode::Constant)
+    return fmt::format("stored zero points ({}) make u − zero a per-group value, not one e4m3 "
+                       "table",
+                       layout::mma_zero_mode_name(weight.zero_mode));
+  const bool constant_zero = weight.zero_mode == layout::MmaZeroMode::Constant;
+  if (!kernels::wgmma_e4m3_table_exact(jit::packed_format_code(f), constant_zero))
+    return fmt::format("a value of {} is not exact in e4m3", f.name());
+  return std::nullopt;
+}
+
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand) {
+  if (operand == formats::e4m3) return "e4m3";
   if (layout::packed16_dequant_applies(weight, operand)) return "packed16";
   const bool exact =
       operand == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
@@ -113,6 +153,7 @@ int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand) {
   const std::string mode = wgmma_dequant(weight, operand);
   return mode == "packed16" ? kernels::kWgmmaPacked16
          : mode == "float16" ? kernels::kWgmmaFloat16
+         : mode == "e4m3"    ? kernels::kWgmmaE4m3
                              : kernels::kWgmmaFp32;
 }
 

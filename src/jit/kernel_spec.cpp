@@ -242,11 +242,12 @@ const std::vector<KernelFamily>& kernel_families() {
         {"weight", ParamKind::Format, {}},
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
         {"group", ParamKind::Int, {}},
-        {"act", ParamKind::Choice, {"bf16", "fp16"}},
+        // The activation operand: 16-bit, or e4m3 codes (the FP8 tiles, m64nNk32).
+        {"act", ParamKind::Choice, {"bf16", "fp16", "e4m3"}},
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
         {"split_k", ParamKind::Bool, {}},
-        // Order = kernels::WgmmaDequant.
-        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16"}}},
+        // Order = kernels::WgmmaDequant ("e4m3": the weight as exact e4m3 codes, FP8 only).
+        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16", "e4m3"}}},
        false},
       // kernels/gemm/mma_dequantize.cuh: the weight chunks of the dequantize + cuBLAS path;
       // specs come from jit::mma_dequantize_spec.
