@@ -396,7 +396,11 @@ struct WgmmaGemm {
   // Scales promoted into fp32 sums (gemm/sm90_wgmma_shape.cuh): the groups' chunks and the
   // kDequant codes of dequant/wgmma_dequant.cuh agree (kWgmmaFp32 = 0).
   static constexpr bool kPromote = wgmma_promotes_scales(kTile, kGroup, kDequant);
-  static constexpr int kGroupChunks = kGroup / 64;  // chunks per scale group (0: one per row)
+  // Chunks per promoted group (0: one group per row). The FP8 tiles promote channel and tensor
+  // scales every two chunks too: Hopper's FP8 tensor cores keep fewer bits than fp32 in their
+  // sums (about 14, DeepSeek-V3), so no wgmma sum runs over more than 128 K (DeepGEMM's
+  // interval) before it is added into the fp32 result; the scale is the same for every group.
+  static constexpr int kGroupChunks = kFp8 && kGroup == 0 ? 2 : kGroup / 64;
   // Group accumulator sets (wgmma_promote_sets): group j adds into set j % kPromoteSets.
   static constexpr int kPromoteSets = wgmma_promote_sets(kTile);
 
