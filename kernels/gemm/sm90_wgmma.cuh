@@ -105,7 +105,8 @@ struct WgmmaGemm {
   static_assert(kFp8 == (kDequant == kWgmmaE4m3),
                 "the e4m3 dequantization serves the FP8 tiles, and only it");
   static_assert(!kFp8 || (!kStoredZeros && kZeroMode != kZeroFloat &&
-                          (kBits == 4 || (kBits == 8 && kF.is_float()))),
+                          (kBits == 4 || (kBits == 8 && kF.is_float() && kF.exponent_bits == 4 &&
+                                          kF.mantissa_bits == 3 && kF.is_signed))),
                 "the FP8 wgmma takes 4-bit codes with at most a constant zero, or e4m3 codes");
   static_assert(!kFp8 || kBits != 4 || wgmma_e4m3_table_exact(kFormat, kZeroMode == kZeroConstant),
                 "every value of the 4-bit weight must be exact in e4m3");

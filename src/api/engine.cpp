@@ -955,10 +955,14 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
   kernels::WgmmaGemmParams params{};
-  // 16-bit activations, or e4m3 codes in the 8-bit mma's K order for the FP8 configs.
+  // 16-bit activations, or e4m3 codes in the 8-bit mma's K order for the FP8 configs. That order
+  // permutes K inside runs of 16, so a code of k < K may sit at a position ≥ K in the last run:
+  // the map spans the whole row of round_up(K, 16) positions (the stride), whose positions of no
+  // k the quantizer and the expand kernel write as zero.
+  const int element_bytes = static_cast<int>(a.dtype.storage_bytes());
   params.activations = runtime::activation_tensor_map(
-      reinterpret_cast<CUdeviceptr>(a.data), a.rows, a.cols, a.stride, config.block_m(),
-      static_cast<int>(a.dtype.storage_bytes()));
+      reinterpret_cast<CUdeviceptr>(a.data), a.rows, element_bytes == 1 ? a.stride : a.cols,
+      a.stride, config.block_m(), element_bytes);
   params.w = weight.wgmma_words.as<const unsigned>();
   params.scales = weight.wgmma_scales.as<const float>();
   params.zeros = weight.wgmma_zeros.bytes() ? weight.wgmma_zeros.as<const float>() : nullptr;

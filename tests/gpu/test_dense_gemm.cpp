@@ -837,7 +837,7 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
 // The FP8 tiles of the SM90 family (wgmma-fp8-*: e4m3 activation codes against the weight as
 // e4m3 in registers, m64nNk32, scale groups promoted), every config that serves, forced, for
 // each scheme they serve × M ∈ {1, 16, 17, 64, 255, 1024} on unaligned N and K (N 4000 / 5472 /
-// 640, K 2880 / 10944 / 640 in turn: partial last groups, K tails inside a 128-K activation box,
+// 640, K 2880 / 10944 / 1000 in turn: partial last groups, K tails inside a 128-K activation box,
 // split-K at decode; M = 1024 on N = 640, which bounds the CPU reference's cost). A goes in both
 // ways: bf16 quantized on the GPU into the codes, and the host quantizer's codes and scales as a
 // DeviceActivation (expanded into the same operand). The reference multiplies the host's exact
@@ -874,7 +874,9 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
     cases = {cases[0], cases[1]};
     ms = {1, 17, 64};
   }
-  const std::int64_t ns[] = {4000, 5472, 640}, ks[] = {2880, 10944, 640};
+  // K = 1000: not a multiple of 16 (the activation codes' K permutation puts codes of k < K at
+  // positions ≥ K of the last run), of 64 (a partial chunk) or of 128 (a partial group).
+  const std::int64_t ns[] = {4000, 5472, 640}, ks[] = {2880, 10944, 1000};
   std::normal_distribution<double> normal(0.0, 1.0);
   std::size_t checked = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
