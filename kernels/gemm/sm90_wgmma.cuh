@@ -46,7 +46,9 @@
 //     wgmma  2 × m64nNk32 per chunk (k32 step s of chunk ch at byte (ch % 2) · 64 + 32 s of
 //            box ch / 2), into a group accumulator: every scale group is promoted (fp32 sums ×
 //            the group's scale, once per group of whole chunks); per-token and per-tensor
-//            factors and the global scale are applied in the epilogue (row factors)
+//            factors and the global scale are applied in the epilogue (row factors); 1x128
+//            activation groups (kActGroupScales, fp8-block) are promoted with the weight's
+//            scale: sums × weight row scale × the token's group scale (DeepGEMM's way)
 //
 //   shared memory: see gemm/sm90_wgmma_shape.cuh. A stage's A box of chunk ch is kTokens rows of
 //   64 values (128 B) with TMA's 128-byte swizzle, which is the K-major layout the wgmma matrix
@@ -91,7 +93,7 @@ struct WgmmaStep<true, kTokens, kBf16> {
 
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, int kDequant, bool kFp8 = false>
+          bool kSplitK, int kDequant, bool kFp8 = false, bool kActGroupScales = false>
 struct WgmmaGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
@@ -110,6 +112,12 @@ struct WgmmaGemm {
                 "the FP8 wgmma takes 4-bit codes with at most a constant zero, or e4m3 codes");
   static_assert(!kFp8 || kBits != 4 || wgmma_e4m3_table_exact(kFormat, kZeroMode == kZeroConstant),
                 "every value of the 4-bit weight must be exact in e4m3");
+  // 1x128 activation groups (fp8-block's): each promoted group's sums are scaled by the weight
+  // row's scale times the token's group scale, so the promotion groups must be the activation's.
+  static constexpr int kActGroup = 128;
+  static_assert(!kActGroupScales || (kFp8 && (kGroup == 0 || kGroup == kActGroup)),
+                "activation group scales: FP8 tiles whose weight groups are the activation's (or "
+                "one per row)");
   static constexpr WgmmaE4m3Table kE4m3Table =
       wgmma_e4m3_table(kFormat, kZeroMode == kZeroConstant);
   using Mma = typename WgmmaStep<kFp8, kTokens, kBf16>::Type;
@@ -402,6 +410,8 @@ struct WgmmaGemm {
   // sums (about 14, DeepSeek-V3), so no wgmma sum runs over more than 128 K (DeepGEMM's
   // interval) before it is added into the fp32 result; the scale is the same for every group.
   static constexpr int kGroupChunks = kFp8 && kGroup == 0 ? 2 : kGroup / 64;
+  static_assert(!kActGroupScales || kGroupChunks * 64 == kActGroup,
+                "the promotion groups are the activation groups");
   // Group accumulator sets (wgmma_promote_sets): group j adds into set j % kPromoteSets.
   static constexpr int kPromoteSets = wgmma_promote_sets(kTile);
 
@@ -430,6 +440,9 @@ struct WgmmaGemm {
     float acc[kAccumulators];
     float group_acc[kPromote ? kPromoteSets : 1][kPromote ? kAccumulators : 1];
     float2 group_scale[kPromoteSets];
+    // Activation group scales of the thread's tokens for each set's group (kActGroupScales):
+    // act_scale[set][2j + e] for token m_block · kTokens + 8j + 2t + e (acc[4j + e], 4j + 2 + e).
+    float act_scale[kActGroupScales ? kPromoteSets : 1][kActGroupScales ? kTokens / 4 : 1];
     unsigned frag[kTransform ? 1 : 2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
     // Transform: the chunks consumed so far (tc, as the transform warps count them), and
@@ -449,8 +462,9 @@ struct WgmmaGemm {
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) {
           ptx::fence_operand(group_acc[kSet][i]);
-          // acc[4j + e] is row g + 8 (e / 2) (ptx/wgmma.cuh)
-          const float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
+          // acc[4j + e] is row g + 8 (e / 2), token 8j + 2t + e % 2 (ptx/wgmma.cuh)
+          float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
+          if constexpr (kActGroupScales) scale *= act_scale[kSet][2 * (i / 4) + i % 2];
           acc[i] = fmaf(scale, group_acc[kSet][i], acc[i]);
         }
       }
@@ -488,6 +502,22 @@ struct WgmmaGemm {
         }
         if constexpr (kPromote) {
           if (group_start) group_scale[kSet < 0 ? 0 : kSet] = first_scale;
+        }
+        if constexpr (kActGroupScales) {
+          // The group's activation scales, read now and used when the group is promoted (after
+          // its last chunk): tokens past M take 0 (their sums are 0 too, never emitted).
+          if (group_start) {
+            const int group = (unit.chunk0 + i) * 64 / kActGroup;
+            const int lane = thread % 32;
+#pragma unroll
+            for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int m = unit.m_block * kTokens + 8 * j + 2 * (lane % 4) + e;
+                act_scale[kSet < 0 ? 0 : kSet][2 * j + e] =
+                    m < p.m ? __ldg(p.act_scales + m * p.act_scale_stride + group) : 0.0f;
+              }
+          }
         }
         ptx::warpgroup_fence();
         float(&target)[kAccumulators] = accumulators<kSet>();
@@ -805,7 +835,8 @@ struct WgmmaGemm {
 };
 
 // Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
-// kActivation 0 bf16 / 1 fp16 / 2 e4m3 codes (the FP8 tiles, kDequant kWgmmaE4m3); kDequant =
+// kActivation 0 bf16 / 1 fp16 / 2 e4m3 codes (the FP8 tiles, kDequant kWgmmaE4m3) / 3 e4m3 codes
+// with 1x128 group scales (params.act_scales, promoted with the weight's); kDequant =
 // WgmmaDequant; kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes
 // with the same wgmma_shape, and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
@@ -815,7 +846,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
   using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
                          kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant,
-                         kActivation == 2>;
+                         kActivation >= 2, kActivation == 3>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

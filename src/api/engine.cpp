@@ -311,9 +311,10 @@ struct Engine::Impl {
   void run_qdq(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                const DeviceMatrix& a, const DeviceMatrix& c, void* stream, const float* bias,
                void* scratch, const float* row_factors);
+  // group_scales: the FP8 codes' 1x128 group scales, [M][ceil(K / 128)] (or null).
   void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                  const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
-                 const float* row_factors, void* zeroed);
+                 const float* row_factors, const float* group_scales, void* zeroed);
 };
 
 Engine::Engine(int device) : impl_(std::make_unique<Impl>()) {
@@ -474,6 +475,12 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
     s.operand = take(static_cast<std::size_t>(high * step.ldo * launch.operand.storage_bytes()));
     s.row_factors = take(static_cast<std::size_t>(high) * sizeof(float));
     s.absmax = take(sizeof(float));
+    // The quantizer writes the group scales of the codes (canonical: ceil(K / G) a row);
+    // pre-quantized codes bring theirs.
+    if (launch.group_scales && launch.prep == dispatch::ActivationPrep::Quantize)
+      s.group_scales = take(static_cast<std::size_t>(
+          high * ((k + p.scheme.activation.group - 1) / p.scheme.activation.group) *
+          sizeof(float)));
   }
   switch (launch.path) {
     case dispatch::Path::MmaStreamed:
@@ -763,6 +770,11 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
   const ActivationQuant& quant = p.scheme.activation;
 
   const dispatch::CandidateLaunch& chosen = step->launch;
+  if (codes && chosen.group_scales && reinterpret_cast<std::uintptr_t>(codes->scales) % 4 != 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: A's scales at {} (rule: 4-byte aligned fp32 group scales, "
+                            "which the FP8 wgmma kernel reads as they are)",
+                            codes->scales));
   if (chosen.path == dispatch::Path::CublasLtFp8) {
     run_fp8(plan, *step, weight, a, codes, c, stream, scratch);
     return;
@@ -771,6 +783,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
   // A → the GEMM's operand.
   DeviceMatrix operand = a ? *a : DeviceMatrix{};
   float* row_factors = nullptr;
+  const float* group_scales = nullptr;  // the operand codes' 1x128 group scales (FP8 wgmma)
   if (chosen.prep != dispatch::ActivationPrep::None) {
     void* operand_data = at<void>(scratch, step->scratch.operand);
     row_factors = at<float>(scratch, step->scratch.row_factors);
@@ -781,6 +794,11 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
           weight.static_activation_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
       args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
+      if (chosen.group_scales) {
+        // Canonical [m][cells] fp32 (quantize_activation_args' strides), beside the codes.
+        args.scales = at<unsigned char>(scratch, step->scratch.group_scales);
+        group_scales = reinterpret_cast<const float*>(args.scales);
+      }
       if (step->absmax.function) {
         float* absmax = at<float>(scratch, step->scratch.absmax);
         runtime::launch_tensor_absmax(step->absmax, reinterpret_cast<CUdeviceptr>(a->data), m,
@@ -800,6 +818,8 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
       args.k = p.k;
       args.group = quant.group > 0 ? quant.group : p.k;
       runtime::launch_expand_activation(step->prepare, args, cu_stream);
+      // The codes' canonical fp32 group scales, read by the GEMM as they are.
+      if (chosen.group_scales) group_scales = static_cast<const float*>(codes->scales);
     }
     if (!chosen.row_factors) row_factors = nullptr;
   }
@@ -809,7 +829,7 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
       run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
       return;
     case dispatch::Path::Wgmma:
-      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, zeroed);
+      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, group_scales, zeroed);
       return;
     case dispatch::Path::CublasLtFp8:
     case dispatch::Path::MmaStreamed:
@@ -950,7 +970,8 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
 // address changes; host work of about a microsecond), the rest comes from the plan.
 void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                              const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream,
-                             const float* bias, const float* row_factors, void* zeroed) {
+                             const float* bias, const float* row_factors,
+                             const float* group_scales, void* zeroed) {
   const layout::MmaWeight& w = *weight.facts.wgmma;
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
@@ -969,6 +990,10 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   params.c = c.data;
   params.bias = bias;
   params.row_factors = row_factors;
+  if (step.launch.group_scales) {
+    params.act_scales = group_scales;
+    params.act_scale_stride = (w.k + 127) / 128;
+  }
   params.ldc = c.stride;
   params.m = static_cast<int>(a.rows);
   params.n = static_cast<int>(w.n);

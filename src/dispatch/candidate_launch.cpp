@@ -74,8 +74,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
     case Path::Wgmma:
       launch.wgmma_config = verdict.candidate->wgmma;
       launch.wgmma = wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
+      launch.group_scales =
+          launch.wgmma_config->tile.fp8 && wgmma_fp8_activation_groups(quant);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
-                               p.scheme.output, arch);
+                               p.scheme.output, arch, launch.group_scales);
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);

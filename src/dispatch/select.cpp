@@ -344,11 +344,11 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           break;
         }
         if (config.tile.fp8) {
-          // The activation quantizer's codes are the operand as they are: e4m3 with one scale
-          // per row, applied in the epilogue (the 8-bit mma's operand, jit::codes_are_operand8).
-          if (!quantized || !jit::codes_are_operand8(quant) || quant.format != formats::e4m3) {
-            reject("the FP8 configs take e4m3 activation codes with one scale per row (per "
-                   "token or per tensor)");
+          // The activation quantizer's codes are the operand as they are (in the 8-bit mma's K
+          // order): e4m3 with one scale per row, applied in the epilogue, or per 1x128 group,
+          // promoted in the loop (wgmma_fp8_activation_unsupported).
+          if (auto why = wgmma_fp8_activation_unsupported(quant, *weight.wgmma)) {
+            reject(*why);
             break;
           }
           v.operand = quant.format;

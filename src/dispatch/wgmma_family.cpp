@@ -9,6 +9,7 @@
 
 #include "dispatch/cost_model.hpp"
 #include "dequant/wgmma_e4m3.cuh"
+#include "jit/catalog.hpp"
 #include "jit/kernel_spec.hpp"
 #include "qgemm/error.hpp"
 
@@ -231,9 +232,31 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
   return wgmma_counters_offset(config, launch.m_blocks, weight) + counters;
 }
 
+std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
+                                                            const layout::MmaWeight& weight) {
+  if (!quant.is_quantized() || quant.format != formats::e4m3)
+    return fmt::format("the FP8 configs take e4m3 activation codes ({} given)",
+                       quant.format.name());
+  if (jit::codes_are_operand8(quant)) return std::nullopt;
+  if (quant.scaling == ActivationScaling::DynamicGroup && quant.group == 128 &&
+      quant.scale_format == formats::fp32) {
+    if (weight.group_size != 0 && weight.group_size != 128)
+      return fmt::format("1x128 activation groups are promoted with the weight's groups, which "
+                         "must be 128 too or one per row ({} given)",
+                         weight.group_size);
+    return std::nullopt;
+  }
+  return std::string("the FP8 configs take e4m3 activation codes with one scale per row (per "
+                     "token or per tensor) or fp32 scales per group of 128");
+}
+
+bool wgmma_fp8_activation_groups(const ActivationQuant& quant) {
+  return quant.scaling == ActivationScaling::DynamicGroup;
+}
+
 jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch) {
+                           const Format& output, jit::Arch arch, bool activation_group_scales) {
   jit::KernelSpec spec;
   spec.arch = arch;
   spec.family = "wgmma_gemm_sm90";
@@ -246,7 +269,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::number_format("weight", weight.format),
       jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
       jit::SpecParam::integer("group", weight.group_size),
-      jit::SpecParam::chosen("act", operand.name()),
+      jit::SpecParam::chosen("act", activation_group_scales ? "e4m3_g128" : operand.name()),
       jit::SpecParam::chosen("out", output.name()),
       jit::SpecParam::boolean("split_k", launch.splits > 1),
       jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),

@@ -98,8 +98,20 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
 std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_blocks,
                                   const layout::MmaWeight& weight);
 
+// `activation_group_scales`: e4m3 codes with 1x128 group scales (fp8-block's activations), which
+// the FP8 tiles promote with the weight's scales (wgmma_activation_groups_unsupported).
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch);
+                           const Format& output, jit::Arch arch,
+                           bool activation_group_scales = false);
+
+// Why the FP8 configs cannot take `quant`'s activation codes against `weight` (nullopt when
+// they can): e4m3 codes with one scale per row (per token or tensor, applied in the epilogue),
+// or in groups of 128 along K with fp32 scales (promoted per group, DeepGEMM's way) where the
+// weight's groups are 128 too or one per row.
+std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
+                                                            const layout::MmaWeight& weight);
+// Whether those codes come with group scales (the kernel's act=e4m3_g128).
+bool wgmma_fp8_activation_groups(const ActivationQuant& quant);
 
 }  // namespace qgemm::dispatch

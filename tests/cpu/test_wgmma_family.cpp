@@ -269,12 +269,14 @@ TEST(WgmmaFp8, RulesNameWhatTheFp8TilesCannotHold) {
 }
 
 // The selector offers the FP8 configs only where the activation codes are their operand: e4m3
-// per token (w4a8-fp8, w8a8-fp8), not per group (fp8-block), not 16-bit activations; the
-// verdict's operand is e4m3 and the spec names act=e4m3, dequant=e4m3. Until they have run on a
+// per token (w4a8-fp8, w8a8-fp8) or in fp32 groups of 128 against weight groups of 128
+// (fp8-block), not other groups, not 16-bit activations; the verdict's operand is e4m3 and the
+// spec names act=e4m3 (act=e4m3_g128 for group scales), dequant=e4m3. Until they have run on a
 // GPU they are held back: served when forced, never the model's choice.
 TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
   ScopedWgmmaSwitch unset(nullptr);
-  for (const char* scheme : {"w4a8-fp8", "w8a8-fp8"}) {
+  for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "fp8-block"}) {
+    const bool groups = std::string_view(scheme) == "fp8-block";
     GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
     p.input = formats::bf16;  // quantized on the GPU into the codes
     const Selection ranked = select_on(p, kH200);
@@ -291,19 +293,31 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
         candidate_launch(p, 1024, forced.chosen(), facts, kH200, 0.0);
     ASSERT_TRUE(launch.gemm);
     const std::string text = jit::to_string(*launch.gemm);
-    EXPECT_NE(text.find("act=e4m3"), std::string::npos) << text;
+    EXPECT_NE(text.find(groups ? "act=e4m3_g128," : "act=e4m3,"), std::string::npos) << text;
     EXPECT_NE(text.find("dequant=e4m3"), std::string::npos) << text;
     EXPECT_EQ(launch.prep, ActivationPrep::Quantize);
-    EXPECT_TRUE(launch.row_factors);
+    EXPECT_EQ(launch.row_factors, !groups);
+    EXPECT_EQ(launch.group_scales, groups);
   }
-  for (const char* scheme : {"fp8-block", "w4a16"}) {
+  // Weight groups other than the activation's 1x128: refused with the rule.
+  {
+    GemmProblem p = problem_of("w=int4:g64:s=bf16;a=e4m3:g128;o=bf16", 1024, 8192, 8192);
+    p.input = formats::bf16;
+    try {
+      select_on(p, kH200, "wgmma-fp8-128");
+      ADD_FAILURE() << "served weight groups of 64 against activation groups of 128";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("128 too"), std::string::npos) << error.what();
+    }
+  }
+  for (const char* scheme : {"w=e4m3:ch:s=fp32;a=e4m3:g64;o=bf16", "mxfp8-mxfp4", "w4a16"}) {
     GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
     p.input = formats::bf16;
     try {
       select_on(p, kH200, "wgmma-fp8-128");
       ADD_FAILURE() << scheme << ": a forced FP8 config served activations it cannot take";
     } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("one scale per row"), std::string::npos)
+      EXPECT_NE(std::string(error.what()).find("e4m3 activation codes"), std::string::npos)
           << scheme << ": " << error.what();
     }
   }
@@ -414,6 +428,49 @@ TEST(WgmmaFp8, SpecsCompileWithoutSpills) {
     EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
     std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
                 lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+  }
+}
+
+}  // namespace
+}  // namespace qgemm::dispatch
+
+namespace qgemm::dispatch {
+namespace {
+
+// fp8-block on the FP8 tiles (e4m3 128x128 weight blocks × 1x128 activation groups, both
+// promoted per group): every kernel a forced FP8 config launches compiles for sm_90a, the GEMM
+// without spills or a stack frame at each token width, split-K included, and the activation
+// step (quantize into operand8 codes + group scales, or expand pre-quantized codes) too.
+TEST(WgmmaFp8, BlockScaledSpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    std::int64_t m, n, k;
+    const char* config;
+    bool prequantized;
+  };
+  const Case cases[] = {
+      {1, 7168, 18432, "wgmma-fp8-8", false},    {16, 7168, 18432, "wgmma-fp8-16", true},
+      {32, 7168, 18432, "wgmma-fp8-32", false},  {64, 7168, 18432, "wgmma-fp8-64", false},
+      {4096, 7168, 18432, "wgmma-fp8-128", true}, {1, 7168, 18432, "wgmma-fp8-8-k256", false},
+      {16, 4000, 2880, "wgmma-fp8-16-k256", false},
+  };
+  for (const Case& c : cases) {
+    GemmProblem p = problem_of("fp8-block", c.m, c.n, c.k);
+    p.input = formats::bf16;
+    p.prequantized = c.prequantized;
+    const Selection forced = select_on(p, kH200, c.config);
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, jit::Arch::sm_90a);
+    const CandidateLaunch launch = candidate_launch(p, c.m, forced.chosen(), facts, kH200, 0.0);
+    ASSERT_TRUE(launch.group_scales);
+    ASSERT_EQ(launch.prep, c.prequantized ? ActivationPrep::Expand : ActivationPrep::Quantize);
+    for (const jit::KernelSpec& spec : launch.specs()) {
+      SCOPED_TRACE(jit::to_string(spec));
+      const auto lookup = cache.get(spec);
+      EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+      EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+      std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
+                  lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+    }
   }
 }
 

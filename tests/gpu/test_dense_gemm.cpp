@@ -865,13 +865,15 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
       {"w=uint4:g64:s=fp16:zp=mid;a=e4m3:tok;o=fp16", 0},   // g64: a group per chunk, fp16 out
       {"w=int4:g128:s=bf16;a=e4m3:t;o=bf16", 0.02},         // static tensor scale
       {"w=e4m3:b128x128:s=fp32;a=e4m3:tok;o=fp32", 0},      // 128x128 weight blocks, fp32 out
+      {"fp8-block", 0},  // 128x128 weight blocks × 1x128 activation groups, both promoted
+      {"w=e4m3:ch:s=fp32;a=e4m3:g128;o=bf16", 0},           // channel weights × 1x128 groups
   };
   std::vector<std::int64_t> ms = {1, 16, 17, 64, 255, 1024};
-  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): two schemes, three M.
+  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes, three M.
   const char* subset_env = std::getenv("QGEMM_GPU_TEST_SUBSET");
   const bool subset = subset_env && *subset_env == '1';
   if (subset) {
-    cases = {cases[0], cases[1]};
+    cases = {cases[0], cases[1], cases[6]};
     ms = {1, 17, 64};
   }
   // K = 1000: not a multiple of 16 (the activation codes' K permutation puts codes of k < K at
@@ -951,7 +953,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
 }
 
 // The FP8 tiles refuse what they cannot serve with an error naming the rule, at plan time: a
-// forced FP8 config on 16-bit activations, on per-group activation codes (fp8-block's 1x128) and
+// forced FP8 config on 16-bit activations, on activation groups other than fp32 1x128 (g64), and
 // on weights whose values e4m3 does not hold (int8).
 TEST(WgmmaGemmGpu, Fp8ConfigsRefuseWhatTheyCannotServe) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
@@ -966,7 +968,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsRefuseWhatTheyCannotServe) {
     const char* rule;  // a piece of the message
   };
   for (const Refusal& r : {Refusal{"w4a16", "e4m3 activation codes"},
-                           Refusal{"fp8-block", "one scale per row"},
+                           Refusal{"w=e4m3:ch:s=fp32;a=e4m3:g64;o=bf16", "group of 128"},
                            Refusal{"w=int8:ch:s=fp32;a=e4m3:tok;o=bf16", "bits"}}) {
     SCOPED_TRACE(r.scheme);
     const Scheme scheme = parse_scheme(r.scheme);
