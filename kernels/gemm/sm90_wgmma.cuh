@@ -118,8 +118,6 @@ struct WgmmaGemm {
   static_assert(!kActGroupScales || (kFp8 && (kGroup == 0 || kGroup == kActGroup)),
                 "activation group scales: FP8 tiles whose weight groups are the activation's (or "
                 "one per row)");
-  static constexpr WgmmaE4m3Table kE4m3Table =
-      wgmma_e4m3_table(kFormat, kZeroMode == kZeroConstant);
   using Mma = typename WgmmaStep<kFp8, kTokens, kBf16>::Type;
   static constexpr int kAccumulators = Mma::kAccumulators;
   // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
@@ -330,8 +328,10 @@ struct WgmmaGemm {
     load_words(stage + kShape.a_bytes + tile * kShape.w_tile_bytes + ch * kShape.w_chunk_bytes +
                    thread * kBits * 4,
                words);
+    // The 4-bit format's e4m3 table, a compile-time constant (four immediates in registers).
+    constexpr WgmmaE4m3Table table = wgmma_e4m3_table(kFormat, kZeroMode == kZeroConstant);
     unsigned steps[2][4];
-    wgmma_e4m3_fragments<kBits>(words, kE4m3Table, steps);
+    wgmma_e4m3_fragments<kBits>(words, table, steps);
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -440,9 +440,12 @@ struct WgmmaGemm {
     float acc[kAccumulators];
     float group_acc[kPromote ? kPromoteSets : 1][kPromote ? kAccumulators : 1];
     float2 group_scale[kPromoteSets];
-    // Activation group scales of the thread's tokens for each set's group (kActGroupScales):
-    // act_scale[set][2j + e] for token m_block · kTokens + 8j + 2t + e (acc[4j + e], 4j + 2 + e).
-    float act_scale[kActGroupScales ? kPromoteSets : 1][kActGroupScales ? kTokens / 4 : 1];
+    // Activation group scales (kActGroupScales): group G of this consumer (groups counts them
+    // across units) has its token block's kTokens scales in shared slot G % 2, written by thread
+    // m of the warpgroup for token m at the group's start and read when the group is promoted,
+    // after a warpgroup barrier (act_scales_barrier) that also keeps a slot from being rewritten
+    // while a slower warp still reads it two groups earlier.
+    int groups;
     unsigned frag[kTransform ? 1 : 2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
     // Transform: the chunks consumed so far (tc, as the transform warps count them), and
@@ -455,16 +458,34 @@ struct WgmmaGemm {
       ptx::mbarrier_arrive(empty_barrier(base, slot));
     }
 
-    // acc += group_scale[kSet] · group_acc[kSet], once that set's wgmma have completed.
+    __device__ unsigned act_scales_slot(int group) const {
+      return base + kShape.act_scales_offset + warpgroup * kShape.act_scales_bytes +
+             (group % 2) * kTokens * 4;
+    }
+    // Before a group's promotion: every thread's scale of it is stored (see `groups`).
+    __device__ void act_scales_barrier() const {
+      if constexpr (kActGroupScales) ptx::named_barrier_sync(1 + warpgroup, 128);
+    }
+
+    // acc += group_scale[kSet] · group_acc[kSet] (× the tokens' group scales with
+    // kActGroupScales: of group `groups` − 1, the last one opened), once that set's wgmma have
+    // completed.
     template <int kSet>
     __device__ void promote() {
       if constexpr (kPromote) {
+        float2 token_scales = make_float2(1.0f, 1.0f);
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) {
           ptx::fence_operand(group_acc[kSet][i]);
           // acc[4j + e] is row g + 8 (e / 2), token 8j + 2t + e % 2 (ptx/wgmma.cuh)
           float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
-          if constexpr (kActGroupScales) scale *= act_scale[kSet][2 * (i / 4) + i % 2];
+          if constexpr (kActGroupScales) {
+            // Tokens 8j + 2t and + 1 of the promoted group's slot, one 8-byte load per j.
+            if (i % 4 == 0)
+              token_scales = load_float2(act_scales_slot(groups - 1) +
+                                         (8 * (i / 4) + 2 * (thread % 4)) * 4);
+            scale *= i % 2 == 0 ? token_scales.x : token_scales.y;
+          }
           acc[i] = fmaf(scale, group_acc[kSet][i], acc[i]);
         }
       }
@@ -497,6 +518,7 @@ struct WgmmaGemm {
         if constexpr (kPromote && kSet >= 0) {
           if (group_start && i > 0) {
             ptx::warpgroup_wait_group<0>();
+            act_scales_barrier();
             promote<(kSet + kPromoteSets - 1) % kPromoteSets>();
           }
         }
@@ -504,20 +526,30 @@ struct WgmmaGemm {
           if (group_start) group_scale[kSet < 0 ? 0 : kSet] = first_scale;
         }
         if constexpr (kActGroupScales) {
-          // The group's activation scales, read now and used when the group is promoted (after
-          // its last chunk): tokens past M take 0 (their sums are 0 too, never emitted).
+          // The new group's activation scales into its slot, token `thread` by thread `thread`
+          // (tokens past M take 0: their sums are 0 too, never emitted); read when the group is
+          // promoted, after its last chunk.
           if (group_start) {
             const int group = (unit.chunk0 + i) * 64 / kActGroup;
-            const int lane = thread % 32;
-#pragma unroll
-            for (int j = 0; j < kTokens / 8; ++j)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int m = unit.m_block * kTokens + 8 * j + 2 * (lane % 4) + e;
-                act_scale[kSet < 0 ? 0 : kSet][2 * j + e] =
-                    m < p.m ? __ldg(p.act_scales + m * p.act_scale_stride + group) : 0.0f;
-              }
+            const int m = unit.m_block * kTokens + thread;
+            if (thread < kTokens) {
+              const float scale =
+                  m < p.m ? __ldg(p.act_scales + m * p.act_scale_stride + group) : 0.0f;
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(act_scales_slot(groups) + thread * 4),
+                           "f"(scale)
+                           : "memory");
+            }
+            ++groups;
           }
+        }
+        if constexpr (kFp8) {
+          // Both steps' A registers are computed here, before the fence: otherwise the compiler
+          // sinks the second step's PRMTs past the first wgmma into the same registers, and
+          // ptxas then waits for that wgmma before each next one (C7520, seen in the SASS).
+#pragma unroll
+          for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(frag[kBuffer][s][r])::"memory");
         }
         ptx::warpgroup_fence();
         float(&target)[kAccumulators] = accumulators<kSet>();
@@ -624,6 +656,7 @@ struct WgmmaGemm {
       pending = -1;
       chunks_done = 0;
       pending_buffer = -1;
+      groups = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = unit_of(p, u);
         const int tile = unit.n_block * kConsumers + warpgroup;
@@ -639,6 +672,7 @@ struct WgmmaGemm {
           const int last_set =
               kGroupChunks == 0 ? 0 : ((unit.chunks - 1) / kGroupChunks) % kPromoteSets;
           if (active) {
+            act_scales_barrier();
             if (last_set == 0) promote<0>();
             else promote<kPromoteSets - 1>();
           }

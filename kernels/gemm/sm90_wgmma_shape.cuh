@@ -16,8 +16,11 @@
 //           rows as A (wgmma's A operand from shared memory), 8 KB a tile
 //   staging (16-bit outputs): per consumer, epilogue_tokens rows × 64 outputs (128-byte rows):
 //           the accumulators transposed by stmatrix so that C is written along its rows
+//   activation group scales (fp8 tiles): per consumer, two slots of tokens floats (the 1x128
+//           group scales of its token block for two groups in turn)
 //   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [dequantized buffers]
-//           [staging per consumer] [full, empty barriers per stage]
+//           [staging per consumer] [activation group scales per consumer (fp8)]
+//           [full, empty barriers per stage]
 //           [filled, drained barriers per buffer] [one split-K flag per consumer]
 #pragma once
 
@@ -54,6 +57,7 @@ struct WgmmaShape {
   int scale_rows = 0, s_row_bytes = 0, s_bytes = 0, stage_bytes = 0;
   int dequantized_offset = 0, dequantized_tile_bytes = 0, dequantized_buffer_bytes = 0;
   int epilogue_tokens = 0, epilogue_offset = 0, epilogue_bytes = 0;
+  int act_scales_offset = 0, act_scales_bytes = 0;  // per consumer; 0 bytes unless fp8
   int barriers_offset = 0, flags_offset = 0, shared_bytes = 0;
 };
 
@@ -83,7 +87,9 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
       s.dequantized_offset + (t.transform ? kWgmmaTransformBuffers : 0) * s.dequantized_buffer_bytes;
   s.epilogue_tokens = t.tokens < 32 ? t.tokens : 32;
   s.epilogue_bytes = s.epilogue_tokens * 128;
-  s.barriers_offset = s.epilogue_offset + t.consumers * s.epilogue_bytes;
+  s.act_scales_offset = s.epilogue_offset + t.consumers * s.epilogue_bytes;
+  s.act_scales_bytes = t.fp8 ? 2 * t.tokens * 4 : 0;
+  s.barriers_offset = s.act_scales_offset + t.consumers * s.act_scales_bytes;
   const int barriers = 2 * t.stages + (t.transform ? 2 * kWgmmaTransformBuffers : 0);
   s.flags_offset = s.barriers_offset + barriers * 8;
   s.shared_bytes = s.flags_offset + 4 * t.consumers;
