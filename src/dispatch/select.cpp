@@ -335,7 +335,8 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject(kWgmmaSwitchedOff);
           break;
         }
-        if (!config.held_back.empty() && context.forced != candidate.name) {
+        if (!config.held_back.empty() && context.forced != candidate.name &&
+            !(config.tile.fp8 && wgmma_fp8_ranked())) {
           reject(config.held_back + " (a forced run takes it)");
           break;
         }

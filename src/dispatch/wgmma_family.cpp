@@ -27,6 +27,11 @@ bool wgmma_ranked_by_default() {
   return !(value && std::string_view(value) == "0");
 }
 
+bool wgmma_fp8_ranked() {
+  const char* value = std::getenv("QGEMM_WGMMA_FP8");
+  return value && std::string_view(value) == "1";
+}
+
 bool wgmma_order_on_every_weight() {
   const char* value = std::getenv("QGEMM_WGMMA");
   return value && std::string_view(value) == "1";

@@ -299,6 +299,20 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
     EXPECT_EQ(launch.row_factors, !groups);
     EXPECT_EQ(launch.group_scales, groups);
   }
+  // QGEMM_WGMMA_FP8=1 ranks them despite the hold (for gates and benches before it is lifted).
+  {
+    GemmProblem p = problem_of("w4a8-fp8", 1024, 8192, 8192);
+    p.input = formats::bf16;
+    const char* old = std::getenv("QGEMM_WGMMA_FP8");
+    const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+    setenv("QGEMM_WGMMA_FP8", "1", 1);
+    const Selection ranked = select_on(p, kH200);
+    if (saved) setenv("QGEMM_WGMMA_FP8", saved->c_str(), 1);
+    else unsetenv("QGEMM_WGMMA_FP8");
+    const Verdict& v = verdict_of(ranked, "wgmma-fp8-128");
+    EXPECT_TRUE(v.rejected.empty()) << v.rejected;
+    EXPECT_GT(v.cost.total_us, 0.0);
+  }
   // Weight groups other than the activation's 1x128: refused with the rule.
   {
     GemmProblem p = problem_of("w=int4:g64:s=bf16;a=e4m3:g128;o=bf16", 1024, 8192, 8192);
