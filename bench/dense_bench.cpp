@@ -3,7 +3,7 @@
 // prints one table row per case.
 // (The full bake-off tool is `qgemm bench`; this is the kernel-development bench.)
 //
-//   build/bench/qgemm_dense_bench [--quick | --a8 | --decode | --wgmma | --wgmma-quick]
+//   build/bench/qgemm_dense_bench [--quick | --a8 | --decode | --wgmma | --wgmma-quick | --fp8]
 //                                 [--case SCHEME:M:N:K] [--config NAME]
 // --case runs that one case (in the mode's configs); --config runs only that config (its launches
 // then are one warm-up and the timed repeats, so `ncu --launch-skip 1 --launch-count 1` profiles
@@ -84,8 +84,12 @@ int main(int argc, char** argv) {
   // --wgmma-quick: the rows where split-K, the four-consumer decode and the transform warps
   // decide (M 1 on both weights, M 64 and 256 on 28672×8192, M 1024 and 4096 on 8192²).
   const bool wgmma_quick = argc > 1 && std::strcmp(argv[1], "--wgmma-quick") == 0;
+  // --fp8: issue #16's rows (w4a8-fp8, w8a8-fp8, fp8-block), every FP8 wgmma config that fits M
+  // (held back until timed: forced here) against the choice, dequantize + cuBLAS and cuBLASLt FP8
+  // where it serves; bf16 A quantized in the same call.
+  const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   const bool wgmma = wgmma_quick || (argc > 1 && std::strcmp(argv[1], "--wgmma") == 0);
-  if (wgmma) setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (forced configs)
+  if (wgmma || fp8) setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},
@@ -125,6 +129,13 @@ int main(int argc, char** argv) {
                {"w4a16", 256, 28672, 8192},
                {"w4a16", 1024, 8192, 8192},
                {"w4a16", 4096, 8192, 8192}};
+  }
+  if (fp8) {
+    cases.clear();
+    for (long long m : {1, 16, 256, 4096}) cases.push_back({"w4a8-fp8", m, 8192, 8192});
+    for (long long m : {1, 16, 4096}) cases.push_back({"w4a8-fp8", m, 28672, 8192});
+    for (long long m : {1, 256, 4096}) cases.push_back({"w8a8-fp8", m, 8192, 8192});
+    for (long long m : {1, 256, 4096}) cases.push_back({"fp8-block", m, 7168, 18432});
   }
   if (decode)
     cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.m > 16; }),
@@ -218,7 +229,15 @@ int main(int argc, char** argv) {
       if (c.m == 16) configs.push_back("wgmma-16-k256");
       configs.push_back(c.m <= 16 ? "decode" : c.m <= 256 ? "medium" : "prefill");
     }
-    if (!quick && !decode && !wgmma) configs.push_back("qdq");
+    if (fp8) {
+      configs = {""};
+      for (int tokens : {8, 16, 32, 64, 128})
+        if (tokens <= 2 * std::max<long long>(c.m, 8) && (c.m < 256 || tokens >= 64))
+          configs.push_back("wgmma-fp8-" + std::to_string(tokens));
+      if (c.m <= 16) configs.insert(configs.end(), {"wgmma-fp8-8-k256", "wgmma-fp8-16-k256"});
+      configs.insert(configs.end(), {"qdq", "cublaslt-fp8"});
+    }
+    if (!quick && !decode && !wgmma && !fp8) configs.push_back("qdq");
     if (config_given) configs = {only_config};
     for (const std::string& config : configs) {
       qgemm::GemmOptions options;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes kernels/ptx/wgmma.cuh: the wgmma.mma_async wrappers of the SM90 family.
 
-One inline-asm statement per (tokens N, activation type): wgmma names every accumulator
+One inline-asm statement per (tokens N, activation type: bf16, fp16, and e4m3 for the
+m64nNk32 FP8 steps): wgmma names every accumulator
 register in its operand list (N / 2 floats per thread for m64nNk16), which C++ cannot spell
 generically, so the statements are generated. Run it after changing the N list:
     python3 scripts/gen_wgmma_ptx.py > kernels/ptx/wgmma.cuh
@@ -115,9 +116,61 @@ def statement(n, bf16):
     lines.append("};")
     return "\n".join(lines) + "\n"
 
+E4M3_HEAD = '''
+// WgmmaE4m3<N>::mma(d, a, b_descriptor, accumulate): one m64nNk32 step on e4m3 codes (FP8
+// tensor cores: twice the K of a 16-bit step per instruction), A in registers, B in shared memory
+// (8-bit operands are K-major only: no transpose immediates):
+//
+//   D[64 x N] (+)= A[64 x 32] · B[32 x N]
+//
+//   A   4 registers of 4 e4m3 bytes per thread (CuTe's ALayout_64x32; g = lane / 4,
+//       t = lane % 4, byte v of a register = k 4t + v):
+//         a0 (row g,     k 4t .. 4t+3)       a1 (row g + 8, k 4t .. 4t+3)
+//         a2 (row g,     k 16+4t .. 16+4t+3) a3 (row g + 8, k 16+4t .. 16+4t+3)
+//       warp w holding rows 16w .. 16w + 15 as with 16-bit types
+//   B   a shared-memory matrix descriptor (make_smem_descriptor): N rows of 32 bytes of k,
+//       K-major; a 128-byte swizzled row holds 128 k, a k32 step starts 32 bytes further
+//   D   as above: d[4j + e] = row 16w + g + 8 (e / 2), column 8j + 2t + e % 2
+template <int kTokens>
+struct WgmmaE4m3;
+'''
+
+
+def e4m3_statement(n):
+    regs = n // 2
+    a0 = regs
+    lines = [f"template <>\nstruct WgmmaE4m3<{n}> {{",
+             f"  static constexpr int kAccumulators = {regs};",
+             "  __device__ __forceinline__ static void mma(float (&d)[kAccumulators], const unsigned (&a)[4],",
+             "                                         unsigned long long b, int accumulate) {",
+             "    asm volatile("]
+    names = [f"%{i}" for i in range(regs)]
+    chunks = [", ".join(names[i:i + 16]) for i in range(0, regs, 16)]
+    lines += ['        "{\\n"',
+              '        ".reg .pred p;\\n"',
+              f'        "setp.ne.b32 p, %{a0 + 5}, 0;\\n"',
+              f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "',
+              '        "{"']
+    for ci, c in enumerate(chunks):
+        sep = ", " if ci + 1 < len(chunks) else ""
+        lines.append(f'        "{c}{sep}"')
+    lines.append(f'        "}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1;\\n"')
+    lines.append('        "}\\n"')
+    outs = [f'"+f"(d[{i}])' for i in range(regs)]
+    out_lines = ["          " + ", ".join(outs[i:i + 8]) for i in range(0, regs, 8)]
+    lines.append("        : " + (",\n".join(out_lines)).lstrip())
+    lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));')
+    lines.append("  }")
+    lines.append("};")
+    return "\n".join(lines) + "\n"
+
+
 out = [HEAD]
 for n in TOKENS:
     for bf16 in (True, False):
         out.append(statement(n, bf16))
+out.append(E4M3_HEAD)
+for n in TOKENS:
+    out.append(e4m3_statement(n))
 out.append("}  // namespace qgemm::ptx\n")
 print("\n".join(out), end="")

@@ -39,6 +39,20 @@
 //     transform:  [wait drained b] dequant tiles → stmatrix → buf b  fence.proxy.async  arrive filled b
 //     consumer:   [wait filled b] 4 × wgmma(buf b, A box)  commit  wait(≤ 1)  arrive drained b'
 //
+//   FP8 (kFp8: e4m3 activation codes, the tile's fp8): the same ring and warps, but
+//
+//     A      the codes as the activation quantizer writes them for the 8-bit mma (rows of K
+//            bytes, K permuted inside each run of 16: MmaWeightLayout::operand8_position), one
+//            TMA box of kTokens rows × 128 codes per two chunks (128-byte swizzle)
+//     weight the same prepared words as the 16-bit path, turned into exact e4m3 codes with a few
+//            PRMT (dequant/wgmma_e4m3.cuh, which draws how the permuted K lines up)
+//     wgmma  2 × m64nNk32 per chunk (k32 step s of chunk ch at byte (ch % 2) · 64 + 32 s of
+//            box ch / 2), into a group accumulator: every scale group is promoted (fp32 sums ×
+//            the group's scale, once per group of whole chunks); per-token and per-tensor
+//            factors and the global scale are applied in the epilogue (row factors); 1x128
+//            activation groups (kActGroupScales, fp8-block) are promoted with the weight's
+//            scale: sums × weight row scale × the token's group scale (DeepGEMM's way)
+//
 //   shared memory: see gemm/sm90_wgmma_shape.cuh. A stage's A box of chunk ch is kTokens rows of
 //   64 values (128 B) with TMA's 128-byte swizzle, which is the K-major layout the wgmma matrix
 //   descriptor names (ptx/wgmma.cuh); k16 step kb starts 32 · kb bytes into the box.
@@ -57,6 +71,7 @@
 #pragma once
 
 #include "dequant/wgmma_dequant.cuh"
+#include "dequant/wgmma_e4m3.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/sm90_wgmma_shape.cuh"
 #include "gemm/wgmma_gemm_params.cuh"
@@ -69,18 +84,45 @@
 
 namespace qgemm::kernels {
 
+// The wgmma step of a tile: m64nNk16 on bf16/fp16, or m64nNk32 on e4m3 codes (kFp8).
+template <bool kFp8, int kTokens, bool kBf16>
+struct WgmmaStep {
+  using Type = ptx::Wgmma<kTokens, kBf16>;
+};
+template <int kTokens, bool kBf16>
+struct WgmmaStep<true, kTokens, kBf16> {
+  using Type = ptx::WgmmaE4m3<kTokens>;
+};
+
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, int kDequant, bool kGrouped>
+          bool kSplitK, int kDequant, bool kGrouped, bool kFp8 = false,
+          bool kActGroupScales = false>
 struct WgmmaGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
-  static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages, kTransform};
+  static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages, kTransform,
+                                      kFp8};
   static constexpr WgmmaShape kShape = wgmma_shape(kTile, kBits, kGroup, kStoredZeros);
   static_assert(wgmma_tile_error(kTile, kGroup) == nullptr,
                 "wgmma config and weight disagree (wgmma_tile_error says why)");
-  using Mma = ptx::Wgmma<kTokens, kBf16>;
+  // FP8 (kFp8): e4m3 activation codes, the weight as exact e4m3 codes (dequant/wgmma_e4m3.cuh).
+  static_assert(kFp8 == (kDequant == kWgmmaE4m3),
+                "the e4m3 dequantization serves the FP8 tiles, and only it");
+  static_assert(!kFp8 || (!kStoredZeros && kZeroMode != kZeroFloat &&
+                          (kBits == 4 || (kBits == 8 && kF.is_float() && kF.exponent_bits == 4 &&
+                                          kF.mantissa_bits == 3 && kF.is_signed))),
+                "the FP8 wgmma takes 4-bit codes with at most a constant zero, or e4m3 codes");
+  static_assert(!kFp8 || kBits != 4 || wgmma_e4m3_table_exact(kFormat, kZeroMode == kZeroConstant),
+                "every value of the 4-bit weight must be exact in e4m3");
+  // 1x128 activation groups (fp8-block's): each promoted group's sums are scaled by the weight
+  // row's scale times the token's group scale, so the promotion groups must be the activation's.
+  static constexpr int kActGroup = 128;
+  static_assert(!kActGroupScales || (kFp8 && (kGroup == 0 || kGroup == kActGroup)),
+                "activation group scales: FP8 tiles whose weight groups are the activation's (or "
+                "one per row)");
+  using Mma = typename WgmmaStep<kFp8, kTokens, kBf16>::Type;
   static constexpr int kAccumulators = Mma::kAccumulators;
   // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
   static constexpr int kStepsPerGroup = kGroup == 0 || kGroup >= 64 ? 4 : kGroup / 16;
@@ -196,15 +238,17 @@ struct WgmmaGemm {
         const int c = unit.chunk0 + i;
         const int chunks = min(kStageChunks, unit.chunks - i);
         const int rows = stage_scale_rows(p, c, chunks);
-        const unsigned bytes =
-            chunks * (kShape.a_box_bytes + tiles * kShape.w_chunk_bytes) +
-            rows * tiles * 256 * (kStoredZeros ? 2 : 1);
+        // A box per chunk of 16-bit activations, per two chunks of e4m3 codes (a box's
+        // bytes all arrive, zero-filled past K).
+        const int boxes = kFp8 ? (chunks + 1) / 2 : chunks;
+        const unsigned bytes = boxes * kShape.a_box_bytes + chunks * tiles * kShape.w_chunk_bytes +
+                               rows * tiles * 256 * (kStoredZeros ? 2 : 1);
         const unsigned full = full_barrier(base, slot);
         ptx::mbarrier_arrive_expect_tx(full, bytes);
         const unsigned stage = stage_address(base, slot);
-        for (int ch = 0; ch < chunks; ++ch)
-          ptx::tensor_copy_2d(stage + ch * kShape.a_box_bytes, &p.activations, (c + ch) * 64,
-                              unit.m_block * kTokens, full);
+        for (int b = 0; b < boxes; ++b)
+          ptx::tensor_copy_2d(stage + b * kShape.a_box_bytes, &p.activations,
+                              (c + (kFp8 ? 2 : 1) * b) * 64, unit.m_block * kTokens, full);
         for (int t = 0; t < tiles; ++t)
           ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
                          w + (static_cast<long long>(tile0 + t) * p.k_chunks + c) * 128 * kBits,
@@ -291,6 +335,37 @@ struct WgmmaGemm {
     return first;
   }
 
+  // FP8: the 8 A registers of thread `thread` for weight tile `tile` in chunk i (frag[0..1]: the
+  // chunk's two k32 steps; dequant/wgmma_e4m3.cuh draws their bytes), unscaled. Returns the
+  // scales of the chunk's group (rows g and g + 8; groups cover whole chunks).
+  __device__ static float2 e4m3_tile_chunk(const WgmmaGemmParams& p, const Unit& unit,
+                                           unsigned stage, int i, int tile, int thread,
+                                           unsigned (&frag)[4][4]) {
+    const int ch = i % kStageChunks;
+    unsigned words[kBits];
+    load_words(stage + kShape.a_bytes + tile * kShape.w_tile_bytes + ch * kShape.w_chunk_bytes +
+                   thread * kBits * 4,
+               words);
+    // The 4-bit format's e4m3 table, a compile-time constant (four immediates in registers).
+    constexpr WgmmaE4m3Table table = wgmma_e4m3_table(kFormat, kZeroMode == kZeroConstant);
+    unsigned steps[2][4];
+    wgmma_e4m3_fragments<kBits>(words, table, steps);
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) frag[s][r] = steps[s][r];
+    const int lane = thread % 32, warp = thread / 32;
+    const unsigned s_at =
+        stage + kShape.a_bytes + kShape.w_bytes + (tile * 64 + warp * 16 + (lane / 4) * 2) * 4;
+    int row = 0;
+    if constexpr (kShape.scale_rows > 1) {
+      const int c = unit.chunk0 + i - ch;  // the stage's first chunk
+      const int rows = stage_scale_rows(p, c, min(kStageChunks, unit.chunks - (i - ch)));
+      row = min(ch * 64 / kGroup, rows - 1);
+    }
+    return load_float2(s_at + row * kShape.s_row_bytes);
+  }
+
   // ---- transform warps ---------------------------------------------------------------------------
   // Warps 1-3 of the producer's warpgroup dequantize every weight tile of each chunk into buffer
   // tc % kWgmmaTransformBuffers (tc: the chunks so far), in the layout the consumers' wgmma read
@@ -349,7 +424,15 @@ struct WgmmaGemm {
   // Scales promoted into fp32 sums (gemm/sm90_wgmma_shape.cuh): the groups' chunks and the
   // kDequant codes of dequant/wgmma_dequant.cuh agree (kWgmmaFp32 = 0).
   static constexpr bool kPromote = wgmma_promotes_scales(kTile, kGroup, kDequant);
-  static constexpr int kGroupChunks = kGroup / 64;  // chunks per scale group (0: one per row)
+  // Chunks per promoted group (0: one group per row). The FP8 tiles promote channel and tensor
+  // scales every two chunks too: Hopper's FP8 tensor cores keep fewer bits than fp32 in their
+  // sums (about 14, DeepSeek-V3), so no wgmma sum runs over more than 128 K (DeepGEMM's
+  // interval) before it is added into the fp32 result; the scale is the same for every group.
+  static constexpr int kGroupChunks = kFp8 && kGroup == 0 ? 2 : kGroup / 64;
+  static_assert(!kActGroupScales || kGroupChunks * 64 == kActGroup,
+                "the promotion groups are the activation groups");
+  // Group accumulator sets (wgmma_promote_sets): group j adds into set j % kPromoteSets.
+  static constexpr int kPromoteSets = wgmma_promote_sets(kTile);
 
   template <int kValue>
   struct Constant {
@@ -374,8 +457,14 @@ struct WgmmaGemm {
     // j's wgmma add into group_acc[j % 2], which is scaled into acc (by group_scale[j % 2]: rows
     // g and g + 8) once the next group's first chunk has been dequantized.
     float acc[kAccumulators];
-    float group_acc[kPromote ? 2 : 1][kPromote ? kAccumulators : 1];
-    float2 group_scale[2];
+    float group_acc[kPromote ? kPromoteSets : 1][kPromote ? kAccumulators : 1];
+    float2 group_scale[kPromoteSets];
+    // Activation group scales (kActGroupScales): group G of this consumer (groups counts them
+    // across units) has its token block's kTokens scales in shared slot G % 2, written by thread
+    // m of the warpgroup for token m at the group's start and read when the group is promoted,
+    // after a warpgroup barrier (act_scales_barrier) that also keeps a slot from being rewritten
+    // while a slower warp still reads it two groups earlier.
+    int groups;
     unsigned frag[kTransform ? 1 : 2][4][4];
     int pending;  // the stage slot to release once the wgmma issued so far have completed
     // Transform: the chunks consumed so far (tc, as the transform warps count them), and
@@ -388,15 +477,34 @@ struct WgmmaGemm {
       ptx::mbarrier_arrive(empty_barrier(base, slot));
     }
 
-    // acc += group_scale[kSet] · group_acc[kSet], once that set's wgmma have completed.
+    __device__ unsigned act_scales_slot(int group) const {
+      return base + kShape.act_scales_offset + warpgroup * kShape.act_scales_bytes +
+             (group % 2) * kTokens * 4;
+    }
+    // Before a group's promotion: every thread's scale of it is stored (see `groups`).
+    __device__ void act_scales_barrier() const {
+      if constexpr (kActGroupScales) ptx::named_barrier_sync(1 + warpgroup, 128);
+    }
+
+    // acc += group_scale[kSet] · group_acc[kSet] (× the tokens' group scales with
+    // kActGroupScales: of group `groups` − 1, the last one opened), once that set's wgmma have
+    // completed.
     template <int kSet>
     __device__ void promote() {
       if constexpr (kPromote) {
+        float2 token_scales = make_float2(1.0f, 1.0f);
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) {
           ptx::fence_operand(group_acc[kSet][i]);
-          // acc[4j + e] is row g + 8 (e / 2) (ptx/wgmma.cuh)
-          const float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
+          // acc[4j + e] is row g + 8 (e / 2), token 8j + 2t + e % 2 (ptx/wgmma.cuh)
+          float scale = (i % 4) / 2 == 0 ? group_scale[kSet].x : group_scale[kSet].y;
+          if constexpr (kActGroupScales) {
+            // Tokens 8j + 2t and + 1 of the promoted group's slot, one 8-byte load per j.
+            if (i % 4 == 0)
+              token_scales = load_float2(act_scales_slot(groups - 1) +
+                                         (8 * (i / 4) + 2 * (thread % 4)) * 4);
+            scale *= i % 2 == 0 ? token_scales.x : token_scales.y;
+          }
           acc[i] = fmaf(scale, group_acc[kSet][i], acc[i]);
         }
       }
@@ -413,29 +521,75 @@ struct WgmmaGemm {
       wait_stage(base, at);
       if (active) {
         const unsigned stage = stage_address(base, slot);
-        const float2 first_scale =
-            dequantize_tile_chunk<!kPromote>(p, unit, stage, i, warpgroup, thread, frag[kBuffer]);
-        if constexpr (kPromote) {
-          if (group_start) group_scale[kSet] = first_scale;
+        float2 first_scale;
+        if constexpr (kFp8) {
+          first_scale = e4m3_tile_chunk(p, unit, stage, i, warpgroup, thread, frag[kBuffer]);
+        } else {
+          first_scale = dequantize_tile_chunk<!kPromote>(p, unit, stage, i, warpgroup, thread,
+                                                         frag[kBuffer]);
         }
         // A new group: the previous one's wgmma (the last chunk's, still in flight while this
         // chunk dequantized) complete, then its sums are scaled into the result. Waiting for
         // all of them (not all but this chunk's, after it is issued) keeps every accumulator
         // read outside an open wgmma stage, which ptxas would otherwise serialize (C7514).
+        // With one set (kPromoteSets 1) the previous group is that same set: it is scaled in
+        // here, before this chunk's first wgmma overwrites it, and before its scale is replaced.
         if constexpr (kPromote && kSet >= 0) {
           if (group_start && i > 0) {
             ptx::warpgroup_wait_group<0>();
-            promote<1 - kSet>();
+            act_scales_barrier();
+            promote<(kSet + kPromoteSets - 1) % kPromoteSets>();
           }
         }
-        ptx::warpgroup_fence();
-        const unsigned a_box = stage + ch * kShape.a_box_bytes;
-        const unsigned long long descriptor = ptx::make_smem_descriptor(a_box);
-        float(&target)[kAccumulators] = accumulators<kSet>();
+        if constexpr (kPromote) {
+          if (group_start) group_scale[kSet < 0 ? 0 : kSet] = first_scale;
+        }
+        if constexpr (kActGroupScales) {
+          // The new group's activation scales into its slot, token `thread` by thread `thread`
+          // (tokens past M take 0: their sums are 0 too, never emitted); read when the group is
+          // promoted, after its last chunk.
+          if (group_start) {
+            const int group = (unit.chunk0 + i) * 64 / kActGroup;
+            const int m = unit.m_block * kTokens + thread;
+            if (thread < kTokens) {
+              const float scale =
+                  m < p.m ? __ldg(p.act_scales + m * p.act_scale_stride + group) : 0.0f;
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(act_scales_slot(groups) + thread * 4),
+                           "f"(scale)
+                           : "memory");
+            }
+            ++groups;
+          }
+        }
+        if constexpr (kFp8) {
+          // Both steps' A registers are computed here, before the fence: otherwise the compiler
+          // sinks the second step's PRMTs past the first wgmma into the same registers, and
+          // ptxas then waits for that wgmma before each next one (C7520, seen in the SASS).
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          const bool accumulate = kPromote ? !(group_start && kb == 0) : (i | kb) != 0;
-          Mma::mma(target, frag[kBuffer][kb], descriptor + ((kb * 32) >> 4), accumulate);
+          for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(frag[kBuffer][s][r])::"memory");
+        }
+        ptx::warpgroup_fence();
+        float(&target)[kAccumulators] = accumulators<kSet>();
+        if constexpr (kFp8) {
+          // Chunk ch is the (ch % 2)-th half of box ch / 2 (128 codes a token row); its k32
+          // step s starts (ch % 2) · 64 + 32 s bytes into the swizzled rows.
+          const unsigned a_box = stage + (ch / 2) * kShape.a_box_bytes;
+          const unsigned long long descriptor = ptx::make_smem_descriptor(a_box);
+#pragma unroll
+          for (int s = 0; s < 2; ++s)
+            Mma::mma(target, frag[kBuffer][s],
+                     descriptor + ((((ch % 2) * 64) + s * 32) >> 4),
+                     !(group_start && s == 0));
+        } else {
+          const unsigned a_box = stage + ch * kShape.a_box_bytes;
+          const unsigned long long descriptor = ptx::make_smem_descriptor(a_box);
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            const bool accumulate = kPromote ? !(group_start && kb == 0) : (i | kb) != 0;
+            Mma::mma(target, frag[kBuffer][kb], descriptor + ((kb * 32) >> 4), accumulate);
+          }
         }
         ptx::warpgroup_commit_group();
         ptx::warpgroup_wait_group<1>();
@@ -509,8 +663,8 @@ struct WgmmaGemm {
           static_for<0, 2 * kGroupChunks>([&](auto k) {
             constexpr int kK = decltype(k)::value;
             if (i + kK < unit.chunks)
-              chunk<kK % 2, kK / kGroupChunks>(p, unit, it, i + kK, active,
-                                               kK % kGroupChunks == 0);
+              chunk<kK % 2, (kK / kGroupChunks) % kPromoteSets>(p, unit, it, i + kK, active,
+                                                                kK % kGroupChunks == 0);
           });
       }
     }
@@ -521,6 +675,7 @@ struct WgmmaGemm {
       pending = -1;
       chunks_done = 0;
       pending_buffer = -1;
+      groups = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const Unit unit = unit_of(p, u);
         if (unit.expert < 0) continue;
@@ -534,10 +689,12 @@ struct WgmmaGemm {
         ptx::warpgroup_wait_group<0>();
         if constexpr (kPromote) {
           // The unit's last group (set 0 for channel scales).
-          const int last_set = kGroupChunks == 0 ? 0 : ((unit.chunks - 1) / kGroupChunks) % 2;
+          const int last_set =
+              kGroupChunks == 0 ? 0 : ((unit.chunks - 1) / kGroupChunks) % kPromoteSets;
           if (active) {
+            act_scales_barrier();
             if (last_set == 0) promote<0>();
-            else promote<1>();
+            else promote<kPromoteSets - 1>();
           }
         }
         release(pending);
@@ -737,8 +894,10 @@ struct WgmmaGemm {
 };
 
 // Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
-// kActivation 0 bf16 / 1 fp16; kDequant = WgmmaDequant; kThreads and kDynamicSmemBytes come
-// from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
+// kActivation 0 bf16 / 1 fp16 / 2 e4m3 codes (the FP8 tiles, kDequant kWgmmaE4m3) / 3 e4m3 codes
+// with 1x128 group scales (params.act_scales, promoted with the weight's); kDequant =
+// WgmmaDequant; kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes
+// with the same wgmma_shape, and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
           bool kSplitK, int kDequant, bool kGrouped, int kThreads, int kDynamicSmemBytes>
@@ -746,7 +905,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
   using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
                          kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant,
-                         kGrouped>;
+                         kGrouped, kActivation >= 2, kActivation == 3>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

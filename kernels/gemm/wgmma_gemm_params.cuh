@@ -24,6 +24,10 @@ struct WgmmaGemmParams {
   float* workspace;     // split-K: [m_blocks][n_tiles][64 · tokens] fp32 (the accumulators'
                         // order, gemm/sm90_wgmma.cuh), zero between calls
   unsigned* counters;   // split-K: one per (token block, weight tile), zero between calls
+  // FP8 tiles with 1x128 activation groups (act=e4m3_g128): the fp32 scale of token m's group g
+  // at act_scales[m · act_scale_stride + g] (the canonical grid, ceil(K / 128) a row); else null.
+  const float* act_scales;
+  long long act_scale_stride;
   long long ldc;
   int m, n, k;
   int n_padded, n_tiles, k_chunks, groups;

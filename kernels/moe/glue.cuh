@@ -45,15 +45,17 @@ __device__ void moe_gather(const MoeGlueArgs& args) {
                          reinterpret_cast<unsigned long long>(out)) % 16 == 0);
   for (long long p = blockIdx.x; p < total; p += gridDim.x) {
     const long long slot = args.sorted_slots[p];
-    const unsigned short* from = args.input + (slot < slots ? slot / args.top_k : 0) * args.ld_input;
     unsigned short* to = out + p * args.ld_rows;
+    if (slot >= slots) {  // padding: a zero row
+      for (long long c = threadIdx.x; c < args.columns; c += kThreads) to[c] = 0;
+      continue;
+    }
+    const unsigned short* from = args.input + slot / args.top_k * args.ld_input;
     if (vectors) {
       for (long long c = threadIdx.x * 8; c < args.columns; c += kThreads * 8)
-        *reinterpret_cast<uint4*>(to + c) =
-            slot < slots ? *reinterpret_cast<const uint4*>(from + c) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(to + c) = *reinterpret_cast<const uint4*>(from + c);
     } else {
-      for (long long c = threadIdx.x; c < args.columns; c += kThreads)
-        to[c] = slot < slots ? from[c] : static_cast<unsigned short>(0);
+      for (long long c = threadIdx.x; c < args.columns; c += kThreads) to[c] = from[c];
     }
   }
 }

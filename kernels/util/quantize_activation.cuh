@@ -34,7 +34,9 @@
 //            the factor (2^-9 relative for bf16, as for group scalings).
 //   operand8 the 8-bit codes themselves (int8, e4m3; static and token scaling) in the 8-bit
 //            mma's K order: operand8[r][operand8_position(c)], rows of ldo = round_up(k, 16)
-//            bytes whose positions of c >= k hold 0; row_factors as for operand.
+//            bytes whose positions of c >= k hold 0; row_factors as for operand. Group scaling
+//            (the SM90 FP8 tiles' 1x128 groups) writes the codes so too, and the cell scales as
+//            codes mode does (no row factors).
 //
 // One block per row (grid-stride over rows). A thread takes W consecutive values at a time:
 // W = 8 (one 16-byte load; 8 or 4 bytes of codes, 16 bytes of operand stored at once) where
@@ -171,9 +173,11 @@ template <unsigned long long kCode, int kScaling, unsigned long long kScaleForma
 struct ActivationQuantizer {
   static constexpr FormatCode code_format = FormatCode::unpack(kCode);
   static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
-  static_assert(kEmit != kEmitOperand8 || (code_format.bits == 8 &&
-                                           (kScaling == kScaleStatic || kScaling == kScaleToken)),
-                "the 8-bit operand holds 8-bit codes of one scale per row");
+  static_assert(kEmit != kEmitOperand8 ||
+                    (code_format.bits == 8 && (kScaling == kScaleStatic ||
+                                               kScaling == kScaleToken || kScaling == kScaleGroup)),
+                "the 8-bit operand holds 8-bit codes of one scale per row, or per group (whose "
+                "scales go where codes mode writes them)");
 
   // Emits element `col` of `row` (code and value), all lanes of the warp together: 4-bit codes
   // are paired with the next lane's (`col` + 1 must sit there when `col` is even).
@@ -351,7 +355,7 @@ struct ActivationQuantizer {
         absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
       const double scale =
           cell_scale<kScaling, kScaleFormat>(absmax, args.element_max, tensor_scale);
-      if constexpr (kEmit == kEmitCodes) {
+      if constexpr (kEmit == kEmitCodes || kEmit == kEmitOperand8) {
         if (cell < cells && sub == 0)
           store_scale<kScaleFormat>(
               args.scales, row * args.scale_row_stride + cell * args.scale_cell_stride, scale);
@@ -434,9 +438,11 @@ __global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActiv
   constexpr FormatCode code_format = FormatCode::unpack(kCode);
   constexpr bool kBytes = kOperand == kOperandBytes;
   static_assert(code_format.bits == 8 || code_format.bits == 4, "activation codes of 4 or 8 bits");
-  static_assert(
-      !kBytes || (code_format.bits == 8 && (kScaling == kScaleStatic || kScaling == kScaleToken)),
-      "the 8-bit operand holds 8-bit codes of one scale per row");
+  static_assert(!kBytes || (code_format.bits == 8 && (kScaling == kScaleStatic ||
+                                                      kScaling == kScaleToken ||
+                                                      kScaling == kScaleGroup)),
+                "the 8-bit operand holds 8-bit codes of one scale per row, or per group (whose "
+                "canonical scales the GEMM reads as they are)");
   static_assert(kDynamicSmemBytes == 0, "expand_activation uses no shared memory");
   // operand8 rows run to a whole 16, positions past k written as 0.
   const long long columns = kBytes ? (args.k + 15) / 16 * 16 : args.k;
@@ -453,9 +459,11 @@ __global__ void __launch_bounds__(kThreads) expand_activation_kernel(ExpandActiv
     if constexpr (kBytes) {
       args.operand8[row * args.ldo + MmaWeightLayout::operand8_position(static_cast<int>(col))] =
           col < args.k ? args.codes[row * row_bytes + col] : 0u;
-      if (col == 0)
-        args.row_factors[row] = row_factor<kScaling>(
-            load_scale<kScaleFormat>(args.scales, kScaling == kScaleToken ? row : 0), 1.0f);
+      if constexpr (kScaling != kScaleGroup) {
+        if (col == 0)
+          args.row_factors[row] = row_factor<kScaling>(
+              load_scale<kScaleFormat>(args.scales, kScaling == kScaleToken ? row : 0), 1.0f);
+      }
       continue;
     }
     unsigned code = args.codes[row * row_bytes + col * code_format.bits / 8];

@@ -282,6 +282,12 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
     s.operand = take(static_cast<std::size_t>(high * step.ldo * launch.operand.storage_bytes()));
     s.row_factors = take(static_cast<std::size_t>(high) * sizeof(float));
     s.absmax = take(sizeof(float));
+    // The quantizer writes the group scales of the codes (canonical: ceil(K / G) a row);
+    // pre-quantized codes bring theirs.
+    if (launch.group_scales && launch.prep == dispatch::ActivationPrep::Quantize)
+      s.group_scales = take(static_cast<std::size_t>(
+          high * ((k + p.scheme.activation.group - 1) / p.scheme.activation.group) *
+          sizeof(float)));
   }
   switch (launch.path) {
     case dispatch::Path::MmaStreamed:
@@ -619,6 +625,11 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   const ActivationQuant& quant = p.scheme.activation;
 
   const dispatch::CandidateLaunch& chosen = step->launch;
+  if (codes && chosen.group_scales && reinterpret_cast<std::uintptr_t>(codes->scales) % 4 != 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: A's scales at {} (rule: 4-byte aligned fp32 group scales, "
+                            "which the FP8 wgmma kernel reads as they are)",
+                            codes->scales));
   if (chosen.path == dispatch::Path::CublasLtFp8) {
     run_fp8(plan, *step, weight, a, codes, c, stream, scratch);
     return;
@@ -627,6 +638,7 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   // A → the GEMM's operand.
   DeviceMatrix operand = a ? *a : DeviceMatrix{};
   float* row_factors = nullptr;
+  const float* group_scales = nullptr;  // the operand codes' 1x128 group scales (FP8 wgmma)
   if (chosen.prep != dispatch::ActivationPrep::None) {
     void* operand_data = at<void>(scratch, step->scratch.operand);
     row_factors = at<float>(scratch, step->scratch.row_factors);
@@ -637,6 +649,11 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
           weight.static_activation_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
       args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
+      if (chosen.group_scales) {
+        // Canonical [m][cells] fp32 (quantize_activation_args' strides), beside the codes.
+        args.scales = at<unsigned char>(scratch, step->scratch.group_scales);
+        group_scales = reinterpret_cast<const float*>(args.scales);
+      }
       if (step->absmax.function) {
         float* absmax = at<float>(scratch, step->scratch.absmax);
         runtime::launch_tensor_absmax(step->absmax, reinterpret_cast<CUdeviceptr>(a->data), m,
@@ -656,6 +673,8 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
       args.k = p.k;
       args.group = quant.group > 0 ? quant.group : p.k;
       runtime::launch_expand_activation(step->prepare, args, cu_stream);
+      // The codes' canonical fp32 group scales, read by the GEMM as they are.
+      if (chosen.group_scales) group_scales = static_cast<const float*>(codes->scales);
     }
     if (!chosen.row_factors) row_factors = nullptr;
   }
@@ -665,7 +684,8 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
       run_qdq(*step, weight, operand, c, stream, bias, scratch, row_factors);
       return;
     case dispatch::Path::Wgmma:
-      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, zeroed, routing);
+      run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, group_scales, zeroed,
+                routing);
       return;
     case dispatch::Path::CublasLtFp8:
     case dispatch::Path::MmaStreamed:
@@ -806,20 +826,31 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
 // address changes; host work of about a microsecond), the rest comes from the plan.
 void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                              const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream,
-                             const float* bias, const float* row_factors, void* zeroed,
+                             const float* bias, const float* row_factors,
+                             const float* group_scales, void* zeroed,
                              const MoeIndexedRouting* routing) {
   const layout::MmaWeight& w = *weight.facts.wgmma;
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
   kernels::WgmmaGemmParams params{};
-  params.activations = runtime::activation_tensor_map(reinterpret_cast<CUdeviceptr>(a.data),
-                                                      a.rows, a.cols, a.stride, config.block_m());
+  // 16-bit activations, or e4m3 codes in the 8-bit mma's K order for the FP8 configs. That order
+  // permutes K inside runs of 16, so a code of k < K may sit at a position ≥ K in the last run:
+  // the map spans the whole row of round_up(K, 16) positions (the stride), whose positions of no
+  // k the quantizer and the expand kernel write as zero.
+  const int element_bytes = static_cast<int>(a.dtype.storage_bytes());
+  params.activations = runtime::activation_tensor_map(
+      reinterpret_cast<CUdeviceptr>(a.data), a.rows, element_bytes == 1 ? a.stride : a.cols,
+      a.stride, config.block_m(), element_bytes);
   params.w = weight.wgmma_words.as<const unsigned>();
   params.scales = weight.wgmma_scales.as<const float>();
   params.zeros = weight.wgmma_zeros.bytes() ? weight.wgmma_zeros.as<const float>() : nullptr;
   params.c = c.data;
   params.bias = bias;
   params.row_factors = row_factors;
+  if (step.launch.group_scales) {
+    params.act_scales = group_scales;
+    params.act_scale_stride = (w.k + 127) / 128;
+  }
   params.ldc = c.stride;
   params.m = static_cast<int>(a.rows);
   params.n = static_cast<int>(w.n);

@@ -252,9 +252,11 @@ struct Engine::Impl {
                void* scratch, const float* row_factors);
   // The three kernels of route_moe (compiled and loaded on first use).
   runtime::MoeRoutingKernels moe_routing_kernels();
+  // group_scales: the FP8 codes' 1x128 group scales, [M][ceil(K / 128)] (or null).
   void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                  const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
-                 const float* row_factors, void* zeroed, const MoeIndexedRouting* routing);
+                 const float* row_factors, const float* group_scales, void* zeroed,
+                 const MoeIndexedRouting* routing);
 };
 
 }  // namespace qgemm

@@ -31,6 +31,7 @@ struct Fp8Step {
 // out for the step's largest M.
 struct ScratchLayout {
   std::size_t operand = 0, row_factors = 0, absmax = 0;  // the prepared operand
+  std::size_t group_scales = 0;  // its 1x128 group scales (CandidateLaunch::group_scales)
   std::size_t codes = 0, code_scales = 0;                 // cuBLASLt's FP8 operand
   std::size_t weight_chunk = 0, chunk_sums = 0;          // dequantize + cuBLAS
   std::size_t blas = 0;  // cuBLAS's or cuBLASLt's workspace

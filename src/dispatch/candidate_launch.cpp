@@ -77,8 +77,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
                          ? grouped_wgmma_launch(*launch.wgmma_config, m, p.experts,
                                                 p.route_block, *weight.wgmma, launch.operand, gpu)
                          : wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
+      launch.group_scales =
+          launch.wgmma_config->tile.fp8 && wgmma_fp8_activation_groups(quant);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
-                               p.scheme.output, arch, p.experts > 0);
+                               p.scheme.output, arch, launch.group_scales, p.experts > 0);
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);

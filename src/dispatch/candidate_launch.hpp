@@ -26,6 +26,10 @@ struct CandidateLaunch {
   Format operand;  // A's type at the GEMM
   ActivationPrep prep = ActivationPrep::None;
   bool row_factors = false;  // the GEMM applies per-row factors (mma epilogue, qdq finish)
+  // The GEMM reads the activation codes' 1x128 group scales (the FP8 wgmma configs on
+  // fp8-block's activations): the quantizer writes them beside the codes, pre-quantized codes
+  // bring them.
+  bool group_scales = false;
   std::optional<jit::KernelSpec> prepare, absmax;       // the activation step
   std::optional<jit::KernelSpec> gemm;                  // mma and wgmma paths
   std::optional<jit::KernelSpec> dequantize, finish;    // qdq

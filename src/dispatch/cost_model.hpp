@@ -73,6 +73,11 @@ struct GpuRates {
   double wgmma_tflops = 1010;
   double wgmma_dequant_gelems = 5300;
   double wgmma_transform_gelems = 1160;
+  // The FP8 configs (issue #16; predicted, not yet measured): the e4m3 wgmma at ~1500 TFLOPS
+  // (cuBLASLt FP8 reaches 1518-1550 on 8192³, dense peak ~1979), and e4m3 weight codes, which
+  // need one PRMT per 4 codes, dequantized at 2.5x the rate of 4-bit ones.
+  double wgmma_fp8_tflops = 1500;
+  double wgmma_e4m3_bytes_factor = 2.5;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.
   double dequant_stream = 0.82;

@@ -8,6 +8,9 @@
 #include <string_view>
 
 #include "dispatch/cost_model.hpp"
+#include "dequant/wgmma_e4m3.cuh"
+#include "jit/catalog.hpp"
+#include "jit/kernel_spec.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/moe.hpp"
 
@@ -25,6 +28,11 @@ bool wgmma_ranked_by_default() {
   return !(value && std::string_view(value) == "0");
 }
 
+bool wgmma_fp8_ranked() {
+  const char* value = std::getenv("QGEMM_WGMMA_FP8");
+  return value && std::string_view(value) == "1";
+}
+
 bool wgmma_order_on_every_weight() {
   const char* value = std::getenv("QGEMM_WGMMA");
   return value && std::string_view(value) == "1";
@@ -37,6 +45,13 @@ constexpr const char* kFourConsumersHeldBack =
 constexpr const char* kTransformHeldBack =
     "the transform warps measured 1.25-1.85x slower than dequantizing in the consumers (H100, "
     "M 64-4096: the three warps cannot keep up with the tensor cores)";
+
+// Written for issue #16 without a GPU at hand: compiled (no spills), the fragment bytes checked
+// on the host, never run. Ranked once WgmmaGemmGpu.Fp8ConfigsMatchReference has passed on an
+// H100/H200 and a bench has timed them (bench/NOTES.md, "FP8 wgmma (issue #16), written").
+constexpr const char* kFp8NotYetRun =
+    "the FP8 configs have not run on a GPU yet (issue #16): served when forced until "
+    "WgmmaGemmGpu.Fp8ConfigsMatchReference passes";
 
 const std::vector<WgmmaConfig>& wgmma_configs() {
   // {consumers, tokens, stage_chunks, most stages}; the ring takes as many stages as fit the
@@ -61,6 +76,16 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-64-tx", {2, 64, 2, 6, true}, kTransformHeldBack},
       {"wgmma-128-tx", {2, 128, 1, 7, true}, kTransformHeldBack},
       {"wgmma-256-tx", {2, 256, 1, 5, true}, kTransformHeldBack},
+      // FP8 tensor cores (issue #16): e4m3 activation codes against the weight turned into
+      // e4m3 in registers, m64nNk32; stages of whole 128-K activation boxes; at most 128 tokens
+      // (a group accumulator beside the result).
+      {"wgmma-fp8-8", {2, 8, 2, 10, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-16", {2, 16, 2, 10, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-32", {2, 32, 2, 8, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-64", {2, 64, 2, 6, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-128", {2, 128, 2, 6, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-8-k256", {2, 8, 4, 16, false, true}, kFp8NotYetRun},
+      {"wgmma-fp8-16-k256", {2, 16, 4, 16, false, true}, kFp8NotYetRun},
   };
   return configs;
 }
@@ -87,8 +112,14 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
     return fmt::format("wgmma runs on sm_90a only (this is {})", jit::arch_name(gpu.arch));
   if (weight.order != layout::FragmentOrder::Wgmma)
     return std::string("the weight is not in the wgmma order");
-  if (operand != formats::bf16 && operand != formats::fp16)
+  if (tile.fp8) {
+    if (operand != formats::e4m3)
+      return fmt::format("the FP8 wgmma configs take e4m3 activation codes ({} given)",
+                         operand.name());
+    if (auto why = wgmma_e4m3_weight_unsupported(weight)) return why;
+  } else if (operand != formats::bf16 && operand != formats::fp16) {
     return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
+  }
   if (const char* why = kernels::wgmma_tile_error(tile, weight.group_size))
     return fmt::format("group {}: {}", weight.group_size, why);
   if (shared_bytes(weight, gpu) > gpu.shared_per_block)
@@ -100,7 +131,29 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
   return std::nullopt;
 }
 
+std::optional<std::string> wgmma_e4m3_weight_unsupported(const layout::MmaWeight& weight) {
+  const Format& f = weight.format;
+  if (f == formats::e4m3) {
+    if (weight.zero_mode != layout::MmaZeroMode::None)
+      return std::string("e4m3 weights with a zero point");
+    return std::nullopt;
+  }
+  if (f.bits != 4)
+    return fmt::format("the FP8 wgmma takes e4m3 or 4-bit weights ({} is {} bits)", f.name(),
+                       f.bits);
+  if (weight.zero_mode != layout::MmaZeroMode::None &&
+      weight.zero_mode != layout::MmaZeroMode::Constant)
+    return fmt::format("stored zero points ({}) make u − zero a per-group value, not one e4m3 "
+                       "table",
+                       layout::mma_zero_mode_name(weight.zero_mode));
+  const bool constant_zero = weight.zero_mode == layout::MmaZeroMode::Constant;
+  if (!kernels::wgmma_e4m3_table_exact(jit::packed_format_code(f), constant_zero))
+    return fmt::format("a value of {} is not exact in e4m3", f.name());
+  return std::nullopt;
+}
+
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand) {
+  if (operand == formats::e4m3) return "e4m3";
   if (layout::packed16_dequant_applies(weight, operand)) return "packed16";
   const bool exact =
       operand == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
@@ -114,6 +167,7 @@ int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand) {
   const std::string mode = wgmma_dequant(weight, operand);
   return mode == "packed16" ? kernels::kWgmmaPacked16
          : mode == "float16" ? kernels::kWgmmaFloat16
+         : mode == "e4m3"    ? kernels::kWgmmaE4m3
                              : kernels::kWgmmaFp32;
 }
 
@@ -247,9 +301,32 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
   return wgmma_counters_offset(config, launch.m_blocks, weight) + counters;
 }
 
+std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
+                                                            const layout::MmaWeight& weight) {
+  if (!quant.is_quantized() || quant.format != formats::e4m3)
+    return fmt::format("the FP8 configs take e4m3 activation codes ({} given)",
+                       quant.format.name());
+  if (jit::codes_are_operand8(quant)) return std::nullopt;
+  if (quant.scaling == ActivationScaling::DynamicGroup && quant.group == 128 &&
+      quant.scale_format == formats::fp32) {
+    if (weight.group_size != 0 && weight.group_size != 128)
+      return fmt::format("1x128 activation groups are promoted with the weight's groups, which "
+                         "must be 128 too or one per row ({} given)",
+                         weight.group_size);
+    return std::nullopt;
+  }
+  return std::string("the FP8 configs take e4m3 activation codes with one scale per row (per "
+                     "token or per tensor) or fp32 scales per group of 128");
+}
+
+bool wgmma_fp8_activation_groups(const ActivationQuant& quant) {
+  return quant.scaling == ActivationScaling::DynamicGroup;
+}
+
 jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch, bool grouped) {
+                           const Format& output, jit::Arch arch, bool activation_group_scales,
+                           bool grouped) {
   jit::KernelSpec spec;
   spec.arch = arch;
   spec.family = "wgmma_gemm_sm90";
@@ -262,7 +339,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::number_format("weight", weight.format),
       jit::SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
       jit::SpecParam::integer("group", weight.group_size),
-      jit::SpecParam::chosen("act", operand.name()),
+      jit::SpecParam::chosen("act", activation_group_scales ? "e4m3_g128" : operand.name()),
       jit::SpecParam::chosen("out", output.name()),
       jit::SpecParam::boolean("split_k", launch.splits > 1),
       jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),

@@ -8,6 +8,8 @@
 //   wgmma-8-c4             decode with four consumer warpgroups (256 rows a block)
 //   wgmma-64-tx, ...       transform warps dequantize into shared memory; the consumers' wgmma
 //                          read both operands there
+//   wgmma-fp8-8 .. -128    FP8 tensor cores: e4m3 activation codes (per token or tensor) against
+//                          the weight as e4m3 in registers (m64nNk32), scale groups promoted
 //
 // Threads and shared memory come from kernels/gemm/sm90_wgmma_shape.cuh, evaluated here on the
 // same values the spec passes to the template. Which config a call uses is the selector's
@@ -40,8 +42,8 @@ struct WgmmaConfig {
   // shared memory (wider codes make larger stages), at least two stages.
   kernels::WgmmaTile tile_for(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
   int shared_bytes(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
-  // Why this config cannot serve M rows of 16-bit `operand` against `weight` (in the wgmma
-  // order) on `gpu`; nullopt when it can.
+  // Why this config cannot serve M rows of `operand` (16-bit; e4m3 codes for the FP8 tiles)
+  // against `weight` (in the wgmma order) on `gpu`; nullopt when it can.
   std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
                                                 const Format& operand,
                                                 const GpuLimits& gpu) const;
@@ -57,11 +59,21 @@ const std::vector<WgmmaConfig>& wgmma_configs();
 // A forced config is served whenever the weight has the order.
 bool wgmma_ranked_by_default();
 bool wgmma_order_on_every_weight();
+// QGEMM_WGMMA_FP8=1 (read at each call): the FP8 configs are ranked like the rest although they
+// are held back (not yet run on a GPU: WgmmaConfig::held_back), for the gates and benches that
+// judge them before the hold is lifted.
+bool wgmma_fp8_ranked();
 inline constexpr const char* kWgmmaSwitchedOff =
     "QGEMM_WGMMA=0 keeps the SM90 wgmma family out of the ranking (a forced config still runs)";
 
+// Why the FP8 configs cannot turn `weight` into e4m3 codes in registers
+// (kernels/dequant/wgmma_e4m3.cuh): they take e4m3 codes, and 4-bit codes (integers with at
+// most a constant zero point, e2m1) whose every value e4m3 holds; nullopt when they can.
+std::optional<std::string> wgmma_e4m3_weight_unsupported(const layout::MmaWeight& weight);
+
 // How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
-// (kernels/dequant/wgmma_dequant.cuh), and that mode's code (its WgmmaDequant value).
+// (kernels/dequant/wgmma_dequant.cuh), "e4m3" against e4m3 codes (the FP8 configs,
+// kernels/dequant/wgmma_e4m3.cuh), and that mode's code (its WgmmaDequant value).
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand);
 int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand);
 
@@ -106,8 +118,20 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
 std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_blocks,
                                   const layout::MmaWeight& weight);
 
+// `activation_group_scales`: e4m3 codes with 1x128 group scales (fp8-block's activations), which
+// the FP8 tiles promote with the weight's scales (wgmma_activation_groups_unsupported).
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
-                           const Format& output, jit::Arch arch, bool grouped = false);
+                           const Format& output, jit::Arch arch,
+                           bool activation_group_scales = false, bool grouped = false);
+
+// Why the FP8 configs cannot take `quant`'s activation codes against `weight` (nullopt when
+// they can): e4m3 codes with one scale per row (per token or tensor, applied in the epilogue),
+// or in groups of 128 along K with fp32 scales (promoted per group, DeepGEMM's way) where the
+// weight's groups are 128 too or one per row.
+std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
+                                                            const layout::MmaWeight& weight);
+// Whether those codes come with group scales (the kernel's act=e4m3_g128).
+bool wgmma_fp8_activation_groups(const ActivationQuant& quant);
 
 }  // namespace qgemm::dispatch

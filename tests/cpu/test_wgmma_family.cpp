@@ -3,15 +3,24 @@
 // the kernel cannot hold, and its JIT specs compile for sm_90a without spills.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 
+#include "dequant/wgmma_e4m3.cuh"
+#include "dispatch/candidate_launch.hpp"
 #include "dispatch/select.hpp"
 #include "dispatch/wgmma_family.hpp"
+#include "gemm/mma_weight_layout.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 #include "jit/cache.hpp"
+#include "layout/mma_layout.hpp"
 #include "qgemm/error.hpp"
+#include "qgemm/format.hpp"
 #include "qgemm/moe.hpp"
 #include "qgemm/plan.hpp"
+#include "qgemm/quant.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm::dispatch {
@@ -133,7 +142,8 @@ TEST(WgmmaFamily, RulesNameWhatTheKernelCannotHold) {
 // Every 64-K chunk belongs to exactly one split, a split holds whole stages, the grid never
 // exceeds the SMs, and the blocks cover N and M.
 TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
-  for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16"})
+  for (const char* scheme : {"w4a16", "w8a16", "mxfp4-a16", "w=uint3:g64:s=bf16:zp=int;a=bf16",
+                             "w4a8-fp8", "w8a8-fp8", "w=uint4:g64:s=fp16:zp=mid;a=e4m3:tok"})
     for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{28672, 8192},
                         {8192, 28672},
                         {640, 640},
@@ -142,14 +152,15 @@ TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
       for (const WgmmaConfig& config : wgmma_configs())
         for (std::int64_t m : {1, 3, 16, 17, 64, 129, 1000, 4096}) {
           const layout::MmaWeight w = wgmma_weight(scheme, n, k);
-          if (config.unsupported_reason(m, w, formats::bf16, kH200)) continue;
+          const Format operand = config.tile.fp8 ? formats::e4m3 : formats::bf16;
+          if (config.unsupported_reason(m, w, operand, kH200)) continue;
           SCOPED_TRACE(config.name + " " + scheme + " M=" + std::to_string(m) +
                        " N=" + std::to_string(n) + " K=" + std::to_string(k));
-          const WgmmaLaunch launch = wgmma_launch(config, m, w, formats::bf16, kH200);
+          const WgmmaLaunch launch = wgmma_launch(config, m, w, operand, kH200);
           const std::int64_t k_chunks = w.k_blocks / 4;
           ASSERT_GE(launch.splits, 1);
           EXPECT_EQ(launch.chunks_per_split % config.tile.stage_chunks, 0);
-          if (wgmma_promotes_scales(config, w, formats::bf16) && w.group_size > 0)
+          if (wgmma_promotes_scales(config, w, operand) && w.group_size > 0)
             EXPECT_EQ(launch.chunks_per_split % (w.group_size / 64), 0);
           EXPECT_GE(static_cast<std::int64_t>(launch.chunks_per_split) * launch.splits, k_chunks);
           EXPECT_LT(static_cast<std::int64_t>(launch.chunks_per_split) * (launch.splits - 1),
@@ -255,11 +266,281 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, s.activation.format, kH200);
     const jit::KernelSpec spec =
         wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a,
-                   c.grouped);
+                   /*activation_group_scales=*/false, c.grouped);
     SCOPED_TRACE(jit::to_string(spec));
     const auto lookup = cache.get(spec);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
     EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace qgemm::dispatch
+
+namespace qgemm::dispatch {
+namespace {
+
+const WgmmaConfig& config_named(std::string_view name) {
+  for (const WgmmaConfig& config : wgmma_configs())
+    if (config.name == name) return config;
+  throw std::runtime_error("no config " + std::string(name));
+}
+
+// FP8 configs (issue #16) serve e4m3 activation codes with one scale per row against e4m3 or
+// 4-bit weights whose values e4m3 holds, in groups of whole chunks; the 16-bit configs keep
+// their rules. Each refusal names its cause.
+TEST(WgmmaFp8, RulesNameWhatTheFp8TilesCannotHold) {
+  const WgmmaConfig& fp8 = config_named("wgmma-fp8-64");
+  const WgmmaConfig& bf16 = config_named("wgmma-64");
+  const layout::MmaWeight w4 = wgmma_weight("w4a8-fp8", 4096, 4096);
+  const layout::MmaWeight e4m3 = wgmma_weight("w8a8-fp8", 4096, 4096);
+  EXPECT_FALSE(fp8.unsupported_reason(64, w4, formats::e4m3, kH200));
+  EXPECT_FALSE(fp8.unsupported_reason(64, e4m3, formats::e4m3, kH200));
+  EXPECT_FALSE(config_named("wgmma-fp8-128").unsupported_reason(4096, w4, formats::e4m3, kH200));
+  EXPECT_NE(fp8.unsupported_reason(64, w4, formats::bf16, kH200).value_or("").find("e4m3"),
+            std::string::npos);
+  EXPECT_NE(bf16.unsupported_reason(64, w4, formats::e4m3, kH200).value_or("").find("bf16/fp16"),
+            std::string::npos);
+  // Stored zero points: u − zero differs per group, no single table.
+  const layout::MmaWeight zp = wgmma_weight("w=uint4:g128:s=bf16:zp=int;a=e4m3:tok", 4096, 4096);
+  EXPECT_NE(fp8.unsupported_reason(64, zp, formats::e4m3, kH200).value_or("").find("zero"),
+            std::string::npos);
+  // 8-bit integers are not exact in e4m3.
+  const layout::MmaWeight int8 = wgmma_weight("w=int8:ch:s=fp32;a=e4m3:tok", 4096, 4096);
+  EXPECT_NE(fp8.unsupported_reason(64, int8, formats::e4m3, kH200).value_or("").find("bits"),
+            std::string::npos);
+  // MXFP4's groups of 32 are shorter than a chunk: not promoted per chunk.
+  const layout::MmaWeight mx = wgmma_weight("mxfp4-a8", 4096, 4096);
+  EXPECT_NE(fp8.unsupported_reason(64, mx, formats::e4m3, kH200).value_or("").find("group"),
+            std::string::npos);
+  // e2m1 in groups of 64 or more is exact in e4m3 and served.
+  const layout::MmaWeight e2m1 = wgmma_weight("w=e2m1:g128:s=bf16;a=e4m3:tok", 4096, 4096);
+  EXPECT_FALSE(fp8.unsupported_reason(64, e2m1, formats::e4m3, kH200));
+  for (const WgmmaConfig& config : wgmma_configs()) {
+    if (!config.tile.fp8) continue;
+    EXPECT_EQ(config.tile.stage_chunks % 2, 0) << config.name;
+    EXPECT_LE(config.shared_bytes(e4m3, kH200), kH200.shared_per_block) << config.name;
+    EXPECT_TRUE(wgmma_promotes_scales(config, w4, formats::e4m3)) << config.name;
+  }
+}
+
+// The selector offers the FP8 configs only where the activation codes are their operand: e4m3
+// per token (w4a8-fp8, w8a8-fp8) or in fp32 groups of 128 against weight groups of 128
+// (fp8-block), not other groups, not 16-bit activations; the verdict's operand is e4m3 and the
+// spec names act=e4m3 (act=e4m3_g128 for group scales), dequant=e4m3. Until they have run on a
+// GPU they are held back: served when forced, never the model's choice.
+TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
+  ScopedWgmmaSwitch unset(nullptr);
+  for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "fp8-block"}) {
+    const bool groups = std::string_view(scheme) == "fp8-block";
+    GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
+    p.input = formats::bf16;  // quantized on the GPU into the codes
+    const Selection ranked = select_on(p, kH200);
+    EXPECT_NE(verdict_of(ranked, "wgmma-fp8-128").rejected.find("forced"), std::string::npos)
+        << verdict_of(ranked, "wgmma-fp8-128").rejected;
+    EXPECT_FALSE(ranked.chosen().candidate->wgmma && ranked.chosen().candidate->wgmma->tile.fp8);
+    const Selection forced = select_on(p, kH200, "wgmma-fp8-128");
+    const Verdict& v = forced.chosen();
+    ASSERT_EQ(v.candidate->name, "wgmma-fp8-128");
+    EXPECT_EQ(v.operand, formats::e4m3);
+    EXPECT_GT(v.cost.total_us, 0.0);
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, jit::Arch::sm_90a);
+    const CandidateLaunch launch =
+        candidate_launch(p, 1024, forced.chosen(), facts, kH200, 0.0);
+    ASSERT_TRUE(launch.gemm);
+    const std::string text = jit::to_string(*launch.gemm);
+    EXPECT_NE(text.find(groups ? "act=e4m3_g128," : "act=e4m3,"), std::string::npos) << text;
+    EXPECT_NE(text.find("dequant=e4m3"), std::string::npos) << text;
+    EXPECT_EQ(launch.prep, ActivationPrep::Quantize);
+    EXPECT_EQ(launch.row_factors, !groups);
+    EXPECT_EQ(launch.group_scales, groups);
+  }
+  // QGEMM_WGMMA_FP8=1 ranks them despite the hold (for gates and benches before it is lifted).
+  {
+    GemmProblem p = problem_of("w4a8-fp8", 1024, 8192, 8192);
+    p.input = formats::bf16;
+    const char* old = std::getenv("QGEMM_WGMMA_FP8");
+    const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+    setenv("QGEMM_WGMMA_FP8", "1", 1);
+    const Selection ranked = select_on(p, kH200);
+    if (saved) setenv("QGEMM_WGMMA_FP8", saved->c_str(), 1);
+    else unsetenv("QGEMM_WGMMA_FP8");
+    const Verdict& v = verdict_of(ranked, "wgmma-fp8-128");
+    EXPECT_TRUE(v.rejected.empty()) << v.rejected;
+    EXPECT_GT(v.cost.total_us, 0.0);
+  }
+  // Weight groups other than the activation's 1x128: refused with the rule.
+  {
+    GemmProblem p = problem_of("w=int4:g64:s=bf16;a=e4m3:g128;o=bf16", 1024, 8192, 8192);
+    p.input = formats::bf16;
+    try {
+      select_on(p, kH200, "wgmma-fp8-128");
+      ADD_FAILURE() << "served weight groups of 64 against activation groups of 128";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("128 too"), std::string::npos) << error.what();
+    }
+  }
+  for (const char* scheme : {"w=e4m3:ch:s=fp32;a=e4m3:g64;o=bf16", "mxfp8-mxfp4", "w4a16"}) {
+    GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
+    p.input = formats::bf16;
+    try {
+      select_on(p, kH200, "wgmma-fp8-128");
+      ADD_FAILURE() << scheme << ": a forced FP8 config served activations it cannot take";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("e4m3 activation codes"), std::string::npos)
+          << scheme << ": " << error.what();
+    }
+  }
+}
+
+// The weight as e4m3 in registers (kernels/dequant/wgmma_e4m3.cuh), run on the host over the
+// prepared words of real weights: every byte of every A register is the e4m3 code of the value
+// the layout holds at (row, k) (times its scale, the prepared weight's value), and the
+// instruction's K position of that byte is where the activation quantizer puts activation k
+// (MmaWeightLayout::operand8_position). The tables of the supported 4-bit formats are exact.
+TEST(WgmmaFp8, E4m3FragmentsHoldTheWeightAtThePermutedK) {
+  std::mt19937 rng(16);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok",
+                             "w=e2m1:g64:s=e8m0;a=e4m3:tok", "fp8-block"}) {
+    SCOPED_TRACE(scheme);
+    const Scheme s = parse_scheme(scheme);
+    const std::int64_t n = 128, k = 256;
+    std::vector<float> w(static_cast<std::size_t>(n * k));
+    for (float& x : w) x = normal(rng);
+    const layout::MmaWeight prepared = layout::repack_for_mma(
+        quantize_weight(s.weight, w.data(), n, k), layout::FragmentOrder::Wgmma);
+    ASSERT_FALSE(wgmma_e4m3_weight_unsupported(prepared));
+    const int bits = prepared.format.bits;
+    const unsigned long long format = jit::packed_format_code(prepared.format);
+    const bool constant_zero = prepared.zero_mode == layout::MmaZeroMode::Constant;
+    if (bits == 4) ASSERT_TRUE(kernels::wgmma_e4m3_table_exact(format, constant_zero));
+    const kernels::WgmmaE4m3Table table = kernels::wgmma_e4m3_table(format, constant_zero);
+    const std::int64_t k_chunks = prepared.k_blocks / 4;
+    int checked = 0;
+    for (std::int64_t tile = 0; tile < prepared.n_padded / 64; ++tile)
+      for (std::int64_t chunk = 0; chunk < k_chunks; ++chunk)
+        for (int thread = 0; thread < 128; ++thread) {
+          const long long at =
+              kernels::WgmmaWeightLayout::word_index(tile, chunk, k_chunks, thread, bits);
+          unsigned frag[2][4] = {};
+          if (bits == 4) {
+            unsigned words[4];
+            for (int i = 0; i < 4; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
+            kernels::wgmma_e4m3_fragments<4>(words, table, frag);
+          } else {
+            unsigned words[8];
+            for (int i = 0; i < 8; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
+            kernels::wgmma_e4m3_fragments<8>(words, table, frag);
+          }
+          for (int step = 0; step < 2; ++step)
+            for (int r = 0; r < 4; ++r)
+              for (int v = 0; v < 4; ++v) {
+                const std::int64_t row = tile * 64 + kernels::wgmma_e4m3_row(thread, r);
+                const int k_in_chunk = kernels::wgmma_e4m3_k(thread, step, r, v);
+                const std::int64_t kk = chunk * 64 + k_in_chunk;
+                // The instruction's k of this byte (ptx/wgmma.cuh, WgmmaE4m3's A layout).
+                const int instruction_k = 32 * step + 16 * (r >> 1) + 4 * (thread % 4) + v;
+                ASSERT_EQ(kernels::MmaWeightLayout::operand8_position(k_in_chunk), instruction_k)
+                    << "thread " << thread << " step " << step << " r " << r << " v " << v;
+                if (row >= n || kk >= k) continue;
+                const unsigned byte = (frag[step][r] >> (8 * v)) & 0xFFu;
+                const int group = prepared.group_size == 0 ? 0 : static_cast<int>(kk / prepared.group_size);
+                const double scale = prepared.scales[static_cast<std::size_t>(
+                    group * prepared.n_padded + kernels::WgmmaWeightLayout::scale_column(row))];
+                ASSERT_EQ(decode(formats::e4m3, byte) * scale * prepared.global_scale,
+                          layout::mma_weight_value(prepared, row, kk))
+                    << "row " << row << " k " << kk;
+                ++checked;
+              }
+        }
+    EXPECT_EQ(checked, n * k);
+  }
+}
+
+// Every FP8 spec the selector can choose compiles for sm_90a without spills or a stack frame:
+// each token width, 4-bit and e4m3 weights, e2m1, split-K, fp16 / fp32 outputs, channel scales.
+TEST(WgmmaFp8, SpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    const char* scheme;
+    std::int64_t m, n, k;
+    const char* config;
+    Format output;
+  };
+  const Case cases[] = {
+      {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+      {"w4a8-fp8", 16, 8192, 8192, "wgmma-fp8-16", formats::bf16},
+      {"w4a8-fp8", 32, 8192, 8192, "wgmma-fp8-32", formats::fp16},
+      {"w4a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
+      {"w4a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+      {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8-k256", formats::bf16},
+      {"w4a8-fp8", 16, 28672, 8192, "wgmma-fp8-16-k256", formats::fp32},
+      {"w8a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+      {"w8a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
+      {"w8a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+      {"w8a8-fp8", 16, 8192, 8192, "wgmma-fp8-16-k256", formats::fp16},
+      {"w=e2m1:g64:s=e8m0;a=e4m3:tok", 256, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+      {"w=e2m1:g128:s=bf16;a=e4m3:tok", 32, 8192, 8192, "wgmma-fp8-32", formats::bf16},
+      {"w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok", 8, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+  };
+  for (const Case& c : cases) {
+    const Scheme s = parse_scheme(c.scheme);
+    const layout::MmaWeight w = wgmma_weight(c.scheme, c.n, c.k);
+    const WgmmaConfig& config = config_named(c.config);
+    ASSERT_FALSE(config.unsupported_reason(c.m, w, formats::e4m3, kH200)) << c.config;
+    const WgmmaLaunch launch = wgmma_launch(config, c.m, w, formats::e4m3, kH200);
+    const jit::KernelSpec spec =
+        wgmma_spec(config, launch, w, formats::e4m3, c.output, jit::Arch::sm_90a);
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
+                lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+  }
+}
+
+}  // namespace
+}  // namespace qgemm::dispatch
+
+namespace qgemm::dispatch {
+namespace {
+
+// fp8-block on the FP8 tiles (e4m3 128x128 weight blocks × 1x128 activation groups, both
+// promoted per group): every kernel a forced FP8 config launches compiles for sm_90a, the GEMM
+// without spills or a stack frame at each token width, split-K included, and the activation
+// step (quantize into operand8 codes + group scales, or expand pre-quantized codes) too.
+TEST(WgmmaFp8, BlockScaledSpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    std::int64_t m, n, k;
+    const char* config;
+    bool prequantized;
+  };
+  const Case cases[] = {
+      {1, 7168, 18432, "wgmma-fp8-8", false},    {16, 7168, 18432, "wgmma-fp8-16", true},
+      {32, 7168, 18432, "wgmma-fp8-32", false},  {64, 7168, 18432, "wgmma-fp8-64", false},
+      {4096, 7168, 18432, "wgmma-fp8-128", true}, {1, 7168, 18432, "wgmma-fp8-8-k256", false},
+      {16, 4000, 2880, "wgmma-fp8-16-k256", false},
+  };
+  for (const Case& c : cases) {
+    GemmProblem p = problem_of("fp8-block", c.m, c.n, c.k);
+    p.input = formats::bf16;
+    p.prequantized = c.prequantized;
+    const Selection forced = select_on(p, kH200, c.config);
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, jit::Arch::sm_90a);
+    const CandidateLaunch launch = candidate_launch(p, c.m, forced.chosen(), facts, kH200, 0.0);
+    ASSERT_TRUE(launch.group_scales);
+    ASSERT_EQ(launch.prep, c.prequantized ? ActivationPrep::Expand : ActivationPrep::Quantize);
+    for (const jit::KernelSpec& spec : launch.specs()) {
+      SCOPED_TRACE(jit::to_string(spec));
+      const auto lookup = cache.get(spec);
+      EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+      EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+      std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
+                  lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+    }
   }
 }
 

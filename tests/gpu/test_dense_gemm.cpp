@@ -832,5 +832,165 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
       bytes / seconds / 1e9, bytes / (seconds - upload_seconds) / 1e9);
 }
 
+// --- FP8 wgmma (issue #16) ----------------------------------------------------------------------
+
+// The FP8 tiles of the SM90 family (wgmma-fp8-*: e4m3 activation codes against the weight as
+// e4m3 in registers, m64nNk32, scale groups promoted), every config that serves, forced, for
+// each scheme they serve × M ∈ {1, 16, 17, 64, 255, 1024} on unaligned N and K (N 4000 / 5472 /
+// 640, K 2880 / 10944 / 1000 in turn: partial last groups, K tails inside a 128-K activation box,
+// split-K at decode; M = 1024 on N = 640, which bounds the CPU reference's cost). A goes in both
+// ways: bf16 quantized on the GPU into the codes, and the host quantizer's codes and scales as a
+// DeviceActivation (expanded into the same operand). The reference multiplies the host's exact
+// dequantization of both, so only the kernel's arithmetic is in the bound: exact e4m3 operands,
+// and the FP8 tensor cores' accumulation, which keeps fewer bits than fp32 (DeepSeek-V3
+// reports about 14 for Hopper's FP8 wgmma; the bound takes 13, u_acc = 2^-13, for every
+// addition of a group's sum). Fresh random data (the seed is printed), outputs poisoned.
+TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
+  if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
+  setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (any config can be forced)
+  const std::uint32_t seed = fresh_seed();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  Engine engine(0);
+  struct Case {
+    std::string scheme;
+    double static_scale;
+  };
+  std::vector<Case> cases = {
+      {"w4a8-fp8", 0},                                      // int4 g128 bf16 × e4m3 per token
+      {"w8a8-fp8", 0},                                      // e4m3 per channel × per token
+      {"w=e2m1:g128:s=bf16;a=e4m3:tok;o=bf16", 0},          // e2m1 through the tables
+      {"w=uint4:g64:s=fp16:zp=mid;a=e4m3:tok;o=fp16", 0},   // g64: a group per chunk, fp16 out
+      {"w=int4:g128:s=bf16;a=e4m3:t;o=bf16", 0.02},         // static tensor scale
+      {"w=e4m3:b128x128:s=fp32;a=e4m3:tok;o=fp32", 0},      // 128x128 weight blocks, fp32 out
+      {"fp8-block", 0},  // 128x128 weight blocks × 1x128 activation groups, both promoted
+      {"w=e4m3:ch:s=fp32;a=e4m3:g128;o=bf16", 0},           // channel weights × 1x128 groups
+  };
+  std::vector<std::int64_t> ms = {1, 16, 17, 64, 255, 1024};
+  // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes, three M.
+  const char* subset_env = std::getenv("QGEMM_GPU_TEST_SUBSET");
+  const bool subset = subset_env && *subset_env == '1';
+  if (subset) {
+    cases = {cases[0], cases[1], cases[6]};
+    ms = {1, 17, 64};
+  }
+  // K = 1000: not a multiple of 16 (the activation codes' K permutation puts codes of k < K at
+  // positions ≥ K of the last run), of 64 (a partial chunk) or of 128 (a partial group).
+  const std::int64_t ns[] = {4000, 5472, 640}, ks[] = {2880, 10944, 1000};
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Scheme scheme = parse_scheme(cases[i].scheme);
+    for (const bool prefill : {false, true}) {
+      const std::int64_t n = prefill ? 640 : ns[i % 3], k = ks[i % 3];
+      std::vector<float> w(static_cast<std::size_t>(n * k));
+      for (float& x : w) x = static_cast<float>(normal(rng) * 0.05);
+      const PackedWeight packed = quantize_weight(scheme.weight, w.data(), n, k);
+      const QuantWeight weight =
+          engine.prepare_weight(packed, scheme.activation, cases[i].static_scale);
+      const layout::MmaWeight meta = layout::mma_metadata(packed, layout::FragmentOrder::Wgmma);
+      const std::vector<double> w_ref = dequantize_weight(packed);
+      const Format out = scheme.output;
+      for (const std::int64_t m : ms) {
+        if ((m >= 1024) != prefill) continue;
+        std::vector<std::string> configs;
+        for (const auto& config : dispatch::wgmma_configs())
+          if (config.tile.fp8 && !config.unsupported_reason(m, meta, formats::e4m3, gpu))
+            configs.push_back(config.name);
+        EXPECT_FALSE(configs.empty()) << cases[i].scheme << " M=" << m;
+        std::vector<float> a(static_cast<std::size_t>(m * k));
+        std::vector<std::uint16_t> a_bits(a.size());
+        for (std::size_t j = 0; j < a.size(); ++j) {
+          a_bits[j] = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+          a[j] = static_cast<float>(decode(formats::bf16, a_bits[j]));
+        }
+        const PackedActivation quantized =
+            quantize_activation(scheme.activation, a.data(), m, k, cases[i].static_scale);
+        const std::vector<double> a_ref = dequantize_activation(quantized);
+        const std::vector<double> expected =
+            reference::matmul_nt(a_ref.data(), w_ref.data(), m, n, k);
+        check::OperandRounding rounding;  // e4m3 operands are exact
+        rounding.accumulator = std::ldexp(1.0, -13);
+        // What is summed is the weight's value itself (unscaled codes times the activation
+        // codes, scaled per group): |w|, not the lifted codes of the decode kernel that
+        // test::gemm_bounds allows for.
+        std::vector<double> magnitudes(w_ref.size());
+        for (std::size_t j = 0; j < w_ref.size(); ++j) magnitudes[j] = std::fabs(w_ref[j]);
+        const std::vector<double> bounds = check::backend_error_bounds(
+            a_ref, w_ref, magnitudes, m, n, k, rounding, out, expected);
+        runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a_bits);
+        runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(quantized.codes);
+        runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(quantized.scales);
+        runtime::DeviceBuffer c_device(static_cast<std::size_t>(m * n) * out.storage_bytes());
+        const DeviceMatrix c{c_device.as<void>(), m, n, n, out};
+        for (const std::string& config : configs) {
+          GemmOptions options;
+          options.candidate = config;
+          for (const bool on_gpu : {true, false}) {
+            const std::string label = cases[i].scheme + " " + config + " M=" + std::to_string(m) +
+                                      " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                                      (on_gpu ? " bf16 A" : " DeviceActivation") +
+                                      " seed=" + std::to_string(seed);
+            SCOPED_TRACE(label);
+            c_device.fill_bytes(0xFF);  // NaN in every output type: an unwritten element fails
+            if (on_gpu)
+              engine.gemm({a_device.as<void>(), m, k, k, formats::bf16}, weight, c, nullptr,
+                          options);
+            else
+              engine.gemm(DeviceActivation{scheme.activation, codes.as<void>(), scales.as<void>(),
+                                           m, k, quantized.tensor_scale},
+                          weight, c, nullptr, options);
+            const test::OutputCheck check = test::check_output(
+                test::read_output(c_device, out, expected.size()), expected, bounds, n);
+            EXPECT_TRUE(check.ok()) << check.describe() << "\n"
+                                    << plan_text(engine, weight, m, formats::bf16, out, options);
+            std::printf("%-90s rel=%.3e worst=%.3f\n", label.c_str(), check.relative, check.worst);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  std::printf("%zu FP8 wgmma runs checked\n", checked);
+  EXPECT_GT(checked, cases.size());
+}
+
+// The FP8 tiles refuse what they cannot serve with an error naming the rule, at plan time: a
+// forced FP8 config on 16-bit activations, on activation groups other than fp32 1x128 (g64), and
+// on weights whose values e4m3 does not hold (int8).
+TEST(WgmmaGemmGpu, Fp8ConfigsRefuseWhatTheyCannotServe) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
+  if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
+  setenv("QGEMM_WGMMA", "1", 1);
+  Engine engine(0);
+  std::mt19937 rng(fresh_seed());
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  struct Refusal {
+    const char* scheme;
+    const char* rule;  // a piece of the message
+  };
+  for (const Refusal& r : {Refusal{"w4a16", "e4m3 activation codes"},
+                           Refusal{"w=e4m3:ch:s=fp32;a=e4m3:g64;o=bf16", "group of 128"},
+                           Refusal{"w=int8:ch:s=fp32;a=e4m3:tok;o=bf16", "bits"}}) {
+    SCOPED_TRACE(r.scheme);
+    const Scheme scheme = parse_scheme(r.scheme);
+    std::vector<float> w(640 * 640);
+    for (float& x : w) x = normal(rng);
+    const QuantWeight weight =
+        engine.prepare_weight(quantize_weight(scheme.weight, w.data(), 640, 640), scheme.activation);
+    GemmProblem problem = gemm_problem(weight, 64, formats::bf16, scheme.output);
+    problem.candidate = "wgmma-fp8-64";
+    try {
+      engine.plan(problem, weight);
+      ADD_FAILURE() << "planned a forced FP8 config it cannot serve";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(r.rule), std::string::npos) << error.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qgemm
