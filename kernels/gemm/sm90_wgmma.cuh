@@ -11,8 +11,9 @@
 //           (u / n_blocks) % m_blocks, K split u / (n_blocks · m_blocks) (chunks_per_split
 //           chunks of 64; the last split may be shorter)
 //   grouped (MoE, kGrouped; params.block_experts): A holds the routed rows in expert order, each
-//           expert's run padded to whole token blocks; a unit takes its weight, scales and bias
-//           from the expert of its token block, and units past the routed total are skipped
+//           expert's run padded to whole token blocks; the units cover the token blocks below
+//           the routed total (read on the device), and a unit takes its weight, scales and
+//           bias from the expert of its token block
 //   block   warpgroup 0     producer: one thread waits for a free stage and issues its copies
 //                           (TMA for A, bulk copies for W and the scales) on the stage's `full`
 //                           barrier, which counts the bytes
@@ -150,21 +151,28 @@ struct WgmmaGemm {
 
   struct Unit {
     int n_block, m_block, split, chunk0, chunks;
-    int expert;  // grouped: the token block's expert (−1: past the routed total, skipped); else 0
   };
 
-  // Every role (producer, transform warps, consumers) walks the same units and skips the same
-  // ones, so their stage counters stay in step.
-  __device__ static Unit unit_of(const WgmmaGemmParams& p, int u) {
+  // The token blocks the units cover: grouped, those below the routed total the routing left
+  // on the device (every one of them belongs to an expert; the launch's m_blocks covers the
+  // capacity), so that every role (producer, transform warps, consumers) walks the same units
+  // with no per-unit test.
+  __device__ static int token_blocks(const WgmmaGemmParams& p) {
+    if constexpr (kGrouped) return __ldg(p.routed_total) / kTokens;
+    return p.m_blocks;
+  }
+  __device__ static Unit unit_of(const WgmmaGemmParams& p, int m_blocks, int u) {
     Unit out;
     out.n_block = u % p.n_blocks;
-    out.m_block = (u / p.n_blocks) % p.m_blocks;
-    out.split = u / (p.n_blocks * p.m_blocks);
+    out.m_block = (u / p.n_blocks) % m_blocks;
+    out.split = u / (p.n_blocks * m_blocks);
     out.chunk0 = out.split * p.chunks_per_split;
     out.chunks = min(p.chunks_per_split, p.k_chunks - out.chunk0);
-    out.expert = 0;
-    if constexpr (kGrouped) out.expert = __ldg(p.block_experts + out.m_block / p.blocks_per_route);
     return out;
+  }
+  // Grouped: the expert of token block m_block.
+  __device__ static int expert_of(const WgmmaGemmParams& p, int m_block) {
+    return __ldg(p.block_experts + m_block / p.blocks_per_route);
   }
 
   // Scale rows a stage at chunk c (of `chunks` inside K) carries: one when the group spans the
@@ -217,20 +225,21 @@ struct WgmmaGemm {
 
   // ---- producer ------------------------------------------------------------------------------
   __device__ static void produce(const WgmmaGemmParams& p, unsigned base) {
-    const int units = p.n_blocks * p.m_blocks * p.splits;
+    const int m_blocks = token_blocks(p);
+    const int units = p.n_blocks * m_blocks * p.splits;
     int it = 0;  // stages used so far (the consumers count the same)
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit unit = unit_of(p, u);
-      if (unit.expert < 0) continue;
+      const Unit unit = unit_of(p, m_blocks, u);
       const int tile0 = unit.n_block * kConsumers;
       const int tiles = min(kConsumers, p.n_tiles - tile0);
-      const unsigned* w = p.w;
-      const float* scales = p.scales;
-      const float* zeros = p.zeros;
+      // Grouped: the experts' weights are back to back in the prepared order, so expert e's
+      // tile t is tile e · n_tiles + t of the whole and its scale rows start at row e · groups
+      // (int offsets: 64-bit pointers per expert cost the 40-register producer a spill).
+      int w_tile0 = tile0, scale_row0 = 0;
       if constexpr (kGrouped) {
-        w += unit.expert * p.w_expert_stride;
-        scales += unit.expert * p.scale_expert_stride;
-        if constexpr (kStoredZeros) zeros += unit.expert * p.scale_expert_stride;
+        const int expert = expert_of(p, unit.m_block);
+        w_tile0 += expert * p.n_tiles;
+        scale_row0 = expert * p.groups;
       }
       for (int i = 0; i < unit.chunks; i += kStageChunks, ++it) {
         const int slot = it % kStages;
@@ -251,15 +260,16 @@ struct WgmmaGemm {
                               (c + (kFp8 ? 2 : 1) * b) * 64, unit.m_block * kTokens, full);
         for (int t = 0; t < tiles; ++t)
           ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
-                         w + (static_cast<long long>(tile0 + t) * p.k_chunks + c) * 128 * kBits,
+                         p.w + (static_cast<long long>(w_tile0 + t) * p.k_chunks + c) * 128 * kBits,
                          chunks * kShape.w_chunk_bytes, full);
         const int group0 = stage_first_group(c);
         const unsigned s_stage = stage + kShape.a_bytes + kShape.w_bytes;
         for (int r = 0; r < rows; ++r) {
-          const long long at = static_cast<long long>(group0 + r) * p.n_padded + tile0 * 64;
-          ptx::bulk_copy(s_stage + r * kShape.s_row_bytes, scales + at, tiles * 256, full);
+          const long long at =
+              static_cast<long long>(scale_row0 + group0 + r) * p.n_padded + tile0 * 64;
+          ptx::bulk_copy(s_stage + r * kShape.s_row_bytes, p.scales + at, tiles * 256, full);
           if constexpr (kStoredZeros)
-            ptx::bulk_copy(s_stage + (kShape.scale_rows + r) * kShape.s_row_bytes, zeros + at,
+            ptx::bulk_copy(s_stage + (kShape.scale_rows + r) * kShape.s_row_bytes, p.zeros + at,
                            tiles * 256, full);
         }
       }
@@ -382,12 +392,12 @@ struct WgmmaGemm {
     unsigned base;
 
     __device__ void run(const WgmmaGemmParams& p) {
-      const int units = p.n_blocks * p.m_blocks * p.splits;
+      const int m_blocks = token_blocks(p);
+      const int units = p.n_blocks * m_blocks * p.splits;
       const int half = lane / 16;  // matrices 2, 3: k 8 .. 15 of the step
       int it = 0, tc = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const Unit unit = unit_of(p, u);
-        if (unit.expert < 0) continue;
+        const Unit unit = unit_of(p, m_blocks, u);
         const int tiles = min(kConsumers, p.n_tiles - unit.n_block * kConsumers);
         for (int i = 0; i < unit.chunks; ++i, ++tc) {
           const ChunkPlace at = place_of(it, i);
@@ -670,15 +680,15 @@ struct WgmmaGemm {
     }
 
     __device__ void run(const WgmmaGemmParams& p) {
-      const int units = p.n_blocks * p.m_blocks * p.splits;
+      const int m_blocks = token_blocks(p);
+      const int units = p.n_blocks * m_blocks * p.splits;
       int it = 0;
       pending = -1;
       chunks_done = 0;
       pending_buffer = -1;
       groups = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const Unit unit = unit_of(p, u);
-        if (unit.expert < 0) continue;
+        const Unit unit = unit_of(p, m_blocks, u);
         const int tile = unit.n_block * kConsumers + warpgroup;
         const bool active = tile < p.n_tiles;
         if constexpr (kPromote) {
@@ -773,7 +783,7 @@ struct WgmmaGemm {
         // register through the mainloop, where the consumers have none to spare).
         const float* expert_bias = p.bias;
         if constexpr (kGrouped)
-          expert_bias += static_cast<long long>(__ldg(p.block_experts + m_block / p.blocks_per_route)) * p.n;
+          expert_bias += static_cast<long long>(expert_of(p, m_block)) * p.n;
         if (n0 < p.n) bias[0] = expert_bias[n0];
         if (n0 + 8 < p.n) bias[1] = expert_bias[n0 + 8];
       }

@@ -34,13 +34,14 @@ struct WgmmaGemmParams {
   int n_blocks, m_blocks, splits, chunks_per_split;
   float global_scale;
   // Grouped (MoE) GEMM over the indexed layout (include/qgemm/moe.hpp), null: dense. A's rows
-  // are the routed rows in expert order; token block b lies in routing block
-  // b / blocks_per_route, whose expert is block_experts[that] (−1 past the routed total: the
-  // block is skipped). Expert e's weight starts e · w_expert_stride words into w, its scales
-  // and zeros e · scale_expert_stride floats in, its bias e · n floats in.
+  // are the routed rows in expert order; the units cover the token blocks below the routed
+  // total (*routed_total, read on the device; m_blocks covers the capacity); token block b lies
+  // in routing block b / blocks_per_route, whose expert is block_experts[that]. The experts'
+  // prepared weights are back to back (expert e's tiles from e · n_tiles, its scale and zero
+  // rows from e · groups), their biases too (e · n floats in).
   const int* block_experts;
+  const int* routed_total;
   int blocks_per_route;
-  long long w_expert_stride, scale_expert_stride;
 };
 
 }  // namespace qgemm::kernels

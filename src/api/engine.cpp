@@ -866,9 +866,8 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
     // expert's weight a fixed stride from the last (prepare_experts).
     params.m_blocks = static_cast<int>(routing->capacity / config.block_m());
     params.block_experts = routing->block_experts;
+    params.routed_total = routing->offsets + routing->shape.local_experts;
     params.blocks_per_route = routing->shape.block / config.block_m();
-    params.w_expert_stride = weight.wgmma_words_per_expert;
-    params.scale_expert_stride = weight.wgmma_scales_per_expert;
   }
   params.splits = planned.splits;
   params.chunks_per_split = planned.chunks_per_split;

@@ -47,10 +47,9 @@ struct PreparedWeight {
   runtime::DeviceBuffer wgmma_words, wgmma_scales, wgmma_zeros;    // the wgmma order
   runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
   runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
-  // Expert weights (Engine::prepare_experts): `experts` wgmma orders back to back, expert e's
-  // words and scales (and zeros) e · the per-expert count into their buffers; 0: dense.
+  // Expert weights (Engine::prepare_experts): `experts` wgmma orders back to back (the kernel
+  // finds expert e's tiles from e · n_tiles and its scale rows from e · groups); 0: dense.
   int experts = 0;
-  std::int64_t wgmma_words_per_expert = 0, wgmma_scales_per_expert = 0;
 
   // gemm()'s plans, by call shape.
   struct PlanKey {

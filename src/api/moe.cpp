@@ -77,6 +77,11 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   prepared->global_scale = first.global_scale;
   prepared->experts = static_cast<int>(experts.size());
   std::vector<unsigned char> words, scales, zeros;
+  // The whole weight's words and scale rows are addressed in 32-bit tile and row counts.
+  require(static_cast<double>(experts.size()) * static_cast<double>(first.n + 64) <
+              2147483647.0 / 64,
+          "prepare_experts: {} experts of {} rows (rule: fewer than 2^31 / 64 rows of tiles)",
+          experts.size(), first.n);
   for (const PackedWeight& expert : experts) {
     layout::MmaDeviceWeight device =
         layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, layout::FragmentOrder::Wgmma);
@@ -86,10 +91,19 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
       all.resize(at + buffer.bytes());
       if (buffer.bytes()) buffer.download(all.data() + at, buffer.bytes());
     };
-    if (prepared->wgmma_words_per_expert == 0) {
-      prepared->wgmma_words_per_expert = static_cast<std::int64_t>(device.words.bytes() / 4);
-      prepared->wgmma_scales_per_expert = static_cast<std::int64_t>(device.scales.bytes() / 4);
-    }
+    // The grouped kernel addresses expert e's tiles and scale rows as rows of the whole.
+    const layout::MmaWeight& meta = device.meta;
+    const std::size_t tile_words = static_cast<std::size_t>(meta.k_blocks / 4) * 128 *
+                                   static_cast<std::size_t>(meta.format.bits);
+    const std::size_t scale_floats = static_cast<std::size_t>(meta.groups) *
+                                     static_cast<std::size_t>(meta.n_padded);
+    if (device.words.bytes() != static_cast<std::size_t>(meta.n_padded / 64) * tile_words * 4 ||
+        device.scales.bytes() != scale_floats * 4 ||
+        (device.zeros.bytes() != 0 && device.zeros.bytes() != scale_floats * 4))
+      throw Error(ErrorCode::Internal,
+                  fmt::format("prepare_experts: the wgmma order of an expert is {} + {} + {} bytes, "
+                              "not whole tiles and scale rows (the grouped kernel's addressing)",
+                              device.words.bytes(), device.scales.bytes(), device.zeros.bytes()));
     append(words, device.words);
     append(scales, device.scales);
     append(zeros, device.zeros);

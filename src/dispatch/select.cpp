@@ -378,12 +378,6 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject(*why);
           break;
         }
-        if (p.experts > 0 && config.block_m() >= 128) {
-          // ptxas: the routing lookup costs the 128- and 256-token consumers 8 bytes of spill
-          // (WgmmaFamily.SpecsCompileWithoutSpills); an expert rarely fills them anyway.
-          reject("grouped (MoE) GEMMs take token tiles of at most 64 (the wider ones spill)");
-          break;
-        }
         if (p.route_block > 0 && p.route_block % config.block_m() != 0) {
           reject(fmt::format("the routing block {} is not a multiple of its {}-token tile",
                              p.route_block, config.block_m()));
