@@ -23,12 +23,14 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/format.hpp"
+#include "qgemm/moe.hpp"
 #include "qgemm/quant.hpp"
 #include "qgemm/reference.hpp"
 #include "qgemm/scheme.hpp"
@@ -115,6 +117,42 @@ const float* device_bias(const CudaArray& t, std::int64_t n, int device) {
   qgemm::require(t.device_id() == device, "Engine.gemm: bias is on GPU {}, the engine on GPU {}",
                  t.device_id(), device);
   return static_cast<const float*>(t.data());
+}
+
+// The GLU between an MoE layer's GEMMs, by name ("silu", "gelu", "clamped-swiglu").
+qgemm::GluActivation glu_of(const std::string& name, float alpha, float limit,
+                            const char* function) {
+  qgemm::GluActivation glu;
+  glu.alpha = alpha;
+  glu.limit = limit;
+  for (qgemm::GluKind kind :
+       {qgemm::GluKind::Silu, qgemm::GluKind::Gelu, qgemm::GluKind::ClampedSwiglu})
+    if (name == qgemm::glu_kind_name(kind)) {
+      glu.kind = kind;
+      return glu;
+    }
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("{}: activation '{}' (rule: silu, gelu or clamped-swiglu)", function,
+                          name));
+}
+
+// A CUDA array of `count` contiguous int32 / fp32 values on `device` (MoE routing inputs).
+template <class T>
+const T* device_vector(const CudaArray& t, std::int64_t count, int device, const char* name) {
+  qgemm::require(t.dtype() == nb::dtype<T>(), "Engine.moe: {} must be {}", name,
+                 sizeof(T) == 4 && std::is_integral_v<T> ? "int32" : "fp32");
+  std::int64_t size = 1;
+  for (size_t d = 0; d < t.ndim(); ++d) size *= static_cast<std::int64_t>(t.shape(d));
+  qgemm::require(size == count, "Engine.moe: {} has {} values (rule: {})", name, size, count);
+  std::int64_t expected = 1;
+  for (size_t d = t.ndim(); d-- > 0;) {
+    qgemm::require(t.shape(d) == 1 || t.stride(d) == expected,
+                   "Engine.moe: {} must be contiguous", name);
+    expected *= static_cast<std::int64_t>(t.shape(d));
+  }
+  qgemm::require(t.device_id() == device, "Engine.moe: {} is on GPU {}, the engine on GPU {}",
+                 name, t.device_id(), device);
+  return static_cast<const T*>(t.data());
 }
 
 // A Scheme whose weight part is `weight`: PackedWeight carries only the weight's quantization.
@@ -261,10 +299,71 @@ NB_MODULE(_core, m) {
                                  "A weight prepared on a GPU in the layouts its plans use.")
       .def_prop_ro("n", &qgemm::QuantWeight::n)
       .def_prop_ro("k", &qgemm::QuantWeight::k)
-      .def_prop_ro("device_bytes", &qgemm::QuantWeight::device_bytes);
+      .def_prop_ro("device_bytes", &qgemm::QuantWeight::device_bytes)
+      .def_prop_ro("experts", &qgemm::QuantWeight::experts);
 
   nb::class_<qgemm::Engine>(m, "Engine", "One per GPU: prepares weights and runs GEMMs.")
       .def(nb::init<int>(), nb::arg("device") = 0)
+      .def(
+          "prepare_experts",
+          [](qgemm::Engine& e, const std::vector<qgemm::PackedWeight>& experts,
+             const qgemm::Scheme& scheme) {
+            qgemm::require(!experts.empty(), "Engine.prepare_experts: no experts");
+            for (const qgemm::PackedWeight& w : experts)
+              require_weight_of(scheme, w, "Engine.prepare_experts");
+            nb::gil_scoped_release release;
+            return e.prepare_experts(experts, scheme.activation);
+          },
+          nb::arg("experts"), nb::arg("scheme"),
+          "Uploads E packed weights of one shape as one expert weight (the grouped GEMM's).")
+      .def(
+          "moe",
+          [](qgemm::Engine& e, const CudaArray& hidden, const CudaArray& topk_ids,
+             const CudaArray& topk_weights, const qgemm::QuantWeight& gate_up,
+             const qgemm::QuantWeight& down, const CudaArray& out, std::uintptr_t stream,
+             const std::string& activation, float alpha, float limit,
+             std::optional<CudaArray> gate_up_bias, std::optional<CudaArray> down_bias,
+             std::optional<CudaArray> expert_map, int global_experts) {
+            const qgemm::DeviceMatrix hm = device_matrix(hidden, "hidden", e.device());
+            const qgemm::DeviceMatrix om = device_matrix(out, "out", e.device());
+            qgemm::require(topk_ids.ndim() == 2 && topk_ids.shape(0) == hidden.shape(0),
+                           "Engine.moe: topk_ids must be [tokens, top_k] ({} dimensions given)",
+                           topk_ids.ndim());
+            const int top_k = static_cast<int>(topk_ids.shape(1));
+            const std::int64_t slots = hm.rows * top_k;
+            qgemm::MoeOptions options;
+            options.activation = glu_of(activation, alpha, limit, "Engine.moe");
+            const int experts = gate_up.experts();
+            if (gate_up_bias)
+              options.gate_up_bias = device_vector<float>(
+                  *gate_up_bias, static_cast<std::int64_t>(experts) * gate_up.n(), e.device(),
+                  "gate_up_bias");
+            if (down_bias)
+              options.down_bias = device_vector<float>(
+                  *down_bias, static_cast<std::int64_t>(experts) * down.n(), e.device(),
+                  "down_bias");
+            if (expert_map) {
+              options.global_experts = global_experts;
+              options.expert_map = device_vector<std::int32_t>(*expert_map, global_experts,
+                                                               e.device(), "expert_map");
+            }
+            const std::int32_t* ids =
+                device_vector<std::int32_t>(topk_ids, slots, e.device(), "topk_ids");
+            const float* weights =
+                device_vector<float>(topk_weights, slots, e.device(), "topk_weights");
+            nb::gil_scoped_release release;
+            e.moe(hm, ids, weights, top_k, gate_up, down, om, reinterpret_cast<void*>(stream),
+                  options);
+          },
+          nb::arg("hidden"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("gate_up"),
+          nb::arg("down"), nb::arg("out"), nb::arg("stream") = 0, nb::arg("activation") = "silu",
+          nb::arg("alpha") = 1.702f, nb::arg("limit") = 7.0f,
+          nb::arg("gate_up_bias") = nb::none(), nb::arg("down_bias") = nb::none(),
+          nb::arg("expert_map") = nb::none(), nb::arg("global_experts") = 0,
+          "A routed expert layer (include/qgemm/engine.hpp, Engine::moe) on the given stream: "
+          "hidden bf16/fp16 [tokens, H], topk_ids int32 and topk_weights fp32 [tokens, top_k], "
+          "out [tokens, H]; biases fp32 [experts, N]; expert_map int32 [global_experts] (local "
+          "id or -1).")
       .def_prop_ro("device", &qgemm::Engine::device)
       .def_prop_ro("sm_count", &qgemm::Engine::sm_count)
       .def(
@@ -301,6 +400,64 @@ NB_MODULE(_core, m) {
           "out = a · dequant(weight)ᵀ (+ bias) on the given CUDA stream (an integer handle; 0: "
           "the legacy default stream). a: bf16/fp16 [m, k]; out: fp16/bf16/fp32 [m, n]; bias: "
           "fp32 [n] on the engine's GPU, added before the output's rounding.");
+
+  m.def(
+      "reference_moe_layer",
+      [](const qgemm::Scheme& scheme, const HostMatrix<float>& hidden,
+         const std::vector<qgemm::PackedWeight>& gate_up,
+         const std::vector<qgemm::PackedWeight>& down, const HostMatrix<std::int32_t>& topk_ids,
+         const HostMatrix<float>& topk_weights, const std::string& activation, float alpha,
+         float limit, const std::string& intermediate,
+         std::optional<HostMatrix<float>> gate_up_bias, std::optional<HostMatrix<float>> down_bias) {
+        const auto tokens = static_cast<std::int64_t>(hidden.shape(0));
+        const auto h = static_cast<std::int64_t>(hidden.shape(1));
+        const auto top_k = static_cast<std::int64_t>(topk_ids.shape(1));
+        qgemm::require(static_cast<std::int64_t>(topk_ids.shape(0)) == tokens &&
+                           topk_weights.shape(0) == topk_ids.shape(0) &&
+                           topk_weights.shape(1) == topk_ids.shape(1),
+                       "reference_moe_layer: topk_ids {}x{} and topk_weights {}x{} for {} tokens "
+                       "(rule: both [tokens, top_k])",
+                       topk_ids.shape(0), topk_ids.shape(1), topk_weights.shape(0),
+                       topk_weights.shape(1), tokens);
+        const qgemm::GluActivation glu = glu_of(activation, alpha, limit, "reference_moe_layer");
+        qgemm::reference::MoeRouting routing;
+        routing.tokens = tokens;
+        routing.top_k = static_cast<int>(top_k);
+        routing.expert_ids.assign(topk_ids.data(), topk_ids.data() + tokens * top_k);
+        routing.weights.assign(topk_weights.data(), topk_weights.data() + tokens * top_k);
+        auto bias_of = [](const std::optional<HostMatrix<float>>& bias,
+                          const std::vector<qgemm::PackedWeight>& experts, std::int64_t n,
+                          const char* name) -> const float* {
+          if (!bias) return nullptr;
+          qgemm::require(bias->shape(0) == experts.size() &&
+                             static_cast<std::int64_t>(bias->shape(1)) == n,
+                         "reference_moe_layer: {} is {}x{} (rule: [experts, {}])", name,
+                         bias->shape(0), bias->shape(1), n);
+          return bias->data();
+        };
+        qgemm::require(!gate_up.empty() && !down.empty(),
+                       "reference_moe_layer: no experts (rule: at least one)");
+        const float* up_bias = bias_of(gate_up_bias, gate_up, gate_up.front().n, "gate_up_bias");
+        const float* dn_bias = bias_of(down_bias, down, h, "down_bias");
+        std::vector<double> out;
+        {
+          nb::gil_scoped_release release;
+          const qgemm::PackedActivation packed =
+              qgemm::quantize_activation(scheme.activation, hidden.data(), tokens, h);
+          out = qgemm::reference::moe_layer(scheme, packed, gate_up, down, routing, glu,
+                                            qgemm::parse_format(intermediate), up_bias, dn_bias);
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(tokens), static_cast<size_t>(h)});
+      },
+      nb::arg("scheme"), nb::arg("hidden"), nb::arg("gate_up"), nb::arg("down"),
+      nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("activation") = "silu",
+      nb::arg("alpha") = 1.702f, nb::arg("limit") = 7.0f, nb::arg("intermediate") = "bf16",
+      nb::arg("gate_up_bias") = nb::none(), nb::arg("down_bias") = nb::none(),
+      "The CPU reference of a routed expert layer (Engine.moe's definition): hidden (float32 "
+      "[tokens, H]) quantized as the scheme's activation part; per choice, gate_up (the "
+      "expert's [2I, H]: gate rows, then up rows), rounded to `intermediate`, the GLU, rounded "
+      "again, down ([H, I]); the router-weighted sum in double, rounded to the scheme's output; "
+      "float64 [tokens, H].");
 
   m.def(
       "reference_gemm",

@@ -31,6 +31,7 @@ from ._core import (
     presets,
     quantize_weight,
     reference_gemm,
+    reference_moe_layer,
 )
 
 __all__ = [
@@ -45,13 +46,14 @@ __all__ = [
     "presets",
     "quantize_weight",
     "reference_gemm",
+    "reference_moe_layer",
 ]
 
 
 # The torch parts, on first use (PEP 562): qgemm.ops, qgemm.nn, qgemm.quantize_model,
 # qgemm.load_quantized.
 _TORCH_ATTRIBUTES = {"ops": "ops", "nn": "nn", "quantize_model": "nn", "load_quantized": "nn",
-                     "QuantLinear": "nn"}
+                     "QuantLinear": "nn", "QuantMoE": "nn"}
 
 
 def __getattr__(name):

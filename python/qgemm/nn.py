@@ -25,7 +25,7 @@ import torch
 from . import ops
 from ._core import Error, PackedWeight, Scheme, quantize_weight
 
-__all__ = ["QuantLinear", "quantize_model", "load_quantized"]
+__all__ = ["QuantLinear", "QuantMoE", "quantize_model", "load_quantized"]
 
 
 def _scheme(scheme, function: str) -> Scheme:
@@ -181,6 +181,72 @@ class QuantLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, scheme='{self.scheme}'")
+
+
+class QuantMoE(torch.nn.Module):
+    """A routed expert layer through torch.ops.qgemm.moe:
+
+        y[t] = Σ_j topk_weights[t, j] · down_e(glu(gate_up_e(x[t]))),  e = topk_ids[t, j]
+
+    gate_up_e is expert e's [2I, H] (gate rows, then up rows, each + its bias), down_e its
+    [H, I]. The router and its top-k stay the caller's (they differ between models): forward
+    takes their result. activation: "silu", "gelu" or "clamped-swiglu" (gpt-oss; alpha, limit).
+    Biases are kept as fp32 buffers ([E, 2I], [E, H]), so `.to()` moves them; the experts
+    themselves are a qgemm.ops.RegisteredExperts (host canonical form, uploaded in the kernel
+    layout at the first call on a GPU).
+    """
+
+    def __init__(self, experts: "ops.RegisteredExperts", activation: str = "silu", *,
+                 alpha: float = 1.702, limit: float = 7.0,
+                 gate_up_bias: Optional[torch.Tensor] = None,
+                 down_bias: Optional[torch.Tensor] = None):
+        super().__init__()
+        if not isinstance(experts, ops.RegisteredExperts):
+            raise Error(f"QuantMoE: experts must be a qgemm.ops.RegisteredExperts "
+                        f"({type(experts).__name__} given; register_experts makes one)")
+        if activation not in ops.GLU_ACTIVATIONS:
+            raise Error(f"QuantMoE: activation '{activation}' (rule: one of "
+                        f"{ops.GLU_ACTIVATIONS})")
+        self.experts = experts
+        self.activation = activation
+        self.alpha = float(alpha)
+        self.limit = float(limit)
+        e, i, h = experts.experts, experts.intermediate, experts.hidden
+        for name, bias, shape in (("gate_up_bias", gate_up_bias, (e, 2 * i)),
+                                  ("down_bias", down_bias, (e, h))):
+            if bias is not None and tuple(bias.shape) != shape:
+                raise Error(f"QuantMoE: {name} must be {list(shape)} "
+                            f"({list(bias.shape)} given)")
+            self.register_buffer(name, None if bias is None else
+                                 bias.detach().to(torch.float32).contiguous())
+
+    @classmethod
+    def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme,
+                   activation: str = "silu", **kwargs) -> "QuantMoE":
+        """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) on the host."""
+        scheme = _scheme(scheme, "QuantMoE.from_float")
+        if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0]:
+            raise Error(f"QuantMoE.from_float: gate_up must be [E, 2I, H] and down [E, H, I] "
+                        f"({list(gate_up.shape)}, {list(down.shape)} given)")
+        quantize = lambda w: quantize_weight(  # noqa: E731
+            scheme, np.ascontiguousarray(w.detach().to(torch.float32).cpu().numpy()))
+        experts = ops.register_experts([quantize(w) for w in gate_up],
+                                       [quantize(w) for w in down], scheme)
+        return cls(experts, activation, **kwargs)
+
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                expert_map: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = hidden.reshape(-1, hidden.shape[-1])
+        y = torch.ops.qgemm.moe(x, topk_ids.reshape(x.shape[0], -1),
+                                topk_weights.reshape(x.shape[0], -1), self.experts.handle,
+                                self.activation, self.alpha, self.limit, self.gate_up_bias,
+                                self.down_bias, expert_map)
+        return y.reshape(hidden.shape)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.experts.experts}, hidden={self.experts.hidden}, "
+                f"intermediate={self.experts.intermediate}, scheme='{self.experts.scheme}', "
+                f"activation={self.activation}")
 
 
 def _ignored(name: str, patterns: Iterable[str]) -> bool:

@@ -42,7 +42,17 @@ activations are not quantized takes `a` in its own type (the scheme's `a=` part 
 it again); a scheme with quantized activations (w4a8-fp8, nvfp4, ...) quantizes `a` as its
 `a=` part says. Autograd is not implemented: the operator is for inference.
 
-MoE (`torch.ops.qgemm.moe`) is not defined yet: the C++ library has no MoE entry point to bind.
+MoE: a routed expert layer, its expert weights registered the same way:
+
+    experts = qgemm.ops.register_experts(gate_up, down, scheme)   # lists of E PackedWeights
+    y = torch.ops.qgemm.moe(x, topk_ids, topk_weights, experts.handle, "silu", 1.702, 7.0)
+
+gate_up[e] is expert e's [2I, H] (gate rows, then up rows), down[e] its [H, I]; y (x's shape and
+dtype) = Σ_j topk_weights[t, j] · down_e(glu(gate_up_e(x_t))), e = topk_ids[t, j] (int32 or
+int64). CUDA: Engine.moe (route, gather, grouped GEMMs, GLU, top-k sum; capturable once a
+shape has run). CPU: reference_moe_layer. An optional expert_map (int [global experts]: local id
+or -1) computes this rank's experts only (expert parallelism); biases are fp32 [E, 2I] and
+[E, H].
 """
 
 from __future__ import annotations
@@ -56,9 +66,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ._core import Engine, Error, PackedWeight, QuantWeight, Scheme, reference_gemm
+from ._core import (Engine, Error, PackedWeight, QuantWeight, Scheme, reference_gemm,
+                    reference_moe_layer)
 
-__all__ = ["RegisteredWeight", "register_weight", "lookup", "prepare", "engine", "gemm"]
+__all__ = ["RegisteredWeight", "register_weight", "lookup", "prepare", "engine", "gemm",
+           "RegisteredExperts", "register_experts", "moe"]
 
 # The activation and output types the operator takes, by torch dtype and qgemm format name.
 ACTIVATION_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -286,3 +298,189 @@ def _gemm_cpu(a, weight, n, bias=None, out_dtype=None):
     c = reference_gemm(scheme, a_host, entry.packed, bias_host)
     # The reference rounded every value to out_dtype already: this conversion is exact.
     return torch.from_numpy(c).to(out_dtype).reshape(*a.shape[:-1], n)
+
+
+# --- MoE ------------------------------------------------------------------------------------
+
+GLU_ACTIVATIONS = ("silu", "gelu", "clamped-swiglu")
+
+
+class _ExpertsEntry:
+    """Registered expert weights: the host canonical experts (the CPU path reads them) and their
+    prepared pair (gate_up, down) per device."""
+
+    def __init__(self, gate_up, down, scheme: Scheme):
+        self.gate_up = list(gate_up)
+        self.down = list(down)
+        self.scheme = scheme
+        self.prepared: dict[int, tuple[QuantWeight, QuantWeight]] = {}
+        self.lock = threading.Lock()
+
+    def on_device(self, device: int):
+        prepared = self.prepared.get(device)
+        if prepared is None:
+            with self.lock:
+                prepared = self.prepared.get(device)
+                if prepared is None:
+                    e = engine(device)
+                    prepared = (e.prepare_experts(self.gate_up, self.scheme),
+                                e.prepare_experts(self.down, self.scheme))
+                    self.prepared[device] = prepared
+        return prepared
+
+
+class RegisteredExperts:
+    """An MoE layer's expert weights as the operator names them: `handle` is its argument to
+    torch.ops.qgemm.moe. Released when this object is collected."""
+
+    def __init__(self, gate_up, down, scheme):
+        gate_up, down = list(gate_up), list(down)
+        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
+        if not isinstance(scheme, Scheme):
+            raise Error(f"register_experts: scheme must be a qgemm.Scheme or its text "
+                        f"({type(scheme).__name__} given)")
+        if not gate_up or len(gate_up) != len(down):
+            raise Error(f"register_experts: {len(gate_up)} gate_up and {len(down)} down experts "
+                        "(rule: one or more, equal counts)")
+        for name, experts in (("gate_up", gate_up), ("down", down)):
+            for e, w in enumerate(experts):
+                if not isinstance(w, PackedWeight):
+                    raise Error(f"register_experts: {name}[{e}] must be a qgemm.PackedWeight "
+                                f"({type(w).__name__} given)")
+                if str(w.scheme).split(";")[0] != str(scheme).split(";")[0]:
+                    raise Error(f"register_experts: {name}[{e}] is quantized as {w.scheme}, the "
+                                f"scheme's weight part is {scheme}")
+        h, i2 = gate_up[0].k, gate_up[0].n
+        if i2 % 2 or any(w.n != i2 or w.k != h for w in gate_up) or \
+                any(w.n != h or w.k != i2 // 2 for w in down):
+            raise Error(f"register_experts: gate_up experts must all be [2I, H] and down experts "
+                        f"[H, I] (gate_up[0] is [{i2}, {h}], down[0] [{down[0].n}, {down[0].k}])")
+        entry = _ExpertsEntry(gate_up, down, scheme)
+        with _lock:
+            self.handle = next(_handles)
+            _experts_registry[self.handle] = entry
+        self._entry = entry
+        weakref.finalize(self, _release_experts, self.handle)
+
+    experts = property(lambda self: len(self._entry.gate_up))
+    hidden = property(lambda self: self._entry.gate_up[0].k, doc="H: the layer's in/out features.")
+    intermediate = property(lambda self: self._entry.down[0].k, doc="I: one expert's width.")
+    scheme = property(lambda self: self._entry.scheme)
+
+    def __repr__(self):
+        return (f"qgemm.ops.RegisteredExperts(handle={self.handle}, experts={self.experts}, "
+                f"hidden={self.hidden}, intermediate={self.intermediate}, scheme='{self.scheme}')")
+
+
+_experts_registry: dict[int, _ExpertsEntry] = {}
+
+
+def _release_experts(handle: int) -> None:
+    with _lock:
+        _experts_registry.pop(handle, None)
+
+
+def register_experts(gate_up, down, scheme) -> RegisteredExperts:
+    """Registers an MoE layer's experts for torch.ops.qgemm.moe: gate_up (E PackedWeights
+    [2I, H]: gate rows, then up rows) and down (E PackedWeights [H, I]), quantized as `scheme`'s
+    weight part."""
+    return RegisteredExperts(gate_up, down, scheme)
+
+
+def _experts(handle: int) -> _ExpertsEntry:
+    entry = _experts_registry.get(handle)
+    if entry is None:
+        raise Error(f"qgemm.moe: experts handle {handle} is not registered (register_experts "
+                    "makes one; it is released when its RegisteredExperts or QuantMoE goes)")
+    return entry
+
+
+def _check_moe(hidden, topk_ids, topk_weights, experts, activation, expert_map):
+    if hidden.dim() != 2:
+        raise Error(f"qgemm.moe: hidden must be [tokens, H] ({hidden.dim()} dimensions given)")
+    if hidden.dtype not in ACTIVATION_DTYPES:
+        raise Error(f"qgemm.moe: hidden must be bfloat16 or float16 ({hidden.dtype} given)")
+    if topk_ids.dim() != 2 or topk_weights.shape != topk_ids.shape or \
+            topk_ids.shape[0] != hidden.shape[0]:
+        raise Error(f"qgemm.moe: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                    f"{tuple(topk_weights.shape)} must both be [tokens, top_k] with tokens = "
+                    f"{hidden.shape[0]}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise Error(f"qgemm.moe: topk_ids must be int32 or int64 ({topk_ids.dtype} given)")
+    if not topk_weights.dtype.is_floating_point:
+        raise Error(f"qgemm.moe: topk_weights must be floating point ({topk_weights.dtype})")
+    if activation not in GLU_ACTIVATIONS:
+        raise Error(f"qgemm.moe: activation '{activation}' (rule: one of {GLU_ACTIVATIONS})")
+    if expert_map is not None and (expert_map.dim() != 1 or
+                                   expert_map.dtype not in (torch.int32, torch.int64)):
+        raise Error("qgemm.moe: expert_map must be a 1-D int32/int64 tensor (local id or -1)")
+    entry = _experts_registry.get(experts) if isinstance(experts, int) else None
+    if entry is not None and isinstance(hidden.shape[1], int) and \
+            hidden.shape[1] != entry.gate_up[0].k:
+        raise Error(f"qgemm.moe: hidden has {hidden.shape[1]} columns; the experts' H is "
+                    f"{entry.gate_up[0].k}")
+
+
+@torch.library.custom_op("qgemm::moe", mutates_args=())
+def moe(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: int,
+        activation: str = "silu", alpha: float = 1.702, limit: float = 7.0,
+        gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
+        expert_map: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A routed expert layer: hidden [tokens, H] bf16/fp16, topk_ids / topk_weights [tokens,
+    top_k], the registered experts `experts`; out [tokens, H] in hidden's dtype."""
+    raise Error(f"qgemm.moe: no implementation for {hidden.device.type} tensors (CPU and CUDA)")
+
+
+@moe.register_fake
+def _moe_fake(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1.702,
+              limit=7.0, gate_up_bias=None, down_bias=None, expert_map=None):
+    _check_moe(hidden, topk_ids, topk_weights, experts, activation, expert_map)
+    return torch.empty_like(hidden)
+
+
+@moe.register_kernel("cuda")
+def _moe_cuda(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1.702,
+              limit=7.0, gate_up_bias=None, down_bias=None, expert_map=None):
+    _check_moe(hidden, topk_ids, topk_weights, experts, activation, expert_map)
+    entry = _experts(experts)
+    out = torch.empty_like(hidden)
+    if hidden.shape[0] == 0:
+        return out
+    device = hidden.device.index if hidden.device.index is not None else \
+        torch.cuda.current_device()
+    gate_up, down = entry.on_device(device)
+    as_fp32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
+    as_int32 = lambda t: None if t is None else t.to(torch.int32).contiguous()  # noqa: E731
+    stream = torch.cuda.current_stream(hidden.device).cuda_stream
+    engine(device).moe(hidden.contiguous(), as_int32(topk_ids), as_fp32(topk_weights), gate_up,
+                       down, out, stream, activation=activation, alpha=alpha, limit=limit,
+                       gate_up_bias=as_fp32(gate_up_bias), down_bias=as_fp32(down_bias),
+                       expert_map=as_int32(expert_map),
+                       global_experts=0 if expert_map is None else expert_map.shape[0])
+    return out
+
+
+@moe.register_kernel("cpu")
+def _moe_cpu(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1.702,
+             limit=7.0, gate_up_bias=None, down_bias=None, expert_map=None):
+    _check_moe(hidden, topk_ids, topk_weights, experts, activation, expert_map)
+    entry = _experts(experts)
+    if hidden.shape[0] == 0:
+        return torch.empty_like(hidden)
+    dtype = ACTIVATION_DTYPES[hidden.dtype]
+    scheme = _call_scheme(str(entry.scheme), dtype, dtype)
+    ids = topk_ids.detach().to(torch.int64).numpy()
+    weights = topk_weights.detach().to(torch.float32).numpy().copy()
+    if expert_map is not None:
+        # Another rank's choices contribute nothing: weight 0 on a valid local id.
+        mapped = expert_map.detach().to(torch.int64).numpy()[ids]
+        weights[mapped < 0] = 0.0
+        ids = np.where(mapped < 0, 0, mapped)
+    host = lambda t: None if t is None else np.ascontiguousarray(  # noqa: E731
+        t.detach().to(torch.float32).reshape(len(entry.gate_up), -1).numpy())
+    out = reference_moe_layer(scheme, np.ascontiguousarray(hidden.detach().to(torch.float32).numpy()),
+                              entry.gate_up, entry.down,
+                              np.ascontiguousarray(ids.astype(np.int32)),
+                              np.ascontiguousarray(weights), activation, alpha, limit, dtype,
+                              host(gate_up_bias), host(down_bias))
+    return torch.from_numpy(out).to(hidden.dtype)
