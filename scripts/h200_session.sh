@@ -6,6 +6,7 @@
 #   scripts/h200_session.sh profile SCHEME:M:N:K CONFIG...   the forced configs' times on one case,
 #                                   then ncu of each CONFIG (a wgmma/decode candidate name)
 #   scripts/h200_session.sh moe     the MoE GPU tests, then qgemm_moe_bench (issue #17's rows)
+#   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 300) on the GPU (issue #19)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,11 @@ moe)
   grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|rel .* of its bound|seed" "$out/moe_tests.log" | head -40
   timeout 240 build-gpu/bench/qgemm_moe_bench "${@:2}" > "$out/moe_bench.txt" 2>&1
   echo "moe bench rc=$? at ${SECONDS}s"; cat "$out/moe_bench.txt"
+  ;;
+sweep)
+  timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --backend gpu > "$out/sweep.txt" 2>&1
+  echo "sweep rc=$? at ${SECONDS}s"
+  grep -E "wrong|crash|hang|qgemm check" "$out/sweep.txt" | head -30; tail -1 "$out/sweep.txt"
   ;;
 profile)
   case_=$2; shift 2

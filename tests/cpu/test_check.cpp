@@ -409,6 +409,30 @@ TEST(CheckCli, SeedIsHonouredAndBadArgumentsAreRefused) {
   EXPECT_NE(run_cli("check --scheme w4a16 --m 4 --n 128 --k 128 --backend tpu").status, 0);
 }
 
+// qgemm sweep (issue #19): random configurations, each in its own process, counted; every
+// configuration the rules accept is checked (none is "refused" by the library), the JSON adds
+// up, a seed replays the same draw, and bad arguments exit 2.
+TEST(SweepCli, CountsEveryConfigurationAndReplaysItsSeed) {
+  const CommandOutput first = run_cli("sweep --n 4 --seed 11 --backend cpu --max-work 3e8 --json");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const auto a = nlohmann::json::parse(first.out);
+  EXPECT_EQ(a.at("configurations"), 4);
+  EXPECT_EQ(a.at("pass").get<int>() + a.at("refused").get<int>(), 4);
+  EXPECT_EQ(a.at("wrong"), 0);
+  EXPECT_EQ(a.at("crash"), 0);
+  EXPECT_EQ(a.at("hang"), 0);
+  const CommandOutput text = run_cli("sweep --n 4 --seed 11 --backend cpu --max-work 3e8");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("[4/4]"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("pass " + std::to_string(a.at("pass").get<int>())), std::string::npos)
+      << text.out;
+  // The same seed draws the same four configurations.
+  const CommandOutput again = run_cli("sweep --n 4 --seed 11 --backend cpu --max-work 3e8");
+  EXPECT_EQ(again.out, text.out);
+  EXPECT_EQ(run_cli("sweep --n 0 --backend cpu").status, 2);
+  EXPECT_EQ(run_cli("sweep --n 2 --backend cpu --timeout 0").status, 2);
+}
+
 // Issue #14, item 5: K = 2880 = 22.5 groups of 128, the last group of 64 values.
 TEST(CheckCli, PartialLastGroupPassesOnTheCpuBackend) {
   const CommandOutput r =

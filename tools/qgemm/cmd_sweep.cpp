@@ -1,0 +1,261 @@
+// qgemm sweep: random configurations checked against the CPU reference (issue #19).
+//
+//   qgemm sweep --n N [--seed S] [--backend auto|cpu|gpu] [--timeout SECONDS] [--max-work W]
+//               [--json]
+//
+// Each configuration draws a scheme (a preset, or a compact form built from every weight
+// format, granularity and group size, scale format, zero-point mode, activation quantization
+// and output type; the ones the rules refuse are drawn again), M from 1 to 4096 (log-uniform),
+// and N and K among aligned, odd and tensor-parallel-split sizes (M·N·K at most --max-work: the
+// CPU reference multiplies in double), then runs `qgemm check`'s
+// test (tools/harness/check: fresh random inputs from the case's seed, the error against the
+// exact product and against the CPU reference, with the tolerances the formats allow).
+//
+// Every case runs in a child process, so that a crash (a signal) or a hang (past --timeout) is
+// that case's outcome and the sweep goes on; the parent never touches the GPU (a CUDA context
+// does not survive fork). Each failure is printed with the `qgemm check` command that reruns
+// it. Exit status: 0 when every case passed (or was refused by the rules with their reason),
+// 1 when any was wrong, crashed or hung, 2 bad arguments.
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check/backend.hpp"
+#include "check/check.hpp"
+#include "command.hpp"
+#include "qgemm/error.hpp"
+#include "qgemm/scheme.hpp"
+
+namespace qgemm::cli {
+namespace {
+
+struct SweepOptions {
+  int n = 100;
+  std::optional<std::uint64_t> seed;
+  std::string backend = "auto";
+  double timeout_s = 120;
+  double max_work = 2e10;  // M·N·K
+  bool json = false;
+};
+
+struct Case {
+  std::string scheme;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::uint64_t seed = 0;
+};
+
+template <class T, std::size_t N>
+const T& pick(std::mt19937_64& rng, const std::array<T, N>& values) {
+  return values[std::uniform_int_distribution<std::size_t>(0, N - 1)(rng)];
+}
+
+// A compact scheme text built from every part the grammar has (include/qgemm/scheme.hpp); the
+// rules decide which of them are valid.
+std::string random_scheme_text(std::mt19937_64& rng) {
+  static const std::array<const char*, 14> formats = {
+      "uint2", "uint3", "uint4", "uint8", "int4", "int8", "e4m3",
+      "e5m2",  "e2m1",  "e3m2",  "e2m3", "ternary", "uint6", "int2"};
+  static const std::array<const char*, 9> granularities = {"g16", "g32", "g64", "g128", "g256",
+                                                           "g96", "ch",  "t",   "b128x128"};
+  static const std::array<const char*, 5> scales = {"bf16", "fp16", "fp32", "e8m0", "ue4m3"};
+  static const std::array<const char*, 5> zeros = {"", ":zp=mid", ":zp=int", ":zp=float", ""};
+  static const std::array<const char*, 9> activations = {
+      "bf16",          "fp16",          "e4m3:tok:s=fp32", "int8:tok:s=fp32", "e4m3:g128:s=fp32",
+      "e4m3:mx:s=e8m0", "e2m1:nv:s=ue4m3", "e4m3:t:s=fp32", "bf16"};
+  static const std::array<const char*, 3> outputs = {"bf16", "fp16", "fp32"};
+  return fmt::format("w={}:{}:s={}{};a={};o={}", pick(rng, formats), pick(rng, granularities),
+                     pick(rng, scales), pick(rng, zeros), pick(rng, activations),
+                     pick(rng, outputs));
+}
+
+// Sizes: multiples of 64 as in models, odd ones, and tensor-parallel splits of real widths.
+std::int64_t random_size(std::mt19937_64& rng) {
+  static const std::array<std::int64_t, 10> widths = {2880, 1536, 11008, 14336, 5760,
+                                                      2048, 4096, 7168,  18432, 768};
+  switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+    case 0: return 64 * std::uniform_int_distribution<std::int64_t>(1, 64)(rng);
+    case 1: return std::uniform_int_distribution<std::int64_t>(1, 2048)(rng) * 2 + 1;
+    case 2: {
+      static const std::array<std::int64_t, 4> splits = {2, 4, 8, 16};
+      return std::max<std::int64_t>(1, pick(rng, widths) / pick(rng, splits));
+    }
+    default: return std::uniform_int_distribution<std::int64_t>(16, 4096)(rng);
+  }
+}
+
+// A configuration the rules accept (schemes and shapes they refuse are drawn again).
+Case draw_case(std::mt19937_64& rng, double max_work) {
+  const std::vector<Preset>& all = presets();
+  for (;;) {
+    Case c;
+    c.scheme = std::uniform_int_distribution<int>(0, 9)(rng) < 3
+                   ? all[std::uniform_int_distribution<std::size_t>(0, all.size() - 1)(rng)].name
+                   : random_scheme_text(rng);
+    c.m = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(
+               std::exp2(std::uniform_real_distribution<double>(0.0, 12.0)(rng))));
+    c.n = random_size(rng);
+    c.k = random_size(rng);
+    c.seed = rng();
+    if (static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k) > max_work)
+      continue;
+    try {
+      const Scheme scheme = parse_scheme(c.scheme);
+      validate(scheme);
+      validate_shape(scheme, c.m, c.n, c.k);
+      return c;
+    } catch (const Error&) {
+      continue;
+    }
+  }
+}
+
+enum class Outcome { Pass, Wrong, Refused, Crash, Hang };
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::Pass: return "pass";
+    case Outcome::Wrong: return "wrong";
+    case Outcome::Refused: return "refused";
+    case Outcome::Crash: return "crash";
+    case Outcome::Hang: return "hang";
+  }
+  return "?";
+}
+
+// The child: one check, its verdict as the exit status (0 pass, 1 wrong, 3 refused by the
+// library with an Error, which it prints).
+[[noreturn]] void run_child(const Case& c, const std::string& backend) {
+  int status = 4;
+  try {
+    check::BackendSelection selection =
+        check::select_backend(check::parse_backend_choice(backend));
+    const check::CheckResult result = check::run_check(parse_scheme(c.scheme), c.m, c.n, c.k,
+                                                       *selection.backend, c.seed);
+    status = result.pass ? 0 : 1;
+    if (!result.pass)
+      std::fprintf(stderr, "  error vs exact %.3e (tolerance %.3e), vs reference %.3e (%.3e)\n",
+                   result.error_vs_exact, result.tolerance_vs_exact, result.error_vs_reference,
+                   result.tolerance_vs_reference);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "  refused: %s\n", error.what());
+    status = 3;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "  exception: %s\n", error.what());
+    status = 4;
+  }
+  std::fflush(stderr);
+  _exit(status);
+}
+
+Outcome run_case(const Case& c, const std::string& backend, double timeout_s) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = fork();
+  if (child < 0) throw Error(ErrorCode::Internal, "qgemm sweep: fork failed");
+  if (child == 0) run_child(c, backend);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(child, &status, WNOHANG);
+    if (done == child) {
+      if (WIFSIGNALED(status)) return Outcome::Crash;
+      switch (WEXITSTATUS(status)) {
+        case 0: return Outcome::Pass;
+        case 1: return Outcome::Wrong;
+        case 3: return Outcome::Refused;
+        default: return Outcome::Crash;  // an exception that is not a qgemm::Error
+      }
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        timeout_s) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      return Outcome::Hang;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string rerun_command(const Case& c, const std::string& backend) {
+  return fmt::format("qgemm check --scheme '{}' --m {} --n {} --k {} --seed {} --backend {}",
+                     c.scheme, c.m, c.n, c.k, c.seed, backend);
+}
+
+int run(const SweepOptions& options) {
+  check::parse_backend_choice(options.backend);  // names a bad value before any work
+  require(options.n >= 1, "qgemm sweep: --n = {} (rule: at least 1)", options.n);
+  require(options.timeout_s > 0, "qgemm sweep: --timeout = {} (rule: > 0 seconds)",
+          options.timeout_s);
+  require(options.max_work >= 1e6, "qgemm sweep: --max-work = {} (rule: at least 1e6)",
+          options.max_work);
+  const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
+  std::mt19937_64 rng(seed);
+  if (!options.json)
+    fmt::print("qgemm sweep  {} configurations  seed {} (rerun: --seed {})  backend {}\n",
+               options.n, seed, seed, options.backend);
+  std::array<int, 5> counts{};
+  std::vector<std::pair<Case, Outcome>> failures;
+  for (int i = 0; i < options.n; ++i) {
+    const Case c = draw_case(rng, options.max_work);
+    const Outcome outcome = run_case(c, options.backend, options.timeout_s);
+    ++counts[static_cast<int>(outcome)];
+    const bool failed = outcome == Outcome::Wrong || outcome == Outcome::Crash ||
+                        outcome == Outcome::Hang;
+    if (failed) failures.emplace_back(c, outcome);
+    if (!options.json)
+      fmt::print("[{}/{}] {:7}  {}  m={} n={} k={}{}\n", i + 1, options.n, outcome_name(outcome),
+                 c.scheme, c.m, c.n, c.k,
+                 failed ? "\n          " + rerun_command(c, options.backend) : "");
+    std::fflush(stdout);
+  }
+  const auto count = [&](Outcome o) { return counts[static_cast<int>(o)]; };
+  if (options.json) {
+    std::string list;
+    for (const auto& [c, outcome] : failures)
+      list += fmt::format("{}{{\"outcome\":\"{}\",\"rerun\":\"{}\"}}", list.empty() ? "" : ",",
+                          outcome_name(outcome), rerun_command(c, options.backend));
+    fmt::print("{{\"seed\":{},\"backend\":\"{}\",\"configurations\":{},\"pass\":{},\"wrong\":{},"
+               "\"refused\":{},\"crash\":{},\"hang\":{},\"failures\":[{}]}}\n",
+               seed, options.backend, options.n, count(Outcome::Pass), count(Outcome::Wrong),
+               count(Outcome::Refused), count(Outcome::Crash), count(Outcome::Hang), list);
+  } else {
+    fmt::print("pass {}  wrong {}  crash {}  hang {}  refused {}\n", count(Outcome::Pass),
+               count(Outcome::Wrong), count(Outcome::Crash), count(Outcome::Hang),
+               count(Outcome::Refused));
+  }
+  return failures.empty() ? kExitOk : kExitFailed;
+}
+
+const CommandRegistration registration([](CLI::App& app, int& status) {
+  auto options = std::make_shared<SweepOptions>();
+  CLI::App* command = app.add_subcommand(
+      "sweep",
+      "Check N random configurations (schemes, shapes) against the CPU reference, each in its "
+      "own process; report pass / wrong / crash / hang with a rerun command for each failure");
+  command->add_option("--n", options->n, "How many configurations")->capture_default_str();
+  command->add_option("--seed", options->seed, "Random seed (default: a fresh one, printed)");
+  command->add_option("--backend", options->backend, "auto | cpu | gpu")->capture_default_str();
+  command->add_option("--timeout", options->timeout_s, "Seconds before a case counts as a hang")
+      ->capture_default_str();
+  command->add_option("--max-work", options->max_work,
+                      "Largest M*N*K drawn (the CPU reference multiplies in double)")
+      ->capture_default_str();
+  command->add_flag("--json", options->json, "Print one JSON object instead of text");
+  command->callback([options, &status] { status = run(*options); });
+});
+
+}  // namespace
+}  // namespace qgemm::cli
