@@ -7,6 +7,8 @@
 #                                   then ncu of each CONFIG (a wgmma/decode candidate name)
 #   scripts/h200_session.sh moe     the MoE GPU tests, then qgemm_moe_bench (issue #17's rows)
 #   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 300) on the GPU (issue #19)
+#   scripts/h200_session.sh sanitize    memcheck, racecheck, synccheck over one test of every
+#                                   kernel family (sampled matrices; issue #19)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,18 @@ moe)
   grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|rel .* of its bound|seed" "$out/moe_tests.log" | head -40
   timeout 240 build-gpu/bench/qgemm_moe_bench "${@:2}" > "$out/moe_bench.txt" 2>&1
   echo "moe bench rc=$? at ${SECONDS}s"; cat "$out/moe_bench.txt"
+  ;;
+sanitize)
+  tests=build-gpu/tests/qgemm_tests_gpu
+  families='DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*'
+  families+=':WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*'
+  families+=':MoeLayerGpu.EveryRoutingShape*:MoeRoutingGpu.*:JitKernelsGpu.*:MmaDequantizeGpu.*'
+  families+=':MmaRepackGpu.*:CublasLtFp8Gpu.MatchesTheReference'
+  for tool in memcheck racecheck synccheck; do
+    QGEMM_GPU_TEST_SUBSET=1 timeout 180 compute-sanitizer --tool $tool --error-exitcode 9 \
+      --print-limit 20 $tests --gtest_filter="$families" > "$out/$tool.log" 2>&1
+    echo "$tool rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/$tool.log")"
+  done
   ;;
 sweep)
   timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --backend gpu > "$out/sweep.txt" 2>&1
