@@ -124,7 +124,8 @@ class Engine {
            const Workspace& workspace = {});
 
   // C = A · Wᵀ (+ bias) in the activation type of A (bf16 or fp16) and the output type of C
-  // (fp16, bf16, fp32): plans on a shape's first call (and on a stream's first call, sizes its
+  // (fp16, bf16, fp32); A with 0 rows is a no-op (C must have 0 too). Plans on a shape's first
+  // call (and on a stream's first call, sizes its
   // workspace), then runs the cached plan.
   void gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c, void* stream,
             const GemmOptions& options = {});

@@ -150,6 +150,8 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   require(max_rows >= 1, "prepare_weight: max_rows must be at least 1 ({} given)", max_rows);
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->id = detail::next_weight_id++;
+  prepared->engine = impl_.get();
+  prepared->device = impl_->device;
   prepared->quant = weight.quant;
   prepared->n = weight.n;
   prepared->k = weight.k;
@@ -438,7 +440,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
 }
 
 GemmPlan Engine::plan(const GemmProblem& problem, const QuantWeight& weight, void* stream) {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
   GemmPlan plan = impl_->make_plan(problem, w);
   impl_->ensure_workspace(stream, *plan.data_);
   return plan;
@@ -446,7 +448,7 @@ GemmPlan Engine::plan(const GemmProblem& problem, const QuantWeight& weight, voi
 
 GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, void* stream,
                          bool progress) {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
   check_problem_against(problem, w);
   // Every kernel the buckets select, compiled in parallel first; plan() then only loads them.
   dispatch::SelectionContext context = impl_->selection_context(problem);
@@ -465,7 +467,7 @@ GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, 
 }
 
 void Engine::dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream) {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
   check_matrix(out, "dequantize: out", w.n, w.k);
   if (!(out.dtype == formats::bf16 || out.dtype == formats::fp16))
     throw Error(ErrorCode::InvalidArgument,
@@ -496,7 +498,9 @@ void Engine::run(const GemmPlan& plan, const DeviceMatrix& a, const QuantWeight&
   if (p.prequantized)
     throw Error(ErrorCode::InvalidArgument,
                 "gemm run: the plan takes pre-quantized codes (a DeviceActivation), not a matrix");
-  impl_->run(*plan.data_, Impl::prepared(weight), &a, nullptr, c, stream, bias, workspace);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
+  if (a.rows == 0 && c.rows == 0) return;  // an empty batch: nothing to compute
+  impl_->run(*plan.data_, w, &a, nullptr, c, stream, bias, workspace);
 }
 
 void Engine::run(const GemmPlan& plan, const DeviceActivation& a, const QuantWeight& weight,
@@ -508,7 +512,9 @@ void Engine::run(const GemmPlan& plan, const DeviceActivation& a, const QuantWei
                 fmt::format("gemm run: the plan takes {} activations as a matrix, not "
                             "pre-quantized codes",
                             p.input.name()));
-  impl_->run(*plan.data_, Impl::prepared(weight), nullptr, &a, c, stream, bias, workspace);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
+  if (a.rows == 0 && c.rows == 0) return;  // an empty batch: nothing to compute
+  impl_->run(*plan.data_, w, nullptr, &a, c, stream, bias, workspace);
 }
 
 void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeight& weight,
@@ -943,10 +949,16 @@ detail::PreparedWeight::PlanKey plan_key(const GemmProblem& p) {
 
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
-  if (a.rows < 1)
+  const detail::PreparedWeight& w = impl_->prepared(weight);
+  if (a.rows < 0)
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("gemm: A has {} rows; M must be at least 1", a.rows));
+                fmt::format("gemm: A has {} rows (rule: M >= 0)", a.rows));
+  if (a.rows == 0) {  // an empty batch: nothing to compute, C (0 rows) is not touched
+    if (c.rows != 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm: A has 0 rows but C has {} (rule: as many as A)", c.rows));
+    return;
+  }
   if (!(a.dtype == formats::bf16 || a.dtype == formats::fp16))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: activation type {} is not bf16 or fp16 (quantized activations "
@@ -977,12 +989,17 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
 
 void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
-  const detail::PreparedWeight& w = Impl::prepared(weight);
+  const detail::PreparedWeight& w = impl_->prepared(weight);
   if (!a.quant.is_quantized())
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: the DeviceActivation's format {} is not quantized (rule: pass "
                             "bf16/fp16 activations as a DeviceMatrix)",
                             a.quant.format.name()));
+  if (a.rows < 0 || (a.rows == 0 && c.rows != 0))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm: A has {} rows and C {} (rule: M >= 0, as many in both)",
+                            a.rows, c.rows));
+  if (a.rows == 0) return;  // an empty batch: nothing to compute
   GemmProblem problem;
   problem.m = a.rows;
   problem.n = w.n;

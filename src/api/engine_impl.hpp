@@ -36,6 +36,8 @@ namespace detail {
 // activation quantization gemm() applies for it, and the plans gemm() made for it.
 struct PreparedWeight {
   std::uint64_t id = 0;  // unique per prepared weight (plans are made for one)
+  const void* engine = nullptr;  // the Engine::Impl that prepared it
+  int device = 0;
   WeightQuant quant;
   std::int64_t n = 0, k = 0;
   double global_scale = 1.0;
@@ -208,9 +210,16 @@ struct Engine::Impl {
     return *lt;
   }
 
-  static const detail::PreparedWeight& prepared(const QuantWeight& weight) {
+  // The weight's prepared form; Error unless this Engine prepared it (its buffers live on
+  // this engine's device, and its plans hold this engine's kernels).
+  const detail::PreparedWeight& prepared(const QuantWeight& weight) const {
     if (!weight)
       throw Error(ErrorCode::InvalidArgument, "gemm: weight is empty (prepare_weight first)");
+    if (weight.impl_->engine != this)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("gemm: the weight was prepared by another Engine (of GPU {}); this "
+                              "one is GPU {}'s (rule: prepare a weight on the Engine that runs it)",
+                              weight.impl_->device, device));
     return *weight.impl_;
   }
 

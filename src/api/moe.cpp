@@ -71,6 +71,8 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   // back to back (the repacked sizes are equal: one shape and quantization).
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->id = detail::next_weight_id++;
+  prepared->engine = impl_.get();
+  prepared->device = impl_->device;
   prepared->quant = first.quant;
   prepared->n = first.n;
   prepared->k = first.k;
@@ -131,7 +133,7 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
     throw Error(ErrorCode::InvalidArgument,
                 "moe_gemm: the plan is a dense GEMM's (rule: plan with problem.experts = the "
                 "weight's experts())");
-  const detail::PreparedWeight& w = Impl::prepared(experts);
+  const detail::PreparedWeight& w = impl_->prepared(experts);
   if ((bias != nullptr) != p.bias)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("moe_gemm: {} (rule: as the plan's problem.bias = {})",
@@ -156,8 +158,8 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
                  const float* topk_weights, int top_k, const QuantWeight& gate_up,
                  const QuantWeight& down, const DeviceMatrix& out, void* stream,
                  const MoeOptions& options) {
-  const detail::PreparedWeight& up_w = Impl::prepared(gate_up);
-  const detail::PreparedWeight& down_w = Impl::prepared(down);
+  const detail::PreparedWeight& up_w = impl_->prepared(gate_up);
+  const detail::PreparedWeight& down_w = impl_->prepared(down);
   const int experts = up_w.experts;
   const std::int64_t tokens = hidden.rows, h = hidden.cols, inter = down_w.k;
   require(experts > 0 && down_w.experts == experts,
@@ -171,13 +173,13 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
           "moe: gate_up's N is {}, down's K is {} (rule: gate_up N = 2 x down K: gate rows, then "
           "up rows)",
           up_w.n, inter);
-  require(tokens >= 1 && hidden.data && hidden.stride >= h,
-          "moe: hidden is {}x{} at {} with stride {} (rule: at least one row, non-null, stride >= "
+  require(tokens >= 0 && (tokens == 0 || hidden.data) && hidden.stride >= h,
+          "moe: hidden is {}x{} at {} with stride {} (rule: rows >= 0, non-null, stride >= "
           "columns)",
           tokens, h, hidden.data, hidden.stride);
   require(hidden.dtype == formats::bf16 || hidden.dtype == formats::fp16,
           "moe: hidden is {} (rule: bf16 or fp16)", hidden.dtype.name());
-  require(out.data && out.rows == tokens && out.cols == h && out.stride >= h,
+  require((out.data || tokens == 0) && out.rows == tokens && out.cols == h && out.stride >= h,
           "moe: out is {}x{} at {} with stride {} (rule: non-null, {}x{}, stride >= columns)",
           out.rows, out.cols, out.data, out.stride, tokens, h);
   require(out.dtype == formats::bf16 || out.dtype == formats::fp16 || out.dtype == formats::fp32,
@@ -191,6 +193,7 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
           "global to local ids when they differ)",
           global_experts, experts);
   const std::int64_t slots = tokens * top_k;
+  if (tokens == 0) return;  // an empty batch: nothing to route or compute
 
   // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
   // they depend on).
