@@ -725,14 +725,22 @@ def run_moe(layer, x, ids, weights):
 
 
 def int4_expert_tensors(rng, fmt, n, k):
-    """One projection's checkpoint tensors and w [n, k] in `fmt` (gptq or ct)."""
+    """One projection's checkpoint tensors and w [n, k] in `fmt` (gptq, awq or ct)."""
     if fmt == "gptq":
         return gptq_fixtures.gptq_tensors(rng, n, k, 4, 32, v1=True, act_order=False)
+    if fmt == "awq":  # packed along N in AWQ's nibble order, as test_awq_row_parallel_with_bias
+        q = rng.integers(0, 16, size=(k, n))
+        z = rng.integers(0, 16, size=(k // 32, n))
+        s = (rng.random((k // 32, n)) * 0.02 + 0.001).astype(np.float16)
+        pack, order = gptq_fixtures.pack_words_along_rows, [0, 2, 4, 6, 1, 3, 5, 7]
+        g = np.arange(k) // 32
+        return ({"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
+                 "scales": s}, ((q - z[g]) * s[g].astype(np.float64)).T)
     tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, k, 32)
     return {name[2:]: v for name, v in tensors.items()}, w
 
 
-MOE_CONFIGS = {"gptq": {**GPTQ, "group_size": 32},
+MOE_CONFIGS = {"gptq": {**GPTQ, "group_size": 32}, "awq": {**AWQ, "group_size": 32},
                "ct": fixtures.ct_config(4, False, "group", 32)}
 
 
