@@ -536,3 +536,214 @@ def linear_forward(module: torch.nn.Module, x: torch.Tensor,
     if module.qgemm_input_permutation is not None:
         x = x.index_select(-1, module.qgemm_input_permutation)
     return torch.ops.qgemm.gemm(x, module.qgemm_handle, module.qgemm_n, bias)
+
+
+# --- MoE experts -------------------------------------------------------------------------------
+#
+# A MoE layer on this rank holds E local experts, each a fused gate_up layer [2I, H] (gate rows,
+# then up rows: vLLM's w13, loaded shard by shard as w1 = gate, w3 = up) and a down layer [H, I]
+# (w2), I being this rank's part of the intermediate size. Each expert's tensors are those of a
+# linear layer of the checkpoint's format (tensor_specs), with a leading experts dimension. gpt-oss
+# MXFP4 stores every expert in one tensor and interleaves gate (even rows) and up (odd rows):
+#   w13_weight uint8 [E, 2I, H/2], w13_weight_scale uint8 [E, 2I, H/32] (e8m0), w13_bias [E, 2I],
+#   w2_weight uint8 [E, H, I/2], w2_weight_scale uint8 [E, H, I/32], w2_bias [E, H]
+# (vLLM's gpt-oss loader flattens <name>_blocks [E, n, k/32, 16] to [E, n, k/2]).
+
+GLU_OF_VLLM = {"silu": "silu", "gelu": "gelu", "swigluoai": "clamped-swiglu",
+               "swigluoai_uninterleave": "clamped-swiglu"}
+
+
+@dataclasses.dataclass
+class ExpertsPartition:
+    """A MoE layer's experts on this rank: `experts` local experts of hidden size H and
+    intermediate size `inter` (this rank's part), the checkpoint prefixes of one expert's
+    projections (for the format's per-layer rules), and the tensor-parallel split."""
+
+    prefix: str
+    experts: int
+    hidden: int
+    inter: int
+    tp_size: int = 1
+    tp_rank: int = 0
+    has_bias: bool = False
+
+    def gate_up(self) -> LayerPartition:
+        return LayerPartition(f"{self.prefix}.w13", [self.inter, self.inter], self.hidden,
+                              [f"{self.prefix}.0.gate_proj", f"{self.prefix}.0.up_proj"])
+
+    def down(self) -> LayerPartition:
+        return LayerPartition(f"{self.prefix}.w2", [self.hidden], self.inter,
+                              [f"{self.prefix}.0.down_proj"], input_split=self.tp_size > 1)
+
+
+def expert_specs(config: Mapping, part: ExpertsPartition, params_dtype: torch.dtype):
+    """(w13 specs, w2 specs): one expert's stored tensors (without the experts dimension) of
+    the gate_up and down projections, named as the checkpoint names them (vLLM's parameters
+    are w13_<name> and w2_<name>). Raises PluginError naming the rule."""
+    method = config.get("quant_method")
+    U8, F32 = torch.uint8, torch.float32
+    if method == "mxfp4":
+        for what, size in (("hidden size", part.hidden), ("intermediate size on this rank",
+                                                          part.inter)):
+            if size % 32:
+                raise PluginError(f"{part.prefix}: the {what} {size} is not a multiple of 32 "
+                                  "(gpt-oss MXFP4 blocks)")
+        h, i = part.hidden, part.inter
+        w13 = [TensorSpec("weight", (2 * i, h // 2), U8, "ModelWeightParameter", output_dim=0,
+                          input_dim=1),
+               TensorSpec("weight_scale", (2 * i, h // 32), U8, "ModelWeightParameter",
+                          output_dim=0, input_dim=1)]
+        w2 = [TensorSpec("weight", (h, i // 2), U8, "ModelWeightParameter", output_dim=0,
+                         input_dim=1),
+              TensorSpec("weight_scale", (h, i // 32), U8, "ModelWeightParameter",
+                         output_dim=0, input_dim=1)]
+    else:
+        w13 = tensor_specs(config, part.gate_up(), params_dtype)
+        w2 = tensor_specs(config, part.down(), params_dtype)
+    if part.has_bias:
+        w13 = w13 + [TensorSpec("bias", (2 * part.inter,), F32, "ModelWeightParameter",
+                                output_dim=0)]
+        w2 = w2 + [TensorSpec("bias", (part.hidden,), F32, "BasevLLMParameter")]
+    return w13, w2
+
+
+def _place(dest: torch.Tensor, loaded: torch.Tensor, part: ExpertsPartition, what: str):
+    """Copies a checkpoint tensor into its place on this rank: each dimension is either this
+    rank's size (copied whole) or tp_size times it (tensor parallelism: this rank's slice)."""
+    if loaded.dim() > dest.dim() >= 1:  # gpt-oss blocks [.., n, k/32, 16] as [.., n, k/2]
+        loaded = loaded.reshape(tuple(loaded.shape[:dest.dim() - 1]) + (-1,))
+    if loaded.dim() == 0 and dest.numel() == 1:
+        loaded = loaded.reshape(dest.shape)
+    if loaded.dim() != dest.dim():
+        raise PluginError(f"{what}: a checkpoint tensor of shape {list(loaded.shape)} for a "
+                          f"parameter of shape {list(dest.shape)}")
+    for d, (have, want) in enumerate(zip(loaded.shape, dest.shape)):
+        if have == want:
+            continue
+        if have == want * part.tp_size:
+            loaded = loaded.narrow(d, part.tp_rank * want, want)
+            continue
+        raise PluginError(f"{what}: dimension {d} of the checkpoint tensor "
+                          f"{list(loaded.shape)} is neither this rank's {want} nor "
+                          f"{part.tp_size} × {want} (the parameter is {list(dest.shape)})")
+    dest.copy_(loaded)
+
+
+def load_expert_tensor(param: torch.Tensor, spec: TensorSpec, w13: bool,
+                       part: ExpertsPartition, loaded: torch.Tensor, shard_id,
+                       local_expert) -> None:
+    """One checkpoint tensor into a stacked expert parameter `param` [E, *spec.shape]:
+    local_expert None: every local expert at once (gpt-oss: [E, ...], already this rank's);
+    else one expert's tensor of the projection `shard_id` (w1 = gate, w3 = up, w2 = down, or
+    gpt-oss's gpt_oss_w13 / gpt_oss_w2: the whole fused projection)."""
+    name = f"{part.prefix}.{'w13' if w13 else 'w2'}_{spec.name}"
+    loaded = loaded.detach()
+    if local_expert is None:
+        _place(param, loaded, part, name)
+        return
+    dest = param[local_expert]
+    if w13 and shard_id in ("w1", "w3"):
+        index = 0 if shard_id == "w1" else 1
+        dest = _shard_slice(spec, dest, part.gate_up(), index)
+    elif shard_id not in ("w1", "w2", "w3", "gpt_oss_w13", "gpt_oss_w2"):
+        raise PluginError(f"{name}: shard_id {shard_id!r} is not w1, w2 or w3")
+    elif (shard_id in ("w2", "gpt_oss_w2")) == w13:
+        raise PluginError(f"{name}: shard_id {shard_id!r} loads the other projection")
+    if spec.name == "bias" and not w13 and part.tp_rank != 0:
+        loaded = torch.zeros_like(loaded)  # the ranks' partial sums add the bias once
+    _place(dest, loaded, part, f"{name} of expert {local_expert}")
+
+
+def build_experts(config: Mapping, part: ExpertsPartition, w13_specs, w2_specs,
+                  w13_tensors, w2_tensors, params_dtype: torch.dtype, settings: Settings):
+    """The qgemm experts of a loaded MoE layer: (gate_up ImportedLinears [2I, H], down
+    ImportedLinears [H, I], the scheme, gate_up bias fp32 [E, 2I] or None, down bias [E, H] or
+    None). gpt-oss's interleaved gate/up rows (and bias) become gate rows, then up rows."""
+    if params_dtype not in ACTIVATION_NAMES:
+        raise PluginError(f"{part.prefix}: the model's dtype must be bfloat16 or float16 for "
+                          f"qgemm ({params_dtype} given; pass --dtype bfloat16)")
+    activation = ACTIVATION_NAMES[params_dtype]
+    mxfp4 = config.get("quant_method") == "mxfp4"
+    w13 = dict(zip([s.name for s in w13_specs], [t.detach().cpu() for t in w13_tensors]))
+    w2 = dict(zip([s.name for s in w2_specs], [t.detach().cpu() for t in w2_tensors]))
+    quantized = [s for s in w13_specs if s.name != "bias"]
+    quantized_down = [s for s in w2_specs if s.name != "bias"]
+    gate_up, down = [], []
+    for e in range(part.experts):
+        if mxfp4:
+            blocks = lambda t: t[e].numpy().reshape(t.shape[1], -1, 16)  # noqa: E731
+            layer = checkpoint.import_mxfp4(blocks(w13["weight"]), w13["weight_scale"][e].numpy(),
+                                            activation=activation, name=f"{part.prefix}.w13")
+            gate, up = checkpoint.split_interleaved_gate_up(layer)
+            g = checkpoint.concat_rows([gate, up])
+            d = checkpoint.import_mxfp4(blocks(w2["weight"]), w2["weight_scale"][e].numpy(),
+                                        activation=activation, name=f"{part.prefix}.w2")
+            scheme = _with_activations(g, settings, activation)
+        else:
+            g, scheme = build_weight(config, part.gate_up(), quantized,
+                                     [w13[s.name][e] for s in quantized], params_dtype,
+                                     settings)
+            d, _ = build_weight(config, part.down(), quantized_down,
+                                [w2[s.name][e] for s in quantized_down], params_dtype,
+                                settings)
+        for what, imported in (("gate_up", g), ("down", d)):
+            if imported.input_permutation is not None:
+                raise PluginError(f"{part.prefix}: expert {e}'s {what} projection has an "
+                                  "act-order input permutation (GPTQ desc_act / "
+                                  "compressed-tensors actorder): qgemm's MoE operator takes "
+                                  "experts without one")
+        gate_up.append(g)
+        down.append(d)
+    gate_up_bias = down_bias = None
+    if "bias" in w13:
+        gate_up_bias = w13["bias"].to(torch.float32)
+        if mxfp4:
+            gate_up_bias = torch.cat([gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]], dim=1)
+        down_bias = w2["bias"].to(torch.float32)
+    return gate_up, down, scheme, gate_up_bias, down_bias
+
+
+class QgemmExperts:
+    """A loaded MoE layer's experts registered for torch.ops.qgemm.moe, attached to the layer
+    (`attach`), and the forward (`moe_forward`): the operator alone, with vLLM's routing
+    (topk_ids, topk_weights) and expert map."""
+
+    def __init__(self, gate_up, down, scheme, gate_up_bias, down_bias, activation: str,
+                 alpha: float = 1.702, limit: float = 7.0):
+        from qgemm import ops
+
+        if activation not in ops.GLU_ACTIVATIONS:
+            raise PluginError(f"activation {activation!r}: qgemm's MoE operator computes "
+                              f"{', '.join(ops.GLU_ACTIVATIONS)}")
+        self.experts = ops.register_experts([g.weight for g in gate_up],
+                                            [d.weight for d in down], scheme)
+        self.gate_up_bias, self.down_bias = gate_up_bias, down_bias
+        self.activation, self.alpha, self.limit = activation, float(alpha), float(limit)
+
+    def attach(self, module: torch.nn.Module, device=None) -> None:
+        """Sets module.qgemm_experts (the RegisteredExperts, alive as long as the module),
+        qgemm_experts_handle, qgemm_activation / _alpha / _limit, and the buffers
+        qgemm_gate_up_bias and qgemm_down_bias (or None). On a CUDA device the experts are
+        uploaded now, before any CUDA-graph capture."""
+        module.qgemm_experts = self.experts
+        module.qgemm_experts_handle = int(self.experts.handle)
+        module.qgemm_activation = self.activation
+        module.qgemm_alpha, module.qgemm_limit = self.alpha, self.limit
+        for name, bias in (("qgemm_gate_up_bias", self.gate_up_bias),
+                           ("qgemm_down_bias", self.down_bias)):
+            module.register_buffer(name, None if bias is None else bias.to(device),
+                                   persistent=False)
+        if device is not None and torch.device(device).type == "cuda":
+            index = torch.device(device).index
+            self.experts._entry.on_device(torch.cuda.current_device() if index is None
+                                          else index)
+
+
+def moe_forward(module: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor, expert_map: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+    """The routed experts' output of a layer that QgemmExperts.attach prepared."""
+    return torch.ops.qgemm.moe(x, topk_ids, topk_weights, module.qgemm_experts_handle,
+                               module.qgemm_activation, module.qgemm_alpha,
+                               module.qgemm_limit, module.qgemm_gate_up_bias,
+                               module.qgemm_down_bias, expert_map)

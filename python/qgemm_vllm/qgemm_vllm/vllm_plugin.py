@@ -5,8 +5,11 @@ QgemmConfig claims a checkpoint (GPTQ, AWQ, compressed-tensors, modelopt NVFP4/F
 MXFP4, FP8-block) only when the user asked for qgemm; QgemmLinearMethod creates the
 checkpoint's tensors as vLLM parameters (so that tensor parallelism and the fused QKV /
 gate_up loaders work), turns them into one qgemm weight after loading, and calls
-torch.ops.qgemm.gemm. MoE layers are not served yet (torch.ops.qgemm.moe does not exist): a
-model with quantized experts fails at construction, with that reason.
+torch.ops.qgemm.gemm. QgemmMoEMethod does the same for a MoE layer's quantized experts: it
+creates each expert's checkpoint tensors stacked along an experts dimension (w13 = gate_up,
+w2 = down; gpt-oss MXFP4 as its loader places them), turns every expert into qgemm weights
+after loading, registers them (qgemm.ops.register_experts) and calls torch.ops.qgemm.moe with
+vLLM's routing and expert map.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 import qgemm.ops  # noqa: F401  (registers torch.ops.qgemm in this process)
 from vllm.logger import init_logger
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.linear import (LinearBase, LinearMethodBase,
                                                UnquantizedLinearMethod,
                                                register_weight_loader_v2_supported_method)
@@ -26,9 +30,10 @@ from vllm.model_executor.layers.quantization.base_config import (QuantizationCon
 from vllm.model_executor import parameter as vllm_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from .layout import (CLAIMED_METHODS, LayerPartition, PluginError, QgemmLinearKernel, Settings,
-                     build_weight, initial_tensor, is_quantized, linear_forward,
-                     normalized_config, tensor_specs)
+from .layout import (CLAIMED_METHODS, GLU_OF_VLLM, ExpertsPartition, LayerPartition,
+                     PluginError, QgemmExperts, QgemmLinearKernel, Settings, build_experts,
+                     build_weight, expert_specs, initial_tensor, is_quantized, linear_forward,
+                     load_expert_tensor, moe_forward, normalized_config, tensor_specs)
 
 logger = init_logger(__name__)
 
@@ -129,11 +134,7 @@ class QgemmConfig(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             if self.checkpoint_config and is_quantized(self.checkpoint_config, prefix,
                                                        experts=True):
-                raise NotImplementedError(
-                    f"--quantization qgemm: {prefix} is a quantized MoE layer; qgemm's vLLM "
-                    "plugin does not serve MoE layers yet (torch.ops.qgemm.moe, the grouped "
-                    "GEMM op it needs, is not built). Serve this model without --quantization "
-                    "qgemm.")
+                return QgemmMoEMethod(self, prefix, layer.moe_config)
             return None
         if not isinstance(layer, LinearBase):
             return None
@@ -224,3 +225,96 @@ class QgemmLinearMethod(LinearMethodBase):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         return linear_forward(layer, x, bias)
+
+
+class QgemmMoEMethod(FusedMoEMethodBase):
+    """A MoE layer's quantized experts, computed by torch.ops.qgemm.moe (qgemm's grouped GEMMs)
+    from vLLM's routing outputs. No modular kernel: vLLM's runner routes (select_experts),
+    calls `apply`, and reduces across tensor-parallel ranks; under expert parallelism it
+    dispatches and combines the tokens naively and `apply` passes the layer's expert map."""
+
+    def __init__(self, config: QgemmConfig, prefix: str, moe):
+        super().__init__(moe)
+        self.config = config
+        self.prefix = prefix
+        activation = getattr(moe.activation, "value", moe.activation)
+        glu = GLU_OF_VLLM.get(str(activation))
+        if glu is None:
+            raise PluginError(f"{prefix}: MoE activation {activation!r} is not one qgemm's MoE "
+                              f"operator computes (vLLM's {', '.join(GLU_OF_VLLM)})")
+        if glu == "silu" and getattr(moe, "swiglu_limit", None) is not None:
+            raise PluginError(f"{prefix}: SiLU with a clamp (swiglu_limit) is not one qgemm's "
+                              "MoE operator computes")
+        self.glu = glu
+        self.alpha = moe.swiglu_alpha if getattr(moe, "swiglu_alpha", None) is not None \
+            else 1.702
+        self.limit = moe.swiglu_limit if getattr(moe, "swiglu_limit", None) is not None \
+            else 7.0
+        # gpt-oss's loader (GptOssRoutedExperts) places MXFP4 experts as packed tensors.
+        if config.checkpoint_config.get("quant_method") == "mxfp4":
+            self.weight_dtype = "mxfp4"
+
+    def create_weights(self, layer: torch.nn.Module, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs):
+        if getattr(layer, "apply_router_weight_on_input", False):
+            raise PluginError(f"{self.prefix}: apply_router_weight_on_input is not supported "
+                              "by qgemm's MoE operator (it weights the experts' outputs)")
+        parallel = self.moe.moe_parallel_config
+        part = ExpertsPartition(self.prefix, int(num_experts), int(hidden_size),
+                                int(intermediate_size_per_partition),
+                                tp_size=int(parallel.tp_size), tp_rank=int(parallel.tp_rank),
+                                has_bias=bool(getattr(self.moe, "has_bias", False)))
+        w13_specs, w2_specs = expert_specs(self.config.checkpoint_config, part, params_dtype)
+        extra_weight_attrs.pop("weight_loader", None)
+        for name in ("unpadded_hidden_size", "global_num_experts"):
+            extra_weight_attrs.pop(name, None)
+
+        def loader_for(spec, w13):
+            def weight_loader(param, loaded_weight, weight_name=None, shard_id=None,
+                              expert_id=None, return_success=False):
+                local = None
+                if expert_id is not None:
+                    local = layer._map_global_expert_id_to_local_expert_id(int(expert_id))
+                    if local == -1:  # another rank's expert
+                        return False if return_success else None
+                load_expert_tensor(param.data, spec, w13, part, loaded_weight, shard_id,
+                                   local)
+                return True if return_success else None
+
+            weight_loader.supports_moe_loading = True
+            return weight_loader
+
+        for w13, specs in ((True, w13_specs), (False, w2_specs)):
+            for spec in specs:
+                data = initial_tensor(spec).unsqueeze(0).repeat(
+                    (part.experts,) + (1,) * len(spec.shape)).contiguous()
+                param = torch.nn.Parameter(data, requires_grad=False)
+                set_weight_attrs(param, {"weight_loader": loader_for(spec, w13),
+                                         "qgemm_spec": spec})
+                layer.register_parameter(f"{'w13' if w13 else 'w2'}_{spec.name}", param)
+        layer.qgemm_experts_partition = part
+        layer.qgemm_w13_specs, layer.qgemm_w2_specs = w13_specs, w2_specs
+        layer.qgemm_params_dtype = params_dtype
+
+    def get_fused_moe_quant_config(self, layer: torch.nn.Module):
+        return None  # no vLLM kernel reads it: torch.ops.qgemm.moe takes the whole layer
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        part = layer.qgemm_experts_partition
+        names13 = [f"w13_{s.name}" for s in layer.qgemm_w13_specs]
+        names2 = [f"w2_{s.name}" for s in layer.qgemm_w2_specs]
+        device = getattr(layer, names13[0]).device
+        gate_up, down, scheme, gate_up_bias, down_bias = build_experts(
+            self.config.checkpoint_config, part, layer.qgemm_w13_specs, layer.qgemm_w2_specs,
+            [getattr(layer, n).data for n in names13], [getattr(layer, n).data for n in names2],
+            layer.qgemm_params_dtype, self.config.settings)
+        QgemmExperts(gate_up, down, scheme, gate_up_bias, down_bias, self.glu, self.alpha,
+                     self.limit).attach(layer, device)
+        for name in names13 + names2:
+            delattr(layer, name)
+        logger.debug("qgemm: %s, %d experts as %s", self.prefix, part.experts, scheme)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, shared_experts=None, shared_experts_input=None):
+        return moe_forward(layer, x, topk_ids, topk_weights, layer.expert_map)

@@ -622,15 +622,6 @@ def test_torch_compile_fullgraph_dynamic(plugin, tp1, rng):
             assert np.all(np.abs(y.double().numpy() - ref) <= 2.0 ** -7 * np.abs(ref) + 1e-30)
 
 
-def test_moe_layers_are_refused_with_the_reason(plugin):
-    from vllm.model_executor.layers.fused_moe import RoutedExperts
-
-    config = quant_config(plugin, MXFP4)
-    fake = RoutedExperts.__new__(RoutedExperts)
-    with pytest.raises(NotImplementedError, match="torch.ops.qgemm.moe"):
-        config.get_quant_method(fake, "model.layers.0.mlp.experts")
-
-
 def test_settings_errors_name_the_setting(monkeypatch):
     monkeypatch.setenv("QGEMM_MAX_ROWS", "many")
     with pytest.raises(ValueError, match="QGEMM_MAX_ROWS"):
@@ -642,3 +633,238 @@ def test_settings_errors_name_the_setting(monkeypatch):
     monkeypatch.setenv("QGEMM_ACTIVATIONS", "e4m3:tok")
     assert layout.Settings.load({"qgemm": {"max_rows": 128}}) == layout.Settings("e4m3:tok",
                                                                                  128)
+
+
+# --- MoE layers on one rank -------------------------------------------------------------------
+#
+# vLLM's FusedMoE layer (FusedMoEFactory: its RoutedExperts) with TP = 1 on gloo, its experts'
+# checkpoint tensors loaded through the parameters' weight loaders as vLLM's model loaders call
+# them (per expert and projection: shard_id w1 = gate, w3 = up, w2 = down; gpt-oss: all experts
+# at once), processed, and run on the CPU operator through QgemmMoEMethod.apply with random
+# routing. The reference is the layer written out in float64 from the weights the fixtures'
+# tensors stand for, with the roundings its definition has (gate_up rows and the activation to
+# bf16); the bound is python/tests/test_moe.py's: one bf16 step of the magnitudes involved.
+
+BF16_ULP = 2.0 ** -8
+
+
+def glu(kind, gate, up, alpha=1.702, limit=7.0):
+    if kind == "silu":
+        return gate * torch.sigmoid(gate) * up
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
+def moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias=None, down_bias=None):
+    """gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I] as float64 arrays."""
+    bf16 = lambda t: t.to(torch.bfloat16).to(torch.float64)  # noqa: E731
+    gate_up, down = torch.from_numpy(gate_up), torch.from_numpy(down)
+    x = x.to(torch.float64)
+    out, magnitude = torch.zeros_like(x), torch.zeros_like(x)
+    inter = down.shape[2]
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e, w = int(ids[t, j]), float(weights[t, j])
+            g = gate_up[e] @ x[t]
+            if gate_up_bias is not None:
+                g = g + torch.as_tensor(gate_up_bias[e], dtype=torch.float64)
+            g = bf16(g)
+            h = bf16(glu(kind, g[:inter], g[inter:]))
+            y = down[e] @ h
+            if down_bias is not None:
+                y = y + torch.as_tensor(down_bias[e], dtype=torch.float64)
+            out[t] += w * y
+            magnitude[t] += abs(w) * (down[e].abs() @ h.abs() + y.abs())
+    return out, magnitude
+
+
+def assert_moe_close(got, want, magnitude):
+    bound = BF16_ULP * magnitude + BF16_ULP * want.abs() + 1e-6
+    err = (got.to(torch.float64) - want).abs()
+    assert bool((err <= bound).all()), (f"{int((err > bound).sum())} elements outside, worst "
+                                        f"ratio {float((err / bound).max())}")
+    return bound
+
+
+_moe_layers = iter(range(10**6))
+
+
+def moe_layer(config, experts, hidden, inter, **kwargs):
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
+
+    # vLLM registers each MoE layer under its name, once per process.
+
+    runner = FusedMoEFactory(num_experts=experts, top_k=2, hidden_size=hidden,
+                             intermediate_size=inter, params_dtype=torch.bfloat16,
+                             quant_config=config,
+                             prefix=f"model.layers.{next(_moe_layers)}.mlp.experts", **kwargs)
+    layer = runner.routed_experts
+    assert type(layer.quant_method).__name__ == "QgemmMoEMethod"
+    return layer
+
+
+def load_expert(layer, tensors, shard_id, expert):
+    """One expert's projection as vLLM's MoE loaders pass it: the parameter w13_<name> /
+    w2_<name>, the checkpoint tensor, shard_id and the (global) expert id."""
+    for name, value in tensors.items():
+        pname = f"{'w2' if shard_id == 'w2' else 'w13'}_{name}"
+        param = getattr(layer, pname)
+        assert param.weight_loader(param, torch_tensor(value), pname, shard_id=shard_id,
+                                   expert_id=expert, return_success=True)
+
+
+def routing(rng, tokens, top_k, experts):
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+    weights = rng.uniform(0.05, 1.0, (tokens, top_k)).astype(np.float32)
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(weights)
+
+
+def run_moe(layer, x, ids, weights):
+    return layer.quant_method.apply(layer, x, weights, ids, None, None)
+
+
+def int4_expert_tensors(rng, fmt, n, k):
+    """One projection's checkpoint tensors and w [n, k] in `fmt` (gptq, awq or ct)."""
+    if fmt == "gptq":
+        return gptq_fixtures.gptq_tensors(rng, n, k, 4, 32, v1=True, act_order=False)
+    if fmt == "awq":  # packed along N in AWQ's nibble order, as test_awq_row_parallel_with_bias
+        q = rng.integers(0, 16, size=(k, n))
+        z = rng.integers(0, 16, size=(k // 32, n))
+        s = (rng.random((k // 32, n)) * 0.02 + 0.001).astype(np.float16)
+        pack, order = gptq_fixtures.pack_words_along_rows, [0, 2, 4, 6, 1, 3, 5, 7]
+        g = np.arange(k) // 32
+        return ({"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
+                 "scales": s}, ((q - z[g]) * s[g].astype(np.float64)).T)
+    tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, k, 32)
+    return {name[2:]: v for name, v in tensors.items()}, w
+
+
+MOE_CONFIGS = {"gptq": {**GPTQ, "group_size": 32}, "awq": {**AWQ, "group_size": 32},
+               "ct": fixtures.ct_config(4, False, "group", 32)}
+
+
+@pytest.mark.parametrize("fmt", sorted(MOE_CONFIGS))
+def test_int4_moe_layer(plugin, tp1, rng, fmt):
+    experts, hidden, inter = 4, 64, 32
+    layer = moe_layer(quant_config(plugin, MOE_CONFIGS[fmt]), experts, hidden, inter)
+    gate_up, down = [], []
+    for e in range(experts):
+        ws = []
+        for shard_id, (n, k) in (("w1", (inter, hidden)), ("w3", (inter, hidden)),
+                                 ("w2", (hidden, inter))):
+            tensors, w = int4_expert_tensors(rng, fmt, n, k)
+            load_expert(layer, tensors, shard_id, e)
+            ws.append(w)
+        gate_up.append(np.concatenate(ws[:2]))
+        down.append(ws[2])
+    layer.quant_method.process_weights_after_loading(layer)
+    assert not any(name.startswith(("w13_", "w2_")) for name, _ in layer.named_parameters())
+    x = torch.from_numpy(rng.standard_normal((7, hidden)).astype(np.float32)).to(torch.bfloat16)
+    ids, weights = routing(rng, 7, 2, experts)
+    got = run_moe(layer, x, ids, weights)
+    assert got.shape == x.shape and got.dtype == torch.bfloat16
+    want, magnitude = moe_reference(x, ids, weights, np.stack(gate_up), np.stack(down), "silu")
+    bound = assert_moe_close(got, want, magnitude)
+    # The check can fail: gate and up swapped (the order vLLM's w13 holds) does not pass it.
+    swapped, _ = moe_reference(x, ids, weights, np.stack([np.concatenate([g[inter:], g[:inter]])
+                                                          for g in gate_up]), np.stack(down),
+                               "silu")
+    assert not bool(((got.to(torch.float64) - swapped).abs() <= bound).all())
+
+    # Expert parallelism: with an expert map holding the even experts only, the odd experts'
+    # choices contribute nothing.
+    layer._expert_map = torch.tensor([0, -1, 2, -1], dtype=torch.int32)
+    part = run_moe(layer, x, ids, weights)
+    kept = weights * (ids % 2 == 0)
+    want, magnitude = moe_reference(x, ids, kept, np.stack(gate_up), np.stack(down), "silu")
+    assert_moe_close(part, want, magnitude)
+    assert not torch.equal(part, got)
+
+
+def test_moe_loader_skips_other_ranks_experts(plugin, tp1, rng, monkeypatch):
+    layer = moe_layer(quant_config(plugin, MOE_CONFIGS["gptq"]), 4, 64, 32)
+    tensors, _ = int4_expert_tensors(rng, "gptq", 32, 64)
+    monkeypatch.setattr(layer, "_map_global_expert_id_to_local_expert_id",
+                        lambda e: -1 if e % 2 else e // 2)
+    param = layer.w13_qweight
+    before = param.data.clone()
+    assert param.weight_loader(param, torch_tensor(tensors["qweight"]), "w13_qweight",
+                               shard_id="w1", expert_id=3, return_success=True) is False
+    assert torch.equal(param.data, before)
+    assert param.weight_loader(param, torch_tensor(tensors["qweight"]), "w13_qweight",
+                               shard_id="w1", expert_id=2, return_success=True)
+    assert torch.equal(param.data[1, :, :32], torch_tensor(tensors["qweight"]))
+    with pytest.raises(ValueError, match="w13_qweight.*neither"):
+        param.weight_loader(param, torch_tensor(tensors["qweight"])[:, :20], "w13_qweight",
+                            shard_id="w3", expert_id=0)
+
+
+def test_gpt_oss_mxfp4_moe_layer(plugin, tp1, rng):
+    """gpt-oss: every expert's MXFP4 blocks in one tensor, gate/up rows interleaved, biases,
+    the clamped SwiGLU (vLLM's swigluoai), loaded as vLLM's gpt-oss loader passes them."""
+    experts, hidden, inter = 4, 64, 32
+    layer = moe_layer(quant_config(plugin, MXFP4), experts, hidden, inter,
+                      activation="swigluoai", has_bias=True)
+
+    def mxfp4(n, k):
+        blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
+        scales = rng.integers(119, 125, size=(experts, n, k // 32)).astype(np.uint8)
+        flat = blocks.reshape(experts, n, k // 2)
+        codes = np.empty((experts, n, k), np.int64)
+        codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
+        w = fixtures.E2M1[codes] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
+        return blocks, scales, w
+
+    b13, s13, w13 = mxfp4(2 * inter, hidden)
+    b2, s2, w2 = mxfp4(hidden, inter)
+    bias13 = torch.from_numpy(rng.standard_normal((experts, 2 * inter)).astype(
+        np.float32)).to(torch.bfloat16)
+    bias2 = torch.from_numpy(rng.standard_normal((experts, hidden)).astype(
+        np.float32)).to(torch.bfloat16)
+    # vLLM's gpt-oss loader: blocks viewed [E, n, k / 2], one call for all experts.
+    for name, value in (("w13_weight", torch.from_numpy(b13).view(experts, 2 * inter, -1)),
+                        ("w13_weight_scale", torch.from_numpy(s13)), ("w13_bias", bias13),
+                        ("w2_weight", torch.from_numpy(b2).view(experts, hidden, -1)),
+                        ("w2_weight_scale", torch.from_numpy(s2)), ("w2_bias", bias2)):
+        param = getattr(layer, name)
+        param.weight_loader(param, value, weight_name=name, shard_id=None, expert_id=None)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert str(layer.qgemm_experts.scheme).startswith("w=e2m1:g32:s=e8m0")
+    x = torch.from_numpy(rng.standard_normal((9, hidden)).astype(np.float32)).to(torch.bfloat16)
+    ids, weights = routing(rng, 9, 2, experts)
+    got = run_moe(layer, x, ids, weights)
+    gate_up = np.concatenate([w13[:, 0::2], w13[:, 1::2]], axis=1)  # gate rows, then up rows
+    b = bias13.double().numpy()
+    want, magnitude = moe_reference(x, ids, weights, gate_up, w2, "clamped-swiglu",
+                                    np.concatenate([b[:, 0::2], b[:, 1::2]], axis=1),
+                                    bias2.double().numpy())
+    bound = assert_moe_close(got, want, magnitude)
+    # The check can fail: the interleaved rows taken as they stand do not pass it.
+    wrong, _ = moe_reference(x, ids, weights, w13, w2, "clamped-swiglu", b,
+                             bias2.double().numpy())
+    assert not bool(((got.to(torch.float64) - wrong).abs() <= bound).all())
+
+
+def test_moe_model_configs_choose_qgemm(plugin, tmp_path):
+    """A Qwen3-MoE-like GPTQ config and gpt-oss: vLLM's ModelConfig chooses qgemm, and the
+    experts of each get QgemmMoEMethod (no longer refused)."""
+    import json
+
+    from vllm.config import ModelConfig
+
+    qwen = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "num_hidden_layers": 1, "vocab_size": 512, "max_position_embeddings": 256,
+            "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "norm_topk_prob": True, "torch_dtype": "bfloat16",
+            "quantization_config": {**GPTQ, "modules_to_not_convert": ["mlp.gate"]}}
+    (tmp_path / "config.json").write_text(json.dumps(qwen))
+    config = ModelConfig(model=str(tmp_path), quantization="qgemm", skip_tokenizer_init=True,
+                         dtype="bfloat16")
+    assert config.quantization == "qgemm"
+    (tmp_path / "oss").mkdir()
+    gpt_oss = ModelConfig(model=tiny_model_dir(tmp_path / "oss", MXFP4, "gpt_oss"),
+                          quantization="qgemm", skip_tokenizer_init=True, dtype="bfloat16")
+    assert gpt_oss.quantization == "qgemm"
