@@ -56,6 +56,7 @@ struct DriverLoader {
     QGEMM_LOAD(cuFuncSetAttribute)
     QGEMM_LOAD(cuLaunchKernel)
     QGEMM_LOAD(cuMemAlloc)
+    QGEMM_LOAD(cuMemGetInfo)
     QGEMM_LOAD(cuMemFree)
     QGEMM_LOAD(cuMemcpyHtoD)
     QGEMM_LOAD(cuMemcpyDtoH)
