@@ -236,12 +236,17 @@ class QuantMoE(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 expert_map: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # The signature of transformers' fused experts modules (hidden_states, top_k_index,
+        # top_k_weights), so that quantize_model can put a QuantMoE in their place. float32
+        # hidden states (a float32 model) go through bf16, as QuantLinear's do.
         x = hidden.reshape(-1, hidden.shape[-1])
+        if x.dtype not in ops.ACTIVATION_DTYPES:
+            x = x.to(torch.bfloat16)
         y = torch.ops.qgemm.moe(x, topk_ids.reshape(x.shape[0], -1),
                                 topk_weights.reshape(x.shape[0], -1), self.experts.handle,
                                 self.activation, self.alpha, self.limit, self.gate_up_bias,
                                 self.down_bias, expert_map)
-        return y.reshape(hidden.shape)
+        return y.to(hidden.dtype).reshape(hidden.shape)
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts.experts}, hidden={self.experts.hidden}, "
@@ -264,13 +269,43 @@ def _ignored(name: str, patterns: Iterable[str]) -> bool:
     return False
 
 
+def _fused_experts_activation(module: torch.nn.Module) -> Optional[str]:
+    """The GLU of a transformers fused-experts module (3-D gate_up_proj [E, 2I, H] with gate rows
+    then up rows, down_proj [E, H, I], act_fn, forward(hidden_states, top_k_index,
+    top_k_weights): Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek and most of their kind), or None when
+    `module` is not one QuantMoE computes exactly (biases, interleaved gate/up, other
+    activations)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gate_up, torch.nn.Parameter) or not isinstance(down, torch.nn.Parameter):
+        return None
+    if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0] or \
+            gate_up.shape[1] != 2 * down.shape[2] or gate_up.shape[2] != down.shape[1]:
+        return None
+    if any(p is not None for p in (getattr(module, "gate_up_proj_bias", None),
+                                   getattr(module, "down_proj_bias", None))):
+        return None
+    # torch's modules or transformers' own (SiLUActivation, GELUActivation: the erf GELU; its
+    # tanh and "new"/"fast" approximations are other functions, left alone).
+    act = getattr(module, "act_fn", None)
+    kind = type(act).__name__
+    if kind in ("SiLU", "SiLUActivation"):
+        return "silu"
+    if (kind == "GELU" and getattr(act, "approximate", "none") == "none") or \
+            kind == "GELUActivation":
+        return "gelu"
+    return None
+
+
 def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[str]] = ("lm_head",),
                    *, max_rows: int = 65536) -> torch.nn.Module:
     """Replaces, in place, every torch.nn.Linear of `model` (exactly that type: subclasses such
     as MultiheadAttention's out_proj are read by their owners as plain weights) with a
-    QuantLinear quantized as `scheme`, except those `ignore` names (see _ignored: full names,
-    trailing names such as "lm_head", globs, "re:" regular expressions). A Linear shared by two
-    owners stays shared. Returns the model (the replacement when `model` itself is a Linear)."""
+    QuantLinear quantized as `scheme`, and every transformers fused-experts module (MoE layers'
+    `experts`: see _fused_experts_activation) with a QuantMoE, except those `ignore` names (see
+    _ignored: full names, trailing names such as "lm_head", globs, "re:" regular expressions;
+    routers are Linears or parameters of their own, so "gate" / "router" keep them). A module
+    shared by two owners stays shared. Returns the model (the replacement when `model` itself is
+    a Linear)."""
     scheme = _scheme(scheme, "quantize_model")
     if isinstance(ignore, str):
         ignore = (ignore,)
@@ -284,13 +319,20 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
     for owner_name, owner in model.named_modules(remove_duplicate=False):
         for child_name, child in owner.named_children():
             name = f"{owner_name}.{child_name}" if owner_name else child_name
-            if type(child) is torch.nn.Linear and not _ignored(name, ignore):
+            if _ignored(name, ignore):
+                continue
+            if type(child) is torch.nn.Linear or _fused_experts_activation(child) is not None:
                 targets.append((owner, child_name, child, name))
     replacements = {}
     for owner, child_name, child, name in targets:
         if id(child) not in replacements:
             try:
-                replacements[id(child)] = QuantLinear.from_float(child, scheme, max_rows=max_rows)
+                if type(child) is torch.nn.Linear:
+                    replacement = QuantLinear.from_float(child, scheme, max_rows=max_rows)
+                else:
+                    replacement = QuantMoE.from_float(child.gate_up_proj, child.down_proj, scheme,
+                                                      _fused_experts_activation(child))
+                replacements[id(child)] = replacement
             except ValueError as error:
                 raise Error(f"quantize_model: {name}: {error}") from error
         setattr(owner, child_name, replacements[id(child)])

@@ -44,6 +44,39 @@ def test_quantized_llama_keeps_its_logits(rng, dtype):
     assert out.shape == (1, 12)
 
 
+def tiny_qwen3_moe(seed):
+    config = transformers.Qwen3MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                         moe_intermediate_size=32, num_experts=8,
+                                         num_experts_per_tok=2, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=16, max_position_embeddings=64,
+                                         decoder_sparse_step=1, mlp_only_layers=[])
+    torch.manual_seed(seed)
+    return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
+def test_quantized_moe_model_replaces_its_experts_and_keeps_its_logits(rng):
+    """A Qwen3-MoE model: every fused experts module becomes a QuantMoE (the routers stay
+    float), every projection a QuantLinear, and the logits stay close to the float model's."""
+    model = tiny_qwen3_moe(int(rng.integers(2**31))).to(torch.bfloat16)
+    ids = torch.from_numpy(rng.integers(0, 256, size=(2, 7)))
+    with torch.no_grad():
+        reference = model(ids).logits.float()
+    qgemm.quantize_model(model, "w8a16", ignore=("lm_head",))
+    experts = {name for name, m in model.named_modules() if isinstance(m, qgemm.nn.QuantMoE)}
+    assert experts == {f"model.layers.{i}.mlp.experts" for i in (0, 1)}
+    assert all(not isinstance(m, qgemm.nn.QuantLinear) for name, m in model.named_modules()
+               if name.endswith("mlp.gate"))
+    with torch.no_grad():
+        got = model(ids).logits.float()
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0)
+    assert cosine > 0.995, cosine
+    # A model whose experts are left alone (ignored by name) keeps its float experts.
+    other = tiny_qwen3_moe(1).to(torch.bfloat16)
+    qgemm.quantize_model(other, "w8a16", ignore=("lm_head", "experts"))
+    assert not any(isinstance(m, qgemm.nn.QuantMoE) for m in other.modules())
+
+
 def write_gptq_checkpoint(model, directory, group=32, desc_act=False, rng=None):
     """The model as AutoGPTQ lays a 4-bit GPTQ v1 checkpoint out (see test_checkpoint.py's
     writers): every decoder projection round-to-nearest with a min/max zero point per group of
