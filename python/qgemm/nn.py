@@ -248,6 +248,12 @@ class QuantMoE(torch.nn.Module):
                                 self.down_bias, expert_map)
         return y.to(hidden.dtype).reshape(hidden.shape)
 
+    @property
+    def quantized_parameters(self) -> int:
+        """Weights the experts hold (E · 3 · H · I), for coverage reports."""
+        e = self.experts
+        return e.experts * 3 * e.hidden * e.intermediate
+
     def extra_repr(self) -> str:
         return (f"experts={self.experts.experts}, hidden={self.experts.hidden}, "
                 f"intermediate={self.experts.intermediate}, scheme='{self.experts.scheme}', "
