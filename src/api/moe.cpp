@@ -144,16 +144,6 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
                 {slot.scratch, slot.zeroed}, &routing);
 }
 
-namespace {
-
-// The plans of a layer's two GEMMs at `slots` routed rows: gate_up picks the routing block.
-struct LayerPlans {
-  GemmPlan gate_up, down;
-  int route_block = 0;
-};
-
-}  // namespace
-
 void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
                  const float* topk_weights, int top_k, const QuantWeight& gate_up,
                  const QuantWeight& down, const DeviceMatrix& out, void* stream,
@@ -196,7 +186,7 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   if (tokens == 0) return;  // an empty batch: nothing to route or compute
 
   // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
-  // they depend on).
+  // they depend on). The gate_up plan picks the routing block; the down plan is made for it.
   const std::string key_text =
       fmt::format("moe {} {} {} {} {}", slots, hidden.dtype.name(), down_w.id,
                   options.gate_up_bias != nullptr, options.down_bias != nullptr);
