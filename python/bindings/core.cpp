@@ -252,6 +252,17 @@ NB_MODULE(_core, m) {
                      const qgemm::ScaleGrid g = w.scale_grid();
                      return std::make_pair(g.rows, g.cols);
                    })
+      .def_prop_ro(
+          "scale_cell",
+          [](const qgemm::PackedWeight& w) {
+            const qgemm::ScaleGrid g = w.scale_grid();
+            return std::make_pair(g.rows_per, g.cols_per);
+          },
+          "(rows, columns) of the weight one scale covers (the last cell of a row or column may "
+          "be partial).")
+      .def_prop_ro(
+          "bits", [](const qgemm::PackedWeight& w) { return w.quant.format.bits; },
+          "Bits per code.")
       .def_static(
           "from_parts",
           [](const qgemm::Scheme& scheme, std::int64_t n, std::int64_t k, const Bytes& codes,
