@@ -22,6 +22,13 @@ struct DenseGemmParams {
   int tiles_per_split;
   int blocks_per_warp;  // decode kernel: k16 blocks each warp streams (a multiple of its stage)
   float global_scale;
+  // Grouped (MoE) decode only (gemm/sm80_decode.cuh, kGrouped; null and 0 otherwise): A holds
+  // the routed rows in expert order; grid.y walks token blocks of the kernel's rows, token block
+  // y lies in routing block y / blocks_per_route, whose expert is block_experts[that]; blocks at
+  // or past *routed_total (the routing's padded total, read on the device) return at once.
+  const int* block_experts;
+  const int* routed_total;
+  int blocks_per_route;
 };
 
 enum OutputType { kOutFp16 = 0, kOutBf16 = 1, kOutFp32 = 2 };

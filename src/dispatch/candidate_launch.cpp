@@ -23,7 +23,10 @@ std::string CandidateLaunch::text() const {
     text += (text.empty() ? "" : " + ") + jit::to_string(spec);
   switch (path) {
     case Path::MmaStreamed:
-    case Path::MmaTiled: text += fmt::format(" splits={}", mma.splits); break;
+    case Path::MmaTiled:
+      text += fmt::format(" splits={}", mma.splits);
+      if (mma.grouped) text += fmt::format(" token_block={}", mma.rows);
+      break;
     case Path::Wgmma:
       text += fmt::format(" grid={} splits={}", wgmma.grid, wgmma.splits);
       break;
@@ -67,7 +70,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
   switch (launch.path) {
     case Path::MmaStreamed:
     case Path::MmaTiled:
-      launch.mma = mma_launch(*launch.config, m, *weight.mma, gpu);
+      // Grouped (MoE): m is the routed slots; the kernel walks the routing's token blocks.
+      launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
+                                                      *weight.mma, gpu)
+                                 : mma_launch(*launch.config, m, *weight.mma, gpu);
       launch.gemm = mma_spec(*launch.config, launch.mma, *weight.mma, launch.operand,
                              p.scheme.output, arch);
       break;
