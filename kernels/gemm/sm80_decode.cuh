@@ -86,13 +86,13 @@ struct DecodeGemmShape {
                 "decode config and weight disagree (decode_tile_error says why)");
 };
 
-// Where a block's work lies in A, C and the prepared weight. Dense: slice `blockIdx.x` of the
-// one weight against rows [0, M); grouped: its expert's slice against one token block.
+// Where a grouped block's work lies in A, C and the prepared weight: its expert's slice against
+// one token block. (Dense blocks take slice blockIdx.x of the one weight against rows [0, M).)
 struct DecodeBlockWork {
   int weight_slice;  // 64-column slice of the whole prepared weight (expert · slices + slice)
   int scale_row0;    // first scale (and zero) row of [rows][n_padded] (expert · groups)
   int row0;          // first row of A and C
-  int rows;          // rows multiplied: M (dense) or kRows (grouped)
+  int rows;          // rows multiplied: kRows
 };
 
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
@@ -165,24 +165,30 @@ struct DecodeGemm {
       return Shape::kWBytes + (a_row_of(lane) + row_of_pass(i)) * Shape::kARowBytes + chunk_k * 2;
     }
 
-    // `slice`: the 64-column slice of the output (the scales' columns); `work`: where the
-    // block's weight and rows lie (dense: weight_slice = slice, row0 = scale_row0 = 0, which
-    // folds away).
+    // `slice`: the 64-column slice of the output (the scales' columns); `work`: where a grouped
+    // block's weight and rows lie (dense: not read; the expressions are the dense kernel's own,
+    // so that its code stays as it was).
     __device__ StageLoader(const DenseGemmParams& p, int slice, const DecodeBlockWork& work,
                            int lane) {
+      const int weight_slice = kGrouped ? work.weight_slice : slice;
+      const int rows = kGrouped ? kRows : p.m;
       w = reinterpret_cast<const char*>(p.b) +
-          static_cast<long long>(work.weight_slice) * p.k_blocks * (32 * kBits * 4) + lane * 16;
+          static_cast<long long>(weight_slice) * p.k_blocks * (32 * kBits * 4) + lane * 16;
       a = static_cast<const char*>(p.a) +
-          (static_cast<long long>(work.row0 + a_row_of(lane)) * p.lda + a_chunk_k_of(lane)) * 2;
+          (static_cast<long long>(a_row_of(lane)) * p.lda + a_chunk_k_of(lane)) * 2;
+      if constexpr (kGrouped) a += static_cast<long long>(work.row0) * p.lda * 2;
       a_passes = 0;
-      for (int i = 0; i < kAPasses; ++i) a_passes += a_row_of(lane) + row_of_pass(i) < work.rows;
+      for (int i = 0; i < kAPasses; ++i) a_passes += a_row_of(lane) + row_of_pass(i) < rows;
       const int s_offset = (slice * 64 + (lane % 16) * 4) * 4;
       // Grouped: the expert's first scale row (64-bit: E · groups · n_padded floats may pass 2^31
       // bytes); dense: row 0.
-      const long long s_rows =
-          kGrouped ? static_cast<long long>(work.scale_row0) * p.n_padded * 4 : 0;
-      s = reinterpret_cast<const char*>(p.scales) + s_rows + s_offset;
-      z = kStoredZeros ? reinterpret_cast<const char*>(p.zeros) + s_rows + s_offset : nullptr;
+      s = reinterpret_cast<const char*>(p.scales) + s_offset;
+      z = kStoredZeros ? reinterpret_cast<const char*>(p.zeros) + s_offset : nullptr;
+      if constexpr (kGrouped) {
+        const long long s_rows = static_cast<long long>(work.scale_row0) * p.n_padded * 4;
+        s += s_rows;
+        if (kStoredZeros) z += s_rows;
+      }
       // Held, not derived from the lane per stage (the compiler would re-read the lane index
       // and redo the arithmetic under every copy's predicate).
       w = ptx::opaque(w), a = ptx::opaque(a), s = ptx::opaque(s);
@@ -432,29 +438,25 @@ struct DecodeGemm {
     return kb0 + kStageBlocks >= kb_end || (kb0 + kStageBlocks) % kGroupBlocks == 0;
   }
 
-  // The block's work (DecodeBlockWork); grouped, false when its token block lies at or past the
+  // A grouped block's work (DecodeBlockWork); false when its token block lies at or past the
   // routed total (the whole block returns: uniform, before any barrier).
-  __device__ static bool block_work(const DenseGemmParams& p, DecodeBlockWork& work) {
-    work.weight_slice = blockIdx.x;
-    work.scale_row0 = 0;
-    work.row0 = 0;
-    work.rows = p.m;
-    if constexpr (kGrouped) {
-      const int row0 = static_cast<int>(blockIdx.y) * kRows;
-      if (row0 >= __ldg(p.routed_total)) return false;
-      const int expert = __ldg(p.block_experts + blockIdx.y / p.blocks_per_route);
-      if (expert < 0) return false;  // past the total: routing never leaves −1 below it
-      work.weight_slice += expert * (p.n_padded / 64);
-      work.scale_row0 = expert * p.groups;
-      work.row0 = row0;
-      work.rows = kRows;
-    }
+  __device__ static bool grouped_block_work(const DenseGemmParams& p, DecodeBlockWork& work) {
+    const int row0 = static_cast<int>(blockIdx.y) * kRows;
+    if (row0 >= __ldg(p.routed_total)) return false;
+    const int expert = __ldg(p.block_experts + blockIdx.y / p.blocks_per_route);
+    if (expert < 0) return false;  // past the total: routing never leaves −1 below it
+    work.weight_slice = expert * (p.n_padded / 64) + static_cast<int>(blockIdx.x);
+    work.scale_row0 = expert * p.groups;
+    work.row0 = row0;
+    work.rows = kRows;
     return true;
   }
 
   __device__ static void run(const DenseGemmParams& p, char* shared) {
-    DecodeBlockWork work;
-    if (!block_work(p, work)) return;
+    DecodeBlockWork work{};
+    if constexpr (kGrouped) {
+      if (!grouped_block_work(p, work)) return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slice = blockIdx.x;
     const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
@@ -466,7 +468,7 @@ struct DecodeGemm {
     char* mine = shared + warp * Shape::kWarpBytes;
     for (int i = lane; i < Shape::kZeroRowBytes / 4; i += 32)
       reinterpret_cast<unsigned*>(mine)[i] = 0u;  // the zero row
-    const LaneOffsets lanes(work.rows, ptx::shared_address(mine), lane);
+    const LaneOffsets lanes(kGrouped ? kRows : p.m, ptx::shared_address(mine), lane);
     char* ring = mine + Shape::kZeroRowBytes;
 
     Accumulators acc, part;
@@ -563,7 +565,7 @@ struct DecodeGemm {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
-            if (row >= work.rows || col >= p.n) continue;
+            if (row >= p.m || col >= p.n) continue;
             if constexpr (kSplitK) {
               atomicAdd(p.workspace + static_cast<long long>(row) * p.n + col, acc[q][bt][e]);
             } else {

@@ -337,6 +337,31 @@ TEST(GroupedDecode, SpecsCompileWithoutSpills) {
   EXPECT_GE(compiled, 2 * 6 * 2);
 }
 
+// The grouped kernel addresses expert e's codes as slice e · slices + s of the whole and its
+// scale (zero) rows as rows e · groups + g (prepare_experts lays the experts back to back): that
+// holds only if one expert's mma arrays are exactly whole slices and scale rows, which the host
+// twin of the device repack shows here (prepare_experts checks the device's sizes too).
+TEST(GroupedDecode, AnExpertsMmaArraysAreWholeSlicesAndScaleRows) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* text : {"w4a16", "mxfp4-a16", "w8a16", "w=uint4:g128:s=bf16:zp=int;a=bf16",
+                           "w=uint3:g64:s=fp16:zp=float;a=fp16", "nvfp4-a16"})
+    for (const auto& [n, k] :
+         {std::pair<std::int64_t, std::int64_t>{200, 360}, {128, 256}, {720, 368}}) {
+      const Scheme scheme = parse_scheme(text);
+      std::vector<float> values(static_cast<std::size_t>(n * k));
+      for (float& x : values) x = normal(rng);
+      const PackedWeight packed = quantize_weight(scheme.weight, values.data(), n, k);
+      const layout::MmaWeight w = layout::repack_for_mma(packed);
+      SCOPED_TRACE(std::string(text) + " " + std::to_string(n) + "x" + std::to_string(k));
+      EXPECT_EQ(static_cast<std::int64_t>(w.words.size()),
+                w.n_padded / 64 * w.k_blocks * 32 * w.format.bits);
+      EXPECT_EQ(static_cast<std::int64_t>(w.scales.size()),
+                static_cast<std::int64_t>(w.groups) * w.n_padded);
+      EXPECT_EQ(w.zeros.size(), w.stores_zeros() ? w.scales.size() : 0u);
+    }
+}
+
 }  // namespace
 }  // namespace qgemm::dispatch
 
