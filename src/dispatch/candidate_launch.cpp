@@ -111,7 +111,17 @@ std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const Wei
                                            double static_activation_scale) {
   std::vector<jit::KernelSpec> specs;
   for (const auto& [low, high] : m_buckets(problem)) {
-    const Selection selection = select(problem, high, weight, context);
+    // A grouped GEMM is judged as the dense GEMM it costs, without the (dense) tuning table, as
+    // the Engine's plan judges it.
+    const Selection selection =
+        problem.experts > 0
+            ? [&] {
+                const GroupedView view = grouped_view(problem, weight, high);
+                SelectionContext grouped_context = context;
+                grouped_context.table = nullptr;
+                return select(view.problem, view.m, view.weight, grouped_context);
+              }()
+            : select(problem, high, weight, context);
     for (jit::KernelSpec& spec : candidate_launch(problem, high, selection.chosen(), weight,
                                                   context.gpu, static_activation_scale)
                                      .specs())

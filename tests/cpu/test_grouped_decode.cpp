@@ -281,6 +281,14 @@ TEST(GroupedDecode, CandidateLaunchOfAGroupedProblem) {
   // 128 slots over 128 experts: ~81 experts active, ~1.6 rows each: 8-row token blocks.
   EXPECT_EQ(launch.mma.rows, 8);
   EXPECT_TRUE(contains(launch.text(), "token_block=8")) << launch.text();
+  // What warm_up compiles ahead is what the plan launches (both judge the grouped view).
+  SelectionContext context;
+  context.gpu = kA100;
+  context.rates = GpuRates::of(kA100);
+  context.forced = "decode";
+  const std::vector<jit::KernelSpec> specs = problem_specs(p, facts, context);
+  ASSERT_EQ(specs.size(), 1u);
+  EXPECT_EQ(specs.front(), *launch.gemm);
 }
 
 // Every streamed config's grouped instantiation compiles for sm_80 and sm_90a with no spills
