@@ -4,7 +4,13 @@
 // the repeats. Random routing: each token picks top_k distinct experts, router weights in
 // (0.05, 1).
 //
-//   build/bench/qgemm_moe_bench [--quick] [--case LAYER:SCHEME:M]
+//   build/bench/qgemm_moe_bench [--quick] [--case LAYER:SCHEME:M] [--layout auto|wgmma|mma]
+//                               [--candidate NAME] [--decode]
+//
+// --layout: prepare_experts' ExpertLayout; --candidate: forces both grouped GEMMs (the layer's
+// MoeOptions::gemm_candidate and the GEMMs timed alone); --decode = --layout mma --candidate
+// decode (the grouped decode kernel, held back until its GPU test passes), over M = 1, 4, 16, 64
+// unless --case names one.
 //
 // Columns: layer = route + gather + gate_up + GLU + down + combine; gate_up = route + gather +
 // the gate_up grouped GEMM (what a fused MoE kernel with its own alignment step does);
@@ -138,6 +144,35 @@ int main(int argc, char** argv) {
       for (long long m : {1LL, 16LL, 256LL, 4096LL}) cases.push_back({&layer, scheme, m});
     }
   if (quick) cases = {{&kLayers[0], "w4a16", 1}, {&kLayers[0], "w4a16", 256}};
+  qgemm::ExpertLayout expert_layout = qgemm::ExpertLayout::Auto;
+  std::string candidate;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--decode") == 0) {
+      expert_layout = qgemm::ExpertLayout::Mma;
+      candidate = "decode";
+      cases.clear();
+      for (const Layer& layer : kLayers)
+        for (const char* scheme : {"w4a16", "mxfp4-a16"}) {
+          if (std::strcmp(layer.name, "gpt-oss-120b") == 0 && std::strcmp(scheme, "w4a16") == 0)
+            continue;
+          for (long long m : {1LL, 4LL, 16LL, 64LL}) cases.push_back({&layer, scheme, m});
+        }
+    } else if (std::strcmp(argv[i], "--layout") == 0 && i + 1 < argc) {
+      const std::string name = argv[++i];
+      if (name == "auto") {
+        expert_layout = qgemm::ExpertLayout::Auto;
+      } else if (name == "wgmma") {
+        expert_layout = qgemm::ExpertLayout::Wgmma;
+      } else if (name == "mma") {
+        expert_layout = qgemm::ExpertLayout::Mma;
+      } else {
+        std::fprintf(stderr, "--layout %s: expected auto, wgmma or mma\n", name.c_str());
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--candidate") == 0 && i + 1 < argc) {
+      candidate = argv[++i];
+    }
+  }
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--case") == 0) {
       char layer_name[64] = {}, scheme[64] = {};
@@ -176,8 +211,8 @@ int main(int argc, char** argv) {
       if (built_layer != &L || built_scheme != c.scheme) {
         const auto up_experts = random_experts(scheme, L.experts, 2 * L.inter, L.hidden, rng);
         const auto down_experts = random_experts(scheme, L.experts, L.hidden, L.inter, rng);
-        gate_up = engine.prepare_experts(up_experts);
-        down = engine.prepare_experts(down_experts);
+        gate_up = engine.prepare_experts(up_experts, {}, expert_layout);
+        down = engine.prepare_experts(down_experts, {}, expert_layout);
         const qgemm::PackedWeight& one = up_experts.front();
         up_expert_bytes = static_cast<double>(one.codes.size() + one.scales.size() + one.zeros.size());
         built_layer = &L;
@@ -205,6 +240,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&out_d, static_cast<std::size_t>(c.m * L.hidden) * 2));
       qgemm::MoeOptions options;
       options.activation.kind = L.glu;
+      options.gemm_candidate = candidate;
       const qgemm::DeviceMatrix hidden{hidden_d, c.m, L.hidden, L.hidden, qgemm::formats::bf16};
       const qgemm::DeviceMatrix out{out_d, c.m, L.hidden, L.hidden, qgemm::formats::bf16};
       auto layer_call = [&] {
@@ -216,13 +252,15 @@ int main(int argc, char** argv) {
       const double layer_us = median_us(Graph(stream, layer_call), stream, flusher, repeats);
 
       // The gate_up GEMM alone and with its routing and gather; the down GEMM alone.
-      const qgemm::GemmPlan up_plan = engine.plan(
-          qgemm::gemm_problem(gate_up, slots, qgemm::formats::bf16, qgemm::formats::bf16), gate_up,
-          stream);
+      qgemm::GemmProblem up_problem =
+          qgemm::gemm_problem(gate_up, slots, qgemm::formats::bf16, qgemm::formats::bf16);
+      up_problem.candidate = candidate;
+      const qgemm::GemmPlan up_plan = engine.plan(up_problem, gate_up, stream);
       const qgemm::GemmPlan::Choice& up_choice = up_plan.choice_for(slots);
       qgemm::GemmProblem down_problem =
           qgemm::gemm_problem(down, slots, qgemm::formats::bf16, qgemm::formats::fp32);
       down_problem.route_block = up_choice.route_block;
+      down_problem.candidate = candidate;
       const qgemm::GemmPlan down_plan = engine.plan(down_problem, down, stream);
       qgemm::MoeRoutingShape shape;
       shape.tokens = c.m;

@@ -9,6 +9,9 @@
 #   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 300) on the GPU (issue #19)
 #   scripts/h200_session.sh sanitize    memcheck, racecheck, synccheck over one test of every
 #                                   kernel family (sampled matrices; issue #19)
+#   scripts/h200_session.sh moe-decode   the grouped decode kernel (held back until this passes):
+#                                   its GPU tests, memcheck over them, its bench and the wgmma
+#                                   baseline on the same card
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +75,21 @@ sweep)
   timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --backend gpu > "$out/sweep.txt" 2>&1
   echo "sweep rc=$? at ${SECONDS}s"
   grep -E "wrong|crash|hang|qgemm check" "$out/sweep.txt" | head -30; tail -1 "$out/sweep.txt"
+  ;;
+moe-decode)
+  tests=build-gpu/tests/qgemm_tests_gpu
+  filter='MoeLayerGpu.GroupedDecode*'
+  timeout 200 $tests --gtest_filter="$filter" > "$out/decode_tests.log" 2>&1
+  echo "grouped decode tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|rel .* of its bound|seed" "$out/decode_tests.log" | head -40
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
+    --gtest_filter='MoeLayerGpu.GroupedDecodeGemmAlone*' > "$out/decode_memcheck.log" 2>&1
+  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/decode_memcheck.log")"
+  timeout 150 build-gpu/bench/qgemm_moe_bench --decode > "$out/moe_decode_bench.txt" 2>&1
+  echo "decode bench rc=$? at ${SECONDS}s"; cat "$out/moe_decode_bench.txt"
+  for m in 1 4 16 64; do
+    timeout 40 build-gpu/bench/qgemm_moe_bench --case qwen3-30b-a3b:w4a16:$m 2>&1 | tail -1
+  done
   ;;
 profile)
   case_=$2; shift 2

@@ -156,11 +156,13 @@ class Engine {
 
   // Expert weights: E packed weights of one quantization and shape [N, K] (a layer's gate_up
   // experts, or its down experts), prepared as one QuantWeight with an expert dimension
-  // (experts() = E; n() and k() are one expert's). Served on SM90 (the wgmma family) with
-  // 16-bit activations; Error(Unsupported) names what is not served yet (SM80-SM89, quantized
-  // activations).
+  // (experts() = E; n() and k() are one expert's), with 16-bit activations; Error(Unsupported)
+  // names what is not served yet (quantized activations). The experts keep ONE layout (their
+  // bytes once, never two copies), chosen by `layout` (ExpertLayout, qgemm/moe.hpp): by default
+  // the wgmma order on SM90 and the mma layout on SM80-SM89.
   QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
-                              const ActivationQuant& activation = {});
+                              const ActivationQuant& activation = {},
+                              ExpertLayout layout = ExpertLayout::Auto);
 
   // The grouped GEMM alone, for engines that route themselves:
   //   rows_out[p] = rows_in[p] · W_eᵀ (+ bias[e]),  e = routing.block_experts[p / block]

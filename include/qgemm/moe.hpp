@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace qgemm {
 
@@ -67,6 +68,18 @@ struct GluActivation {
 };
 const char* glu_kind_name(GluKind kind);  // "silu", "gelu", "clamped-swiglu"
 
+// The one layout Engine::prepare_experts keeps an expert set in (one copy of the experts'
+// bytes: a deployment that wants both kernels prepares the set twice, knowingly).
+//   Auto    the wgmma order on SM90, the mma layout on SM80-SM89 (their only grouped kernel)
+//   Wgmma   SM90 only: the grouped wgmma tiles (8-256 tokens; every M is served)
+//   Mma     the streamed mma.sync decode kernel in grouped mode (sm80_decode.cuh): a token block
+//           of 8 or 16 routed rows streams its expert's weight once, so it is the decode choice
+//           (few rows per expert; on SM90 it streams faster than the small wgmma tiles) and
+//           costs one weight pass per 16 rows beyond that. Held back until its GPU test passes
+//           (QGEMM_GROUPED_DECODE=1 or a forced candidate: MoeOptions::gemm_candidate).
+enum class ExpertLayout { Auto, Wgmma, Mma };
+const char* expert_layout_name(ExpertLayout layout);  // "auto", "wgmma", "mma"
+
 // Options of Engine::moe (a whole routed expert layer).
 struct MoeOptions {
   GluActivation activation;
@@ -76,6 +89,9 @@ struct MoeOptions {
   // another rank: those choices contribute nothing); null: every expert is local.
   const std::int32_t* expert_map = nullptr;
   int global_experts = 0;  // 0: the weights' expert count
+  // A candidate by name for both grouped GEMMs ("decode", "wgmma-16", ...: benches and tests;
+  // it must serve both at their routing block), empty: the selector chooses.
+  std::string gemm_candidate;
 };
 
 }  // namespace qgemm

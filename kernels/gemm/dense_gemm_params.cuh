@@ -10,19 +10,36 @@ struct DenseGemmParams {
   const float* scales;  // [groups][n_padded], lane-permuted
   const float* zeros;   // same shape, or null
   void* c;              // [M, ldc] output
-  const float* bias;    // [N] fp32, or null
+  const float* bias;    // [N] fp32 (grouped: [experts][N]), or null
   // [M] fp32 factors of A's rows (quantized activations: A = operand · factor), or null
   const float* row_factors;
-  float* workspace;     // split-K: [M, N] fp32, zero between calls
-  unsigned* counters;   // split-K: one per output tile, zero between calls
+  // Split-K (zero between calls) — or, in the grouped (MoE) decode kernel, which never splits K
+  // (gemm/sm80_decode.cuh, kGrouped): A holds the routed rows in expert order; grid.y walks
+  // token blocks of the kernel's rows, token block y lies in routing block y / blocks_per_route,
+  // whose expert is block_experts[that]; blocks at or past *routed_total (the routing's padded
+  // total, read on the device) return at once. Unions, not new fields: the struct keeps its 128
+  // bytes, and the dense kernels the code they compiled to before.
+  union {
+    float* workspace;          // split-K: [M, N] fp32
+    const int* block_experts;  // grouped
+  };
+  union {
+    unsigned* counters;       // split-K: one per output tile
+    const int* routed_total;  // grouped
+  };
   long long lda, ldc;
   int m, n, k;
   int n_padded, k_blocks, groups;
   int k_tiles;  // ceil(k_blocks · 16 / BK)
-  int tiles_per_split;
+  union {
+    int tiles_per_split;   // tiled kernel
+    int blocks_per_route;  // grouped decode kernel
+  };
   int blocks_per_warp;  // decode kernel: k16 blocks each warp streams (a multiple of its stage)
   float global_scale;
 };
+static_assert(sizeof(void*) != 8 || sizeof(DenseGemmParams) == 128,
+              "the dense kernels' argument keeps its 128 bytes (the grouped fields share unions)");
 
 enum OutputType { kOutFp16 = 0, kOutBf16 = 1, kOutFp32 = 2 };
 

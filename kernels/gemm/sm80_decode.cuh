@@ -33,6 +33,23 @@
 // row sums coming from one more mma with the weight operand = 1; every zero mode (none, constant,
 // stored integer or float) is then the same subtraction, and the dequantization is a shift and a
 // LOP3 per pair. 8-bit integers (int_f32) subtract base + zero per pair; floats need neither.
+//
+// Grouped (MoE, kGrouped; issue #17): A holds the routed rows in expert order (moe.hpp: each
+// expert's run padded to whole routing blocks), and the experts' prepared weights lie back to
+// back (Engine::prepare_experts in the mma layout):
+//
+//   grid   x: 64-column slices of ONE expert, y: token blocks of kRows rows, z: 1 (no split-K:
+//          a split's partial sums would cover every token block of the capacity)
+//   block (slice, y): rows [y · kRows, + kRows) of A and C; if y · kRows ≥ *routed_total it
+//          returns at once (the capacity is a bound, the routed total is known on the device
+//          only); else its expert e = block_experts[y / blocks_per_route] and
+//            codes   slice e · slices + slice of the whole (slices = n_padded / 64)
+//            scales  rows e · groups .. of the whole [E · groups][n_padded] (zeros likewise)
+//            bias    bias + e · n
+//          all kRows rows are multiplied (padding rows too: the gather writes them, the combine
+//          never reads them), so the block's M is kRows, not params.m.
+// Offsets are int counts (expert · slices, expert · groups) turned into addresses where the
+// dense kernel already forms its per-lane pointers: nothing 64-bit is held for the expert.
 #pragma once
 
 #include "dequant/mma_dequant.cuh"
@@ -69,9 +86,20 @@ struct DecodeGemmShape {
                 "decode config and weight disagree (decode_tile_error says why)");
 };
 
+// Where a grouped block's work lies in A, C and the prepared weight: its expert's slice against
+// one token block. (Dense blocks take slice blockIdx.x of the one weight against rows [0, M).)
+struct DecodeBlockWork {
+  int weight_slice;  // 64-column slice of the whole prepared weight (expert · slices + slice)
+  int scale_row0;    // first scale (and zero) row of [rows][n_padded] (expert · groups)
+  int row0;          // first row of A and C
+  int rows;          // rows multiplied: kRows
+};
+
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
-          int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant>
+          int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant,
+          bool kGrouped = false>
 struct DecodeGemm {
+  static_assert(!(kGrouped && kSplitK), "the grouped decode GEMM takes one K split");
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
@@ -137,16 +165,30 @@ struct DecodeGemm {
       return Shape::kWBytes + (a_row_of(lane) + row_of_pass(i)) * Shape::kARowBytes + chunk_k * 2;
     }
 
-    __device__ StageLoader(const DenseGemmParams& p, int slice, int lane) {
+    // `slice`: the 64-column slice of the output (the scales' columns); `work`: where a grouped
+    // block's weight and rows lie (dense: not read; the expressions are the dense kernel's own,
+    // so that its code stays as it was).
+    __device__ StageLoader(const DenseGemmParams& p, int slice, const DecodeBlockWork& work,
+                           int lane) {
+      const int weight_slice = kGrouped ? work.weight_slice : slice;
+      const int rows = kGrouped ? kRows : p.m;
       w = reinterpret_cast<const char*>(p.b) +
-          static_cast<long long>(slice) * p.k_blocks * (32 * kBits * 4) + lane * 16;
+          static_cast<long long>(weight_slice) * p.k_blocks * (32 * kBits * 4) + lane * 16;
       a = static_cast<const char*>(p.a) +
           (static_cast<long long>(a_row_of(lane)) * p.lda + a_chunk_k_of(lane)) * 2;
+      if constexpr (kGrouped) a += static_cast<long long>(work.row0) * p.lda * 2;
       a_passes = 0;
-      for (int i = 0; i < kAPasses; ++i) a_passes += a_row_of(lane) + row_of_pass(i) < p.m;
+      for (int i = 0; i < kAPasses; ++i) a_passes += a_row_of(lane) + row_of_pass(i) < rows;
       const int s_offset = (slice * 64 + (lane % 16) * 4) * 4;
+      // Grouped: the expert's first scale row (64-bit: E · groups · n_padded floats may pass 2^31
+      // bytes); dense: row 0.
       s = reinterpret_cast<const char*>(p.scales) + s_offset;
       z = kStoredZeros ? reinterpret_cast<const char*>(p.zeros) + s_offset : nullptr;
+      if constexpr (kGrouped) {
+        const long long s_rows = static_cast<long long>(work.scale_row0) * p.n_padded * 4;
+        s += s_rows;
+        if (kStoredZeros) z += s_rows;
+      }
       // Held, not derived from the lane per stage (the compiler would re-read the lane index
       // and redo the arithmetic under every copy's predicate).
       w = ptx::opaque(w), a = ptx::opaque(a), s = ptx::opaque(s);
@@ -308,11 +350,11 @@ struct DecodeGemm {
     unsigned x;       // from the stage (x_in_stage) or absolute, in the zero row
     bool x_in_stage;  // the lane's ldmatrix row is < M
 
-    __device__ LaneOffsets(const DenseGemmParams& p, unsigned zero_row, int lane) {
+    __device__ LaneOffsets(int rows, unsigned zero_row, int lane) {
       // x2 (8 rows): lanes 0-7 chunk 2i, lanes 8-15 chunk 2i + 1; x4 adds rows 8-15.
       const int row = kBatchTiles == 1 ? lane % 8 : lane % 8 + 8 * ((lane / 8) % 2);
       const int chunk = kBatchTiles == 1 ? (lane / 8) % 2 : lane / 16;
-      x_in_stage = row < p.m;
+      x_in_stage = row < rows;
       words = ptx::opaque(static_cast<unsigned>(lane) * kBits * 4);
       x = ptx::opaque(x_in_stage ? Shape::kWBytes + row * Shape::kARowBytes + chunk * 16
                                  : zero_row + chunk * 16);
@@ -396,7 +438,25 @@ struct DecodeGemm {
     return kb0 + kStageBlocks >= kb_end || (kb0 + kStageBlocks) % kGroupBlocks == 0;
   }
 
+  // A grouped block's work (DecodeBlockWork); false when its token block lies at or past the
+  // routed total (the whole block returns: uniform, before any barrier).
+  __device__ static bool grouped_block_work(const DenseGemmParams& p, DecodeBlockWork& work) {
+    const int row0 = static_cast<int>(blockIdx.y) * kRows;
+    if (row0 >= __ldg(p.routed_total)) return false;
+    const int expert = __ldg(p.block_experts + blockIdx.y / p.blocks_per_route);
+    if (expert < 0) return false;  // past the total: routing never leaves −1 below it
+    work.weight_slice = expert * (p.n_padded / 64) + static_cast<int>(blockIdx.x);
+    work.scale_row0 = expert * p.groups;
+    work.row0 = row0;
+    work.rows = kRows;
+    return true;
+  }
+
   __device__ static void run(const DenseGemmParams& p, char* shared) {
+    DecodeBlockWork work{};
+    if constexpr (kGrouped) {
+      if (!grouped_block_work(p, work)) return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slice = blockIdx.x;
     const int kb_begin = (blockIdx.z * kWarps + warp) * p.blocks_per_warp;
@@ -408,7 +468,7 @@ struct DecodeGemm {
     char* mine = shared + warp * Shape::kWarpBytes;
     for (int i = lane; i < Shape::kZeroRowBytes / 4; i += 32)
       reinterpret_cast<unsigned*>(mine)[i] = 0u;  // the zero row
-    const LaneOffsets lanes(p, ptx::shared_address(mine), lane);
+    const LaneOffsets lanes(kGrouped ? kRows : p.m, ptx::shared_address(mine), lane);
     char* ring = mine + Shape::kZeroRowBytes;
 
     Accumulators acc, part;
@@ -428,7 +488,7 @@ struct DecodeGemm {
     // (compute_stage); none where the codes are lifted.
     if constexpr (!kLifted && !kZerosAtStart) group_offsets(nullptr, lane, off);
 
-    const StageLoader loader(p, slice, lane);
+    const StageLoader loader(p, slice, work, lane);
     const unsigned ring_address = ptx::opaque(ptx::shared_address(ring));
     auto load = [&](int s) {
       const int kb0 = kb_begin + s * kStageBlocks;
@@ -475,6 +535,27 @@ struct DecodeGemm {
     }
 
     if (!kSplitK && warp != 0) return;
+    if constexpr (kGrouped) {
+      // The token block's rows of C and its expert's bias: the expert read again (not held
+      // through the main loop), the rows at their place in the capacity.
+      DenseGemmParams out = p;
+      if (p.bias)
+        out.bias =
+            p.bias +
+            static_cast<long long>(__ldg(p.block_experts + blockIdx.y / p.blocks_per_route)) * p.n;
+      const int g = lane / 4, t = lane % 4;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
+            if (row >= kRows || col >= p.n) continue;
+            store_single<kOutput>(out, work.row0 + row, col, acc[q][bt][e] * p.global_scale);
+          }
+      return;
+    }
     if (warp == 0) {
       const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -497,15 +578,16 @@ struct DecodeGemm {
 };
 
 // Template arguments in the order of the JIT family "dense_decode_sm80" (src/jit/kernel_spec.cpp):
-// kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kThreads and kDynamicSmemBytes come
-// from the spec, which the dispatcher sizes with the same decode_shape, and must agree.
+// kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kGrouped: the MoE mode (above);
+// kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes with the same
+// decode_shape, and must agree.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
-          int kMinBlocks, int kThreads, int kDynamicSmemBytes>
+          int kMinBlocks, bool kGrouped, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_decode_sm80(const DenseGemmParams params) {
   using Gemm = DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup,
-                          kActivation == 0, kOutput, kSplitK, kDequant>;
+                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped>;
   static_assert(kThreads == Gemm::Shape::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

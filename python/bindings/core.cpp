@@ -318,15 +318,27 @@ NB_MODULE(_core, m) {
       .def(
           "prepare_experts",
           [](qgemm::Engine& e, const std::vector<qgemm::PackedWeight>& experts,
-             const qgemm::Scheme& scheme) {
+             const qgemm::Scheme& scheme, const std::string& layout) {
             qgemm::require(!experts.empty(), "Engine.prepare_experts: no experts");
             for (const qgemm::PackedWeight& w : experts)
               require_weight_of(scheme, w, "Engine.prepare_experts");
+            qgemm::ExpertLayout expert_layout = qgemm::ExpertLayout::Auto;
+            if (layout == "wgmma") {
+              expert_layout = qgemm::ExpertLayout::Wgmma;
+            } else if (layout == "mma") {
+              expert_layout = qgemm::ExpertLayout::Mma;
+            } else {
+              qgemm::require(layout == "auto",
+                             "Engine.prepare_experts: layout = '{}' (rule: auto, wgmma or mma)",
+                             layout);
+            }
             nb::gil_scoped_release release;
-            return e.prepare_experts(experts, scheme.activation);
+            return e.prepare_experts(experts, scheme.activation, expert_layout);
           },
-          nb::arg("experts"), nb::arg("scheme"),
-          "Uploads E packed weights of one shape as one expert weight (the grouped GEMM's).")
+          nb::arg("experts"), nb::arg("scheme"), nb::arg("layout") = "auto",
+          "Uploads E packed weights of one shape as one expert weight (the grouped GEMM's), in "
+          "one layout: 'auto' (the wgmma order on SM90, the mma layout on SM80-SM89), 'wgmma' or "
+          "'mma' (the grouped decode kernel; held back until its GPU test passes).")
       .def(
           "moe",
           [](qgemm::Engine& e, const CudaArray& hidden, const CudaArray& topk_ids,

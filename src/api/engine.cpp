@@ -348,6 +348,13 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
 
 namespace {
 
+// A grouped plan step's token tile: the routing block it needs by default (wgmma: the config's
+// tokens; the streamed decode kernel: its rows, 8 or 16).
+int grouped_tile(const detail::PlanStep& step) {
+  if (step.launch.path == dispatch::Path::Wgmma) return step.launch.wgmma_config->block_m();
+  return step.launch.mma.rows;
+}
+
 void check_problem_against(const GemmProblem& p, const detail::PreparedWeight& w) {
   validate(p);
   if (p.n != w.n || p.k != w.k)
@@ -418,8 +425,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
     choice.predicted_us = selection.winner_us;
     choice.reason = selection.reason;
     if (problem.experts > 0)
-      choice.route_block = problem.route_block > 0 ? problem.route_block
-                                                   : step.launch.wgmma_config->block_m();
+      choice.route_block = problem.route_block > 0 ? problem.route_block : grouped_tile(step);
     description += fmt::format("\n  M {}..{}: {}, {:.1f} µs ({})\n    {}", low, high,
                                choice.candidate, choice.predicted_us, choice.reason, choice.kernel);
     log(LogLevel::Info, "plan: {} M {}..{} N {} K {}: {} ({})", to_string(problem.scheme), low,
@@ -602,8 +608,7 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   for (const detail::PlanStep& s : plan.steps)
     if (step_m >= s.m_low && step_m <= s.m_high) step = &s;
   if (routing) {
-    const int tile = step->launch.wgmma_config->block_m();
-    const int route_block = p.route_block > 0 ? p.route_block : tile;
+    const int route_block = p.route_block > 0 ? p.route_block : grouped_tile(*step);
     if (routing->shape.block != route_block)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: the routing's block is {}, the plan's is {} at {} slots "
@@ -620,8 +625,10 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
                   fmt::format("moe_gemm: the rows are {} (rule: at least the routing's capacity "
                               "{})",
                               m, routing->capacity));
-    if (!routing->block_experts)
-      throw Error(ErrorCode::InvalidArgument, "moe_gemm: the routing's block_experts is null");
+    if (!routing->block_experts || !routing->offsets)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("moe_gemm: the routing's {} is null",
+                              routing->block_experts ? "offsets" : "block_experts"));
   }
 
   void* scratch = memory.scratch;
@@ -719,15 +726,31 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   params.tiles_per_split = launch.tiles_per_split;
   params.blocks_per_warp = launch.blocks_per_warp;
   params.global_scale = static_cast<float>(w.global_scale);
+  unsigned grid_y = launch.grid_y(*chosen.config, m);
+  if (routing) {
+    // Grouped decode: one grid row per token block of the capacity (the device stops at the
+    // routed total), each expert's weight a fixed stride from the last (prepare_experts).
+    if (!launch.grouped)
+      throw Error(ErrorCode::Internal, "moe_gemm: a grouped plan step without a grouped launch");
+    params.block_experts = routing->block_experts;
+    params.routed_total = routing->offsets + routing->shape.local_experts;
+    params.blocks_per_route = routing->shape.block / launch.rows;
+    grid_y = launch.grid_y(*chosen.config, routing->capacity);
+    if (routing->capacity % launch.rows != 0 || routing->shape.block % launch.rows != 0 ||
+        grid_y > 65535)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("moe_gemm: a capacity of {} positions in routing blocks of {} "
+                              "(rule: both multiples of the decode kernel's {} rows, at most "
+                              "65535 token blocks)",
+                              routing->capacity, routing->shape.block, launch.rows));
+  }
   if (launch.splits > 1) {
     // [M][N] fp32 sums, then the per-tile counters (dispatch::mma_zeroed_bytes).
     params.workspace = static_cast<float*>(zeroed);
     params.counters =
         at<unsigned>(zeroed, aligned(static_cast<std::size_t>(m) * w.n * sizeof(float)));
   }
-  runtime::launch_kernel(step->gemm,
-                         {launch.grid_x, launch.grid_y(*chosen.config, m),
-                          static_cast<unsigned>(launch.splits)},
+  runtime::launch_kernel(step->gemm, {launch.grid_x, grid_y, static_cast<unsigned>(launch.splits)},
                          params, cu_stream);
 }
 

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "api/engine_impl.hpp"
 #include "common/log.hpp"
@@ -35,8 +36,17 @@ const char* glu_kind_name(GluKind kind) {
   return "?";
 }
 
+const char* expert_layout_name(ExpertLayout layout) {
+  switch (layout) {
+    case ExpertLayout::Auto: return "auto";
+    case ExpertLayout::Wgmma: return "wgmma";
+    case ExpertLayout::Mma: return "mma";
+  }
+  return "?";
+}
+
 QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
-                                    const ActivationQuant& activation) {
+                                    const ActivationQuant& activation, ExpertLayout layout) {
   impl_->make_current();
   require(!experts.empty() && experts.size() <= 4096,
           "prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
@@ -61,13 +71,28 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   scheme.weight = first.quant;
   dispatch::WeightFacts facts =
       dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, impl_->arch);
-  if (!facts.wgmma)
+  // One layout per expert set (moe.hpp, ExpertLayout): the wgmma order where the SM90 family
+  // can take the weight and the caller did not ask for the mma layout, else the mma layout.
+  const bool on_sm90 = impl_->arch == jit::Arch::sm_90a;
+  if (layout == ExpertLayout::Wgmma && !facts.wgmma)
     throw Error(ErrorCode::Unsupported,
-                fmt::format("prepare_experts: the grouped GEMM runs on the SM90 wgmma family, which "
-                            "cannot take this weight on {}: {}",
+                fmt::format("prepare_experts: layout = wgmma, but the SM90 wgmma family cannot "
+                            "take this weight on {}: {} (rule: wgmma on sm_90a only; auto or mma "
+                            "elsewhere)",
                             jit::arch_name(impl_->arch), facts.no_wgmma));
+  const bool use_wgmma =
+      layout == ExpertLayout::Wgmma || (layout == ExpertLayout::Auto && on_sm90 && facts.wgmma);
+  if (!use_wgmma && !facts.mma)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("prepare_experts: layout = {}: the mma layout cannot hold this weight "
+                            "({}), and {}",
+                            expert_layout_name(layout), facts.no_mma,
+                            on_sm90 ? "the wgmma order was not asked for"
+                                    : "the wgmma family runs on sm_90a only"));
+  const layout::FragmentOrder order =
+      use_wgmma ? layout::FragmentOrder::Wgmma : layout::FragmentOrder::Mma;
 
-  // Each expert into the wgmma order on the device, then one buffer per array with the experts
+  // Each expert into the layout on the device, then one buffer per array with the experts
   // back to back (the repacked sizes are equal: one shape and quantization).
   auto prepared = std::make_shared<detail::PreparedWeight>();
   prepared->id = detail::next_weight_id++;
@@ -79,47 +104,75 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   prepared->global_scale = first.global_scale;
   prepared->experts = static_cast<int>(experts.size());
   std::vector<unsigned char> words, scales, zeros;
-  // The whole weight's words and scale rows are addressed in 32-bit tile and row counts.
+  // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
   require(static_cast<double>(experts.size()) * static_cast<double>(first.n + 64) <
               2147483647.0 / 64,
           "prepare_experts: {} experts of {} rows (rule: fewer than 2^31 / 64 rows of tiles)",
           experts.size(), first.n);
+  std::optional<layout::MmaWeight> meta_of_one;
   for (const PackedWeight& expert : experts) {
     layout::MmaDeviceWeight device =
-        layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, layout::FragmentOrder::Wgmma);
-    facts.wgmma = device.meta;
+        layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, order);
+    // The scale-exactness flags must hold for every expert (packed16 relies on them).
+    if (meta_of_one) {
+      const bool bf16 = meta_of_one->scales_exact_in_bf16 && device.meta.scales_exact_in_bf16;
+      const bool fp16 = meta_of_one->scales_exact_in_fp16 && device.meta.scales_exact_in_fp16;
+      meta_of_one = device.meta;
+      meta_of_one->scales_exact_in_bf16 = bf16;
+      meta_of_one->scales_exact_in_fp16 = fp16;
+    } else {
+      meta_of_one = device.meta;
+    }
     auto append = [](std::vector<unsigned char>& all, const runtime::DeviceBuffer& buffer) {
       const std::size_t at = all.size();
       all.resize(at + buffer.bytes());
       if (buffer.bytes()) buffer.download(all.data() + at, buffer.bytes());
     };
-    // The grouped kernel addresses expert e's tiles and scale rows as rows of the whole.
+    // The grouped kernels address expert e's codes and scale rows as rows of the whole:
+    //   wgmma order  tile e · n_tiles + t, a tile = k_blocks / 4 chunks × 128 × bits words
+    //   mma layout   slice e · slices + s, a slice = k_blocks × 32 lanes × bits words
+    //   both         scale (zero) row e · groups + g of [E · groups][n_padded] floats
+    // so an expert's arrays must be exactly whole tiles (slices) and scale rows.
     const layout::MmaWeight& meta = device.meta;
-    const std::size_t tile_words = static_cast<std::size_t>(meta.k_blocks / 4) * 128 *
-                                   static_cast<std::size_t>(meta.format.bits);
+    const std::size_t tile_words = use_wgmma ? static_cast<std::size_t>(meta.k_blocks / 4) * 128 *
+                                                   static_cast<std::size_t>(meta.format.bits)
+                                             : static_cast<std::size_t>(meta.k_blocks) * 32 *
+                                                   static_cast<std::size_t>(meta.format.bits);
     const std::size_t scale_floats = static_cast<std::size_t>(meta.groups) *
                                      static_cast<std::size_t>(meta.n_padded);
     if (device.words.bytes() != static_cast<std::size_t>(meta.n_padded / 64) * tile_words * 4 ||
         device.scales.bytes() != scale_floats * 4 ||
         (device.zeros.bytes() != 0 && device.zeros.bytes() != scale_floats * 4))
       throw Error(ErrorCode::Internal,
-                  fmt::format("prepare_experts: the wgmma order of an expert is {} + {} + {} bytes, "
-                              "not whole tiles and scale rows (the grouped kernel's addressing)",
-                              device.words.bytes(), device.scales.bytes(), device.zeros.bytes()));
+                  fmt::format("prepare_experts: the {} of an expert is {} + {} + {} bytes, not "
+                              "whole tiles and scale rows (the grouped kernel's addressing)",
+                              use_wgmma ? "wgmma order" : "mma layout", device.words.bytes(),
+                              device.scales.bytes(), device.zeros.bytes()));
     append(words, device.words);
     append(scales, device.scales);
     append(zeros, device.zeros);
   }
-  prepared->wgmma_words = runtime::DeviceBuffer::from(words);
-  prepared->wgmma_scales = runtime::DeviceBuffer::from(scales);
-  if (!zeros.empty()) prepared->wgmma_zeros = runtime::DeviceBuffer::from(zeros);
-  facts.mma.reset();
-  facts.no_mma = "expert weights keep the wgmma order only";
+  if (use_wgmma) {
+    prepared->wgmma_words = runtime::DeviceBuffer::from(words);
+    prepared->wgmma_scales = runtime::DeviceBuffer::from(scales);
+    if (!zeros.empty()) prepared->wgmma_zeros = runtime::DeviceBuffer::from(zeros);
+    facts.wgmma = meta_of_one;
+    facts.mma.reset();
+    facts.no_mma = "expert weights keep the wgmma order only (ExpertLayout::Wgmma)";
+  } else {
+    prepared->words = runtime::DeviceBuffer::from(words);
+    prepared->scales = runtime::DeviceBuffer::from(scales);
+    if (!zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(zeros);
+    facts.mma = meta_of_one;
+    facts.wgmma.reset();
+    facts.no_wgmma = "expert weights keep the mma layout only (ExpertLayout::Mma)";
+  }
   facts.canonical = false;
   facts.fp8_weight_mode.reset();
   prepared->facts = std::move(facts);
-  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: wgmma order, {} bytes", experts.size(),
-      first.n, first.k, first.quant.format.name(), prepared->bytes());
+  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", experts.size(), first.n,
+      first.k, first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout",
+      prepared->bytes());
   QuantWeight out;
   out.impl_ = std::move(prepared);
   return out;
@@ -187,9 +240,9 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
 
   // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
   // they depend on). The gate_up plan picks the routing block; the down plan is made for it.
-  const std::string key_text =
-      fmt::format("moe {} {} {} {} {}", slots, hidden.dtype.name(), down_w.id,
-                  options.gate_up_bias != nullptr, options.down_bias != nullptr);
+  const std::string key_text = fmt::format("moe {} {} {} {} {} '{}'", slots, hidden.dtype.name(),
+                                           down_w.id, options.gate_up_bias != nullptr,
+                                           options.down_bias != nullptr, options.gemm_candidate);
   detail::PreparedWeight::PlanKey key{slots, key_text, "", "", false, 0, 0, 0};
   GemmPlan up_plan, down_plan;
   {
@@ -202,10 +255,12 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   if (!up_plan || !down_plan) {
     GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
     problem.bias = options.gate_up_bias != nullptr;
+    problem.candidate = options.gemm_candidate;
     up_plan = impl_->make_plan(problem, up_w);
     GemmProblem down_problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
     down_problem.bias = options.down_bias != nullptr;
     down_problem.route_block = up_plan.choice_for(slots).route_block;
+    down_problem.candidate = options.gemm_candidate;
     down_plan = impl_->make_plan(down_problem, down_w);
     std::unique_lock lock(up_w.plans_mutex);
     up_w.plans.emplace(key, up_plan);

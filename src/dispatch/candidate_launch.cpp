@@ -23,7 +23,10 @@ std::string CandidateLaunch::text() const {
     text += (text.empty() ? "" : " + ") + jit::to_string(spec);
   switch (path) {
     case Path::MmaStreamed:
-    case Path::MmaTiled: text += fmt::format(" splits={}", mma.splits); break;
+    case Path::MmaTiled:
+      text += fmt::format(" splits={}", mma.splits);
+      if (mma.grouped) text += fmt::format(" token_block={}", mma.rows);
+      break;
     case Path::Wgmma:
       text += fmt::format(" grid={} splits={}", wgmma.grid, wgmma.splits);
       break;
@@ -67,7 +70,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
   switch (launch.path) {
     case Path::MmaStreamed:
     case Path::MmaTiled:
-      launch.mma = mma_launch(*launch.config, m, *weight.mma, gpu);
+      // Grouped (MoE): m is the routed slots; the kernel walks the routing's token blocks.
+      launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
+                                                      *weight.mma, gpu)
+                                 : mma_launch(*launch.config, m, *weight.mma, gpu);
       launch.gemm = mma_spec(*launch.config, launch.mma, *weight.mma, launch.operand,
                              p.scheme.output, arch);
       break;
@@ -105,7 +111,17 @@ std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const Wei
                                            double static_activation_scale) {
   std::vector<jit::KernelSpec> specs;
   for (const auto& [low, high] : m_buckets(problem)) {
-    const Selection selection = select(problem, high, weight, context);
+    // A grouped GEMM is judged as the dense GEMM it costs, without the (dense) tuning table, as
+    // the Engine's plan judges it.
+    const Selection selection =
+        problem.experts > 0
+            ? [&] {
+                const GroupedView view = grouped_view(problem, weight, high);
+                SelectionContext grouped_context = context;
+                grouped_context.table = nullptr;
+                return select(view.problem, view.m, view.weight, grouped_context);
+              }()
+            : select(problem, high, weight, context);
     for (jit::KernelSpec& spec : candidate_launch(problem, high, selection.chosen(), weight,
                                                   context.gpu, static_activation_scale)
                                      .specs())

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
+#include "dispatch/wgmma_family.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::dispatch {
@@ -169,7 +172,8 @@ std::int64_t MmaLaunch::blocks(const MmaConfig& config, std::int64_t m) const {
 }
 
 unsigned MmaLaunch::grid_y(const MmaConfig& config, std::int64_t m) const {
-  if (config.kernel == MmaKernel::Streamed) return 1;
+  if (config.kernel == MmaKernel::Streamed)
+    return grouped ? static_cast<unsigned>((m + rows - 1) / rows) : 1u;
   return static_cast<unsigned>((m + config.block_m() - 1) / config.block_m());
 }
 
@@ -226,6 +230,49 @@ MmaLaunch mma_launch(const MmaConfig& c, std::int64_t m, const layout::MmaWeight
   return launch;
 }
 
+const char* const kGroupedDecodeNotYetRun =
+    "the grouped decode kernel has not run on a GPU yet (issue #17): served when forced or with "
+    "QGEMM_GROUPED_DECODE=1 until MoeLayerGpu.GroupedDecodeMatchesReference passes";
+
+bool grouped_decode_ranked() {
+  const char* value = std::getenv("QGEMM_GROUPED_DECODE");
+  return value && std::string_view(value) == "1";
+}
+
+int grouped_decode_rows(std::int64_t rows_per_expert, int route_block) {
+  const int preferred = rows_per_expert > 8 ? 16 : 8;
+  if (route_block <= 0 || route_block % preferred == 0) return preferred;
+  return route_block % 8 == 0 ? 8 : 0;
+}
+
+MmaLaunch grouped_mma_launch(const MmaConfig& c, std::int64_t slots, int experts, int route_block,
+                             const layout::MmaWeight& weight, const GpuLimits& gpu) {
+  if (c.kernel != MmaKernel::Streamed)
+    throw Error(ErrorCode::Internal,
+                fmt::format("grouped_mma_launch: '{}' is a tiled config (rule: the streamed "
+                            "decode kernel serves grouped GEMMs)",
+                            c.name));
+  MmaLaunch launch;
+  launch.grouped = true;
+  launch.rows = grouped_decode_rows(grouped_rows_per_expert(slots, experts), route_block);
+  if (launch.rows == 0)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("grouped decode: routing block {} (rule: a multiple of 8, the "
+                            "kernel's token block of 8 or 16 rows divides it)",
+                            route_block));
+  launch.resident_per_sm = resident_blocks(c, weight, launch.rows, gpu);
+  // One split: each warp streams a quarter (an eighth) of K, in whole stages.
+  const int stage_blocks = c.decode.stage_blocks, warps = c.decode.warps;
+  const std::int64_t per_warp = (weight.k_blocks + warps - 1) / warps;
+  launch.blocks_per_warp =
+      static_cast<int>((per_warp + stage_blocks - 1) / stage_blocks * stage_blocks);
+  launch.splits = 1;
+  launch.grid_x = static_cast<unsigned>(weight.n_padded / 64);
+  launch.k_tiles = static_cast<int>(weight.k_blocks);
+  launch.tiles_per_split = launch.blocks_per_warp * warps;
+  return launch;
+}
+
 std::size_t mma_zeroed_bytes(const MmaConfig& config, const MmaLaunch& launch, std::int64_t m,
                              const layout::MmaWeight& weight) {
   if (launch.splits <= 1) return 0;
@@ -258,6 +305,7 @@ jit::KernelSpec mma_spec(const MmaConfig& c, const MmaLaunch& launch,
         jit::SpecParam::boolean("split_k", launch.splits > 1),
         jit::SpecParam::chosen("dequant", *dequant),
         jit::SpecParam::integer("min_blocks", target_blocks(c, launch.rows)),
+        jit::SpecParam::boolean("grouped", launch.grouped),
     };
   } else {
     std::string dequant;

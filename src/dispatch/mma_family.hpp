@@ -5,7 +5,9 @@
 //   tiled     kernels/gemm/sm80_dense.cuh   block tiles through a block-wide cp.async pipeline,
 //                                           any M; 16-bit operands, or int8/e4m3 codes through
 //                                           mma.m16n8k32 (the "-a8" configs)
-//   streamed  kernels/gemm/sm80_decode.cuh  M ≤ 16: every warp streams its own K range
+//   streamed  kernels/gemm/sm80_decode.cuh  M ≤ 16: every warp streams its own K range; grouped
+//                                           (MoE): one token block of 8 or 16 routed rows per
+//                                           grid.y, its expert from the routing, one K split
 //
 // Threads and shared memory come from the kernels' own shape headers (sm80_dense_shape.cuh,
 // sm80_decode_shape.cuh), evaluated here on the same values the spec passes to the template.
@@ -63,13 +65,38 @@ struct MmaLaunch {
   int blocks_per_warp = 0;   // streamed: k16 blocks of one warp
   unsigned grid_x = 1;       // column tiles (tiled) or 64-column slices (streamed)
   int resident_per_sm = 1;   // blocks of this config an SM holds
+  // Streamed, grouped (MoE): grid.y walks the routing's token blocks of `rows` rows (rows = 8 or
+  // 16, dividing the routing block), every block one expert's slice; one split.
+  bool grouped = false;
   // Blocks in flight for M rows (for the cost model's occupancy).
   std::int64_t blocks(const MmaConfig& config, std::int64_t m) const;
+  // Grouped: m is the routing's capacity (token blocks = capacity / rows).
   unsigned grid_y(const MmaConfig& config, std::int64_t m) const;
 };
 
 MmaLaunch mma_launch(const MmaConfig& config, std::int64_t m, const layout::MmaWeight& weight,
                      const GpuLimits& gpu);
+
+// The grouped decode kernel (issue #17) is written and compiled but has not run on a GPU: its
+// configs serve a grouped problem only when forced by name, or with QGEMM_GROUPED_DECODE=1 in
+// the environment, until MoeLayerGpu.GroupedDecodeMatchesReference passes (bench/NOTES.md,
+// "Grouped decode (written, not yet run)").
+extern const char* const kGroupedDecodeNotYetRun;
+bool grouped_decode_ranked();  // QGEMM_GROUPED_DECODE=1
+
+// The streamed kernel's token block in grouped mode: 8 rows when an expert expects ≤ 8 routed
+// rows, else 16; with a routing block fixed by the caller (the down GEMM takes gate_up's), the
+// preferred rows when they divide it, else 8 when 8 does; 0 when neither divides it.
+int grouped_decode_rows(std::int64_t rows_per_expert, int route_block);
+
+// The streamed config's grouped launch for `slots` routed rows of `experts` experts whose
+// routing blocks are `route_block` rows (0: the kernel's own token block): every 64-column
+// slice of the one expert weight `weight` (prepare_experts' per-expert metadata) × every token
+// block of the capacity, one K split (a split's partial sums would cover the whole capacity).
+// Error(Unsupported) when no token block divides route_block.
+MmaLaunch grouped_mma_launch(const MmaConfig& config, std::int64_t slots, int experts,
+                             int route_block, const layout::MmaWeight& weight,
+                             const GpuLimits& gpu);
 
 // Split-K scratch of a launch at M rows: fp32 sums [M, N] and one counter per output tile,
 // which the kernels leave zero (0 without split-K).

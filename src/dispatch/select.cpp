@@ -122,6 +122,7 @@ GroupedView grouped_view(const GemmProblem& problem, const WeightFacts& weight,
   view.problem.n = problem.n * active;
   view.weight.n = view.problem.n;
   if (weight.wgmma) view.weight.wgmma = grouped_equivalent_weight(*weight.wgmma, active);
+  if (weight.mma) view.weight.mma = grouped_equivalent_weight(*weight.mma, active);
   return view;
 }
 
@@ -196,6 +197,22 @@ Cost streamed_cost(const GemmProblem& p, std::int64_t m, const MmaLaunch& launch
   const double rows = launch.rows > 8 ? 16 : 8;
   cost.compute_us = tflops_us(2.0 * rows * p.n * p.k, r.decode_tflops_16);
   cost.note = fmt::format("{} rows, {} splits", launch.rows, launch.splits);
+  return cost;
+}
+
+// The grouped decode kernel judged on the grouped view (the active experts side by side, m
+// rows each): a token block of `rows` streams its expert's slice once, so an expert expected to
+// get more rows than one block holds is streamed once per block (L2 may serve the repeats; not
+// counted).
+Cost grouped_streamed_cost(const GemmProblem& p, std::int64_t m, const MmaLaunch& launch,
+                           const layout::MmaWeight& w, const Format& operand, const GpuRates& r) {
+  Cost cost = streamed_cost(p, m, launch, w, operand, r);
+  const double blocks_per_expert =
+      std::ceil(static_cast<double>(m) / static_cast<double>(launch.rows));
+  cost.memory_us *= blocks_per_expert;
+  cost.compute_us *= blocks_per_expert;
+  cost.note = fmt::format("grouped: {} rows a token block, {:.0f} block{} an expert, 1 split",
+                          launch.rows, blocks_per_expert, blocks_per_expert > 1 ? "s" : "");
   return cost;
 }
 
@@ -307,9 +324,10 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       selection.verdicts.push_back(std::move(v));
       continue;
     }
-    if (p.experts > 0 && candidate.path != Path::Wgmma) {
-      reject("a grouped (MoE) GEMM runs on the wgmma family (the others do not read the routing "
-             "yet)");
+    if (p.experts > 0 && candidate.path != Path::Wgmma && candidate.path != Path::MmaStreamed) {
+      reject(
+          "a grouped (MoE) GEMM runs on the wgmma family or the streamed decode kernel (the "
+          "others do not read the routing)");
       selection.verdicts.push_back(std::move(v));
       continue;
     }
@@ -331,6 +349,36 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         if (!quantized && p.a_alignment < 16) {
           reject(fmt::format("A rows are {}-byte aligned; the kernel copies 16-byte pieces",
                              p.a_alignment));
+          break;
+        }
+        if (p.experts > 0) {
+          // Grouped: judged on the grouped view (p, m and the weight are the active experts side
+          // by side against one expert's rows), at the kernel's token block of 8 or 16 rows.
+          if (context.forced != candidate.name && !grouped_decode_ranked()) {
+            reject(std::string(kGroupedDecodeNotYetRun) + " (a forced run takes it)");
+            break;
+          }
+          if (quantized) {
+            reject("the grouped decode kernel takes bf16/fp16 activations");
+            break;
+          }
+          const int rows = grouped_decode_rows(m, p.route_block);
+          if (rows == 0) {
+            reject(
+                fmt::format("the routing block {} is not a multiple of 8 (the grouped decode "
+                            "kernel's token block is 8 or 16 rows)",
+                            p.route_block));
+            break;
+          }
+          if (auto why = config.unsupported_reason(rows, *weight.mma, v.operand, gpu)) {
+            reject(*why);
+            break;
+          }
+          MmaLaunch launch = mma_launch(config, rows, *weight.mma, gpu);
+          launch.rows = rows;
+          launch.splits = 1;
+          launch.grouped = true;
+          v.cost = grouped_streamed_cost(p, m, launch, *weight.mma, v.operand, r);
           break;
         }
         if (auto why = config.unsupported_reason(m, *weight.mma, v.operand, gpu)) {

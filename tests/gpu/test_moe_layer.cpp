@@ -59,14 +59,19 @@ struct LayerCase {
   Format input = formats::bf16, output = formats::bf16;
   enum class Routing { Random, OneExpert, HalfTheExperts } routing = Routing::Random;
   int global_experts = 0;  // > experts: an expert map, the rest on other ranks
+  ExpertLayout layout = ExpertLayout::Auto;  // prepare_experts' layout
+  std::string candidate;                     // MoeOptions::gemm_candidate (forced), or empty
 };
 
 std::string describe(const LayerCase& c) {
-  return c.scheme + " M=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) +
-         " top" + std::to_string(c.top_k) + " H=" + std::to_string(c.hidden) +
+  return c.scheme + " M=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) + " top" +
+         std::to_string(c.top_k) + " H=" + std::to_string(c.hidden) +
          " I=" + std::to_string(c.inter) + " " + glu_kind_name(c.glu.kind) +
          (c.bias ? " bias" : "") + " " + c.input.name() + "->" + c.output.name() +
-         (c.global_experts > c.experts ? " map of " + std::to_string(c.global_experts) : "");
+         (c.global_experts > c.experts ? " map of " + std::to_string(c.global_experts) : "") +
+         (c.layout != ExpertLayout::Auto ? std::string(" layout ") + expert_layout_name(c.layout)
+                                         : "") +
+         (c.candidate.empty() ? "" : " forced " + c.candidate);
 }
 
 // A layer's weights: host packed experts and their exact values, and the prepared pair.
@@ -105,8 +110,8 @@ Layer make_layer(Engine& engine, const LayerCase& c, std::mt19937& rng) {
     layer.gate_up_bias_device = DeviceBuffer::from(layer.gate_up_bias);
     layer.down_bias_device = DeviceBuffer::from(layer.down_bias);
   }
-  layer.gate_up_prepared = engine.prepare_experts(layer.gate_up);
-  layer.down_prepared = engine.prepare_experts(layer.down);
+  layer.gate_up_prepared = engine.prepare_experts(layer.gate_up, {}, c.layout);
+  layer.down_prepared = engine.prepare_experts(layer.down, {}, c.layout);
   return layer;
 }
 
@@ -252,6 +257,7 @@ void run_and_check(Engine& engine, const LayerCase& c, const Layer& layer, Input
                    DeviceBuffer& out, CUstream stream) {
   MoeOptions options;
   options.activation = c.glu;
+  options.gemm_candidate = c.candidate;
   if (c.bias) {
     options.gate_up_bias = layer.gate_up_bias_device.as<const float>();
     options.down_bias = layer.down_bias_device.as<const float>();
@@ -396,31 +402,28 @@ TEST(MoeLayerGpu, CapturedLayerReplaysOnFreshRoutings) {
   driver.cuStreamDestroy(stream);
 }
 
-// The grouped GEMM alone, through a plan and route_moe, as an engine that routes itself calls
-// it; and the errors of a routing that does not fit the plan.
-TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
-  QGEMM_REQUIRE_GPU();
-  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
-  std::mt19937 rng(test_seed() + 300);
-  LayerCase c;
-  c.tokens = 20, c.experts = 8, c.top_k = 2;
-  Engine engine(0);
-  const Layer layer = make_layer(engine, c, rng);
-  Inputs in;
-  draw_inputs(c, rng, in, false);
-  const std::int64_t slots = c.tokens * c.top_k, n = 2 * c.inter, k = c.hidden;
-  GemmProblem problem = gemm_problem(layer.gate_up_prepared, slots, formats::bf16, formats::fp32);
-  ASSERT_EQ(problem.experts, c.experts);
-  const GemmPlan plan = engine.plan(problem, layer.gate_up_prepared);
+// The grouped GEMM alone, as an engine that routes itself calls it: route_moe in the plan's
+// routing block, the routed rows in expert order built on the host from the device's sorted
+// slots, moe_gemm into fp32 rows, and every real slot's row checked against its expert's exact
+// product (bf16 weights rounding: 2^-8 of the magnitude, fp32 accumulation).
+struct GroupedAlone {
   MoeRoutingShape shape;
+  DeviceBuffer routing_space, rows_device, out;
+  MoeIndexedRouting routing;
+};
+
+GroupedAlone check_grouped_gemm_alone(Engine& engine, const LayerCase& c, const Layer& layer,
+                                      const Inputs& in, const GemmPlan& plan) {
+  GroupedAlone run;
+  const std::int64_t slots = c.tokens * c.top_k, n = 2 * c.inter, k = c.hidden;
+  MoeRoutingShape& shape = run.shape;
   shape.tokens = c.tokens, shape.top_k = c.top_k, shape.global_experts = shape.local_experts = c.experts;
   shape.block = plan.choice_for(slots).route_block;
-  ASSERT_GE(shape.block, 8);
-  DeviceBuffer routing_space(moe_routing_workspace_bytes(shape));
-  const MoeIndexedRouting routing =
-      engine.route_moe(shape, in.ids_device.as<const std::int32_t>(), nullptr,
-                       routing_space.as<void>(), routing_space.bytes(), nullptr);
-  // The routed rows in expert order, built on the host from the device's sorted slots.
+  EXPECT_GE(shape.block, 8);
+  run.routing_space = DeviceBuffer(moe_routing_workspace_bytes(shape));
+  run.routing = engine.route_moe(shape, in.ids_device.as<const std::int32_t>(), nullptr,
+                                 run.routing_space.as<void>(), run.routing_space.bytes(), nullptr);
+  const MoeIndexedRouting& routing = run.routing;
   const auto sorted = [&] {
     std::vector<std::int32_t> host(static_cast<std::size_t>(routing.capacity));
     runtime::Driver::get().check(
@@ -435,15 +438,13 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
     if (sorted[static_cast<std::size_t>(p)] < slots)
       std::copy_n(in.hidden_bits.begin() + (sorted[static_cast<std::size_t>(p)] / c.top_k) * k, k,
                   rows.begin() + p * k);
-  const DeviceBuffer rows_device = DeviceBuffer::from(rows);
-  DeviceBuffer out(static_cast<std::size_t>(routing.capacity * n) * 4);
-  out.fill_bytes(0xff);
-  engine.moe_gemm(plan, routing, {rows_device.as<void>(), routing.capacity, k, k, formats::bf16},
-                  layer.gate_up_prepared,
-                  {out.as<void>(), routing.capacity, n, n, formats::fp32}, nullptr);
-  const auto got = out.to_vector<float>(static_cast<std::size_t>(routing.capacity * n));
-  // Every real slot's row against its expert's exact product (bf16 weights rounding: 2^-8 of
-  // the magnitude, fp32 accumulation).
+  run.rows_device = DeviceBuffer::from(rows);
+  run.out = DeviceBuffer(static_cast<std::size_t>(routing.capacity * n) * 4);
+  run.out.fill_bytes(0xff);
+  engine.moe_gemm(
+      plan, routing, {run.rows_device.as<void>(), routing.capacity, k, k, formats::bf16},
+      layer.gate_up_prepared, {run.out.as<void>(), routing.capacity, n, n, formats::fp32}, nullptr);
+  const auto got = run.out.to_vector<float>(static_cast<std::size_t>(routing.capacity * n));
   int checked = 0, wrong = 0;
   for (std::int64_t p = 0; p < routing.capacity; ++p) {
     const int slot = sorted[static_cast<std::size_t>(p)];
@@ -466,6 +467,30 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
   }
   EXPECT_EQ(checked, slots * n);
   EXPECT_EQ(wrong, 0);
+  return run;
+}
+
+// The grouped GEMM alone, through a plan and route_moe; and the errors of a routing that does
+// not fit the plan.
+TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::mt19937 rng(test_seed() + 300);
+  LayerCase c;
+  c.tokens = 20, c.experts = 8, c.top_k = 2;
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  const std::int64_t slots = c.tokens * c.top_k, n = 2 * c.inter, k = c.hidden;
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, slots, formats::bf16, formats::fp32);
+  ASSERT_EQ(problem.experts, c.experts);
+  const GemmPlan plan = engine.plan(problem, layer.gate_up_prepared);
+  GroupedAlone run = check_grouped_gemm_alone(engine, c, layer, in, plan);
+  const MoeRoutingShape& shape = run.shape;
+  const MoeIndexedRouting& routing = run.routing;
+  const DeviceBuffer& rows_device = run.rows_device;
+  DeviceBuffer& out = run.out;
 
   // A routing in blocks the plan did not choose, and a dense run of a grouped plan.
   MoeRoutingShape other = shape;
@@ -492,6 +517,102 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
     ADD_FAILURE() << "a grouped plan ran as a dense GEMM";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("moe_gemm"), std::string::npos) << error.what();
+  }
+}
+
+// The grouped decode kernel (gemm/sm80_decode.cuh, kGrouped; issue #17), forced: experts in the
+// mma layout (ExpertLayout::Mma), every token block's expert from the routing, on SM80 and
+// later. Held back (dispatch::kGroupedDecodeNotYetRun) until this passes on a GPU. Cases: M = 1,
+// 7, 16; Qwen3-30B-A3B's shape; an expert map; one expert taking every token (several token
+// blocks of one expert); half the experts empty; each streamed config; stored integer zeros
+// with 16-row token blocks; mxfp4 with I = 360 (partial groups, K not a multiple of a stage),
+// biases and clamped SwiGLU; w8a16 (int_f32) with GELU, fp16 in, fp32 out.
+TEST(MoeLayerGpu, GroupedDecodeMatchesReference) {
+  QGEMM_REQUIRE_GPU();
+  if (test::device_arch() < jit::Arch::sm_80) GTEST_SKIP() << "bf16 mma.sync needs SM80";
+  // decode-w8's 8 warps need more shared memory than SM86/SM89 give a block: "decode" there.
+  const bool big_shared =
+      test::device_arch() == jit::Arch::sm_80 || test::device_arch() == jit::Arch::sm_90a;
+  auto decode = [&](LayerCase c, std::string candidate = "decode") {
+    if (candidate == "decode-w8" && !big_shared) candidate = "decode";
+    c.layout = ExpertLayout::Mma;
+    c.candidate = candidate;
+    return c;
+  };
+  std::vector<LayerCase> cases;
+  for (std::int64_t m : {1, 7, 16}) {
+    LayerCase c;
+    c.tokens = m;
+    cases.push_back(decode(c));
+  }
+  for (std::int64_t m : {1, 16}) {
+    LayerCase c;  // Qwen3-30B-A3B's shape (128 experts, top 8, H 2048, I 768)
+    c.tokens = m, c.experts = 128, c.top_k = 8, c.hidden = 2048, c.inter = 768;
+    cases.push_back(decode(c));
+  }
+  {
+    LayerCase c;  // expert parallelism: 16 of 32 global experts here
+    c.tokens = 7, c.top_k = 4, c.experts = 16, c.global_experts = 32;
+    cases.push_back(decode(c));
+  }
+  {
+    LayerCase c;  // top_k 1, every token to one expert: two 8-row token blocks of expert 3
+    c.tokens = 16, c.top_k = 1, c.experts = 8, c.routing = LayerCase::Routing::OneExpert;
+    cases.push_back(decode(c, "decode-s4"));
+  }
+  {
+    LayerCase c;  // half the experts get nothing; top 8
+    c.tokens = 16, c.top_k = 8, c.experts = 32, c.routing = LayerCase::Routing::HalfTheExperts;
+    cases.push_back(decode(c, "decode-w8"));
+  }
+  {
+    LayerCase c;  // stored integer zeros; 16 slots an expert: 16-row token blocks
+    c.scheme = "w=uint4:g128:s=bf16:zp=int;a=bf16", c.tokens = 16, c.top_k = 8, c.experts = 8;
+    cases.push_back(decode(c));
+  }
+  {
+    LayerCase c;  // gpt-oss-like: MXFP4, clamped SwiGLU, biases, I not a multiple of 32
+    c.scheme = "mxfp4-a16", c.tokens = 7, c.experts = 8, c.top_k = 4, c.hidden = 720, c.inter = 360,
+    c.bias = true;
+    c.glu.kind = GluKind::ClampedSwiglu;
+    cases.push_back(decode(c, "decode-k64"));
+  }
+  {
+    LayerCase c;  // GELU-GLU, fp16 in, fp32 out, 8-bit weights (int_f32)
+    c.scheme = "w8a16", c.tokens = 16, c.input = formats::fp16, c.output = formats::fp32;
+    c.glu.kind = GluKind::Gelu;
+    cases.push_back(decode(c));
+  }
+  std::uint32_t salt = 400;
+  for (const LayerCase& c : cases) check_layer(c, ++salt);
+}
+
+// The grouped decode GEMM alone in routing blocks twice its token block (blocks_per_route = 2:
+// a wgmma-16 routing served by 8-row blocks), and the plan's kernel text names the block.
+TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
+  QGEMM_REQUIRE_GPU();
+  if (test::device_arch() < jit::Arch::sm_80) GTEST_SKIP() << "bf16 mma.sync needs SM80";
+  std::mt19937 rng(test_seed() + 500);
+  LayerCase c;
+  c.tokens = 20, c.experts = 8, c.top_k = 2, c.layout = ExpertLayout::Mma;
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  const std::int64_t slots = c.tokens * c.top_k;
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, slots, formats::bf16, formats::fp32);
+  problem.candidate = "decode";
+  problem.route_block = 16;
+  const GemmPlan plan = engine.plan(problem, layer.gate_up_prepared);
+  ASSERT_EQ(plan.choice_for(slots).route_block, 16);
+  EXPECT_NE(plan.choice_for(slots).kernel.find("token_block=8"), std::string::npos)
+      << plan.choice_for(slots).kernel;
+  check_grouped_gemm_alone(engine, c, layer, in, plan);
+  // Without forcing, a held-back kernel serves nothing (unless QGEMM_GROUPED_DECODE=1).
+  if (!std::getenv("QGEMM_GROUPED_DECODE")) {
+    GemmProblem unforced = problem;
+    unforced.candidate.clear();
+    EXPECT_THROW(engine.plan(unforced, layer.gate_up_prepared), Error);
   }
 }
 
