@@ -110,9 +110,11 @@ std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const Wei
                                            const SelectionContext& context,
                                            double static_activation_scale) {
   std::vector<jit::KernelSpec> specs;
-  for (const auto& [low, high] : m_buckets(problem)) {
+  for (const auto& bucket : m_buckets(problem)) {
+    const std::int64_t high = bucket.second;
     // A grouped GEMM is judged as the dense GEMM it costs, without the (dense) tuning table, as
-    // the Engine's plan judges it.
+    // the Engine's plan judges it. (`high` is a plain variable: clang 14, which builds the fuzz
+    // targets, cannot capture a structured binding in the lambda.)
     const Selection selection =
         problem.experts > 0
             ? [&] {
