@@ -78,6 +78,41 @@ void check_routing(const char* function, const MoeRouting& routing, std::int64_t
   }
 }
 
+// The slots routed to expert e and the rows of `a_values` ([tokens, k]) they read, in slot
+// order.
+struct RoutedRows {
+  std::vector<std::int64_t> slots;
+  std::vector<double> rows;  // [slots.size(), k]
+};
+RoutedRows routed_rows(const MoeRouting& routing, std::int64_t e,
+                       const std::vector<double>& a_values, std::int64_t k) {
+  RoutedRows routed;
+  const std::int64_t slots = routing.tokens * routing.top_k;
+  for (std::int64_t slot = 0; slot < slots; ++slot)
+    if (routing.expert_ids[static_cast<std::size_t>(slot)] == e) routed.slots.push_back(slot);
+  routed.rows.resize(routed.slots.size() * static_cast<std::size_t>(k));
+  for (std::size_t r = 0; r < routed.slots.size(); ++r)
+    std::copy_n(a_values.begin() + routed.slots[r] / routing.top_k * k, k,
+                routed.rows.begin() + static_cast<std::int64_t>(r) * k);
+  return routed;
+}
+
+// out[t] = Σ_j weights[t·top_k + j] · slot_outputs[t·top_k + j] ([slots, n]) in choice order
+// (the formula's order, whatever order the experts were visited in), rounded once to `output`.
+std::vector<double> weighted_sum(const MoeRouting& routing,
+                                 const std::vector<double>& slot_outputs, std::int64_t n,
+                                 const Format& output) {
+  std::vector<double> c(static_cast<std::size_t>(routing.tokens * n), 0.0);
+  for (std::int64_t t = 0; t < routing.tokens; ++t)
+    for (int choice = 0; choice < routing.top_k; ++choice) {
+      const std::int64_t slot = t * routing.top_k + choice;
+      const double weight = routing.weights[static_cast<std::size_t>(slot)];
+      for (std::int64_t j = 0; j < n; ++j) c[t * n + j] += weight * slot_outputs[slot * n + j];
+    }
+  round_all_to(output, c);
+  return c;
+}
+
 // The activation between an expert's GEMMs (qgemm/moe.hpp), in double.
 double glu(const GluActivation& activation, double gate, double up) {
   switch (activation.kind) {
@@ -159,38 +194,20 @@ std::vector<double> moe(const Scheme& scheme, const PackedActivation& a,
   // order of the formula, whatever order the experts are visited in.
   std::vector<double> slot_outputs(static_cast<std::size_t>(slots * out_n));
   for (std::int64_t e = 0; e < expert_count; ++e) {
-    std::vector<std::int64_t> routed_slots;
-    for (std::int64_t slot = 0; slot < slots; ++slot)
-      if (routing.expert_ids[static_cast<std::size_t>(slot)] == e) routed_slots.push_back(slot);
-    if (routed_slots.empty()) continue;
-    const auto rows = static_cast<std::int64_t>(routed_slots.size());
-    std::vector<double> gathered(static_cast<std::size_t>(rows * k));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t token = routed_slots[static_cast<std::size_t>(r)] / routing.top_k;
-      std::copy_n(a_values.begin() + token * k, k, gathered.begin() + r * k);
-    }
+    const RoutedRows routed = routed_rows(routing, e, a_values, k);
+    if (routed.slots.empty()) continue;
+    const auto rows = static_cast<std::int64_t>(routed.slots.size());
     const std::vector<double> w_values = dequantize_weight(experts[static_cast<std::size_t>(e)]);
     const std::vector<double> product =
-        matmul_nt(gathered.data(), w_values.data(), rows, expert_n, k);
+        matmul_nt(routed.rows.data(), w_values.data(), rows, expert_n, k);
     for (std::int64_t r = 0; r < rows; ++r) {
       const double* row = product.data() + r * expert_n;
-      double* out = slot_outputs.data() + routed_slots[static_cast<std::size_t>(r)] * out_n;
+      double* out = slot_outputs.data() + routed.slots[static_cast<std::size_t>(r)] * out_n;
       for (std::int64_t j = 0; j < out_n; ++j)
         out[j] = gated ? silu(row[j]) * row[out_n + j] : row[j];
     }
   }
-  std::vector<double> c(static_cast<std::size_t>(routing.tokens * out_n), 0.0);
-  for (std::int64_t t = 0; t < routing.tokens; ++t) {
-    double* out = c.data() + t * out_n;
-    for (int choice = 0; choice < routing.top_k; ++choice) {
-      const std::int64_t slot = t * routing.top_k + choice;
-      const double weight = routing.weights[static_cast<std::size_t>(slot)];
-      const double* expert_out = slot_outputs.data() + slot * out_n;
-      for (std::int64_t j = 0; j < out_n; ++j) out[j] += weight * expert_out[j];
-    }
-  }
-  round_all_to(scheme.output, c);
-  return c;
+  return weighted_sum(routing, slot_outputs, out_n, scheme.output);
 }
 
 std::vector<double> moe_layer(const Scheme& scheme, const PackedActivation& a,
@@ -220,19 +237,12 @@ std::vector<double> moe_layer(const Scheme& scheme, const PackedActivation& a,
   const std::vector<double> a_values = dequantize_activation(a);
   std::vector<double> slot_outputs(static_cast<std::size_t>(slots * h));
   for (std::int64_t e = 0; e < expert_count; ++e) {
-    std::vector<std::int64_t> routed_slots;
-    for (std::int64_t slot = 0; slot < slots; ++slot)
-      if (routing.expert_ids[static_cast<std::size_t>(slot)] == e) routed_slots.push_back(slot);
-    if (routed_slots.empty()) continue;
-    const auto rows = static_cast<std::int64_t>(routed_slots.size());
-    std::vector<double> gathered(static_cast<std::size_t>(rows * h));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t token = routed_slots[static_cast<std::size_t>(r)] / routing.top_k;
-      std::copy_n(a_values.begin() + token * h, h, gathered.begin() + r * h);
-    }
+    const RoutedRows routed = routed_rows(routing, e, a_values, h);
+    if (routed.slots.empty()) continue;
+    const auto rows = static_cast<std::int64_t>(routed.slots.size());
     const std::vector<double> up_bias = expert_bias(gate_up_bias, e, 2 * inter, "gate_up_bias");
     const std::vector<double> g =
-        matmul_nt(gathered.data(), dequantize_weight(gate_up[static_cast<std::size_t>(e)]).data(),
+        matmul_nt(routed.rows.data(), dequantize_weight(gate_up[static_cast<std::size_t>(e)]).data(),
                   rows, 2 * inter, h, up_bias.empty() ? nullptr : up_bias.data());
     std::vector<double> act(static_cast<std::size_t>(rows * inter));
     for (std::int64_t r = 0; r < rows; ++r)
@@ -248,17 +258,9 @@ std::vector<double> moe_layer(const Scheme& scheme, const PackedActivation& a,
                   h, inter, dn_bias.empty() ? nullptr : dn_bias.data());
     for (std::int64_t r = 0; r < rows; ++r)
       std::copy_n(y.begin() + r * h, h,
-                  slot_outputs.begin() + routed_slots[static_cast<std::size_t>(r)] * h);
+                  slot_outputs.begin() + routed.slots[static_cast<std::size_t>(r)] * h);
   }
-  std::vector<double> c(static_cast<std::size_t>(routing.tokens * h), 0.0);
-  for (std::int64_t t = 0; t < routing.tokens; ++t)
-    for (int choice = 0; choice < routing.top_k; ++choice) {
-      const std::int64_t slot = t * routing.top_k + choice;
-      const double weight = routing.weights[static_cast<std::size_t>(slot)];
-      for (std::int64_t j = 0; j < h; ++j) c[t * h + j] += weight * slot_outputs[slot * h + j];
-    }
-  round_all_to(scheme.output, c);
-  return c;
+  return weighted_sum(routing, slot_outputs, h, scheme.output);
 }
 
 }  // namespace qgemm::reference
