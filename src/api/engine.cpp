@@ -148,14 +148,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   impl_->make_current();
   check_packed_weight(weight, "prepare_weight");
   require(max_rows >= 1, "prepare_weight: max_rows must be at least 1 ({} given)", max_rows);
-  auto prepared = std::make_shared<detail::PreparedWeight>();
-  prepared->id = detail::next_weight_id++;
-  prepared->engine = impl_.get();
-  prepared->device = impl_->device;
-  prepared->quant = weight.quant;
-  prepared->n = weight.n;
-  prepared->k = weight.k;
-  prepared->global_scale = weight.global_scale;
+  auto prepared = impl_->new_prepared(weight);
   if (activation.is_quantized()) {
     Scheme scheme;
     scheme.weight = weight.quant;

@@ -210,6 +210,20 @@ struct Engine::Impl {
     return *lt;
   }
 
+  // A new prepared weight of this engine with `like`'s quantization, shape and global scale
+  // (its layouts still to fill).
+  std::shared_ptr<detail::PreparedWeight> new_prepared(const PackedWeight& like) {
+    auto prepared = std::make_shared<detail::PreparedWeight>();
+    prepared->id = detail::next_weight_id++;
+    prepared->engine = this;
+    prepared->device = device;
+    prepared->quant = like.quant;
+    prepared->n = like.n;
+    prepared->k = like.k;
+    prepared->global_scale = like.global_scale;
+    return prepared;
+  }
+
   // The weight's prepared form; Error unless this Engine prepared it (its buffers live on
   // this engine's device, and its plans hold this engine's kernels).
   const detail::PreparedWeight& prepared(const QuantWeight& weight) const {

@@ -94,14 +94,7 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
 
   // Each expert into the layout on the device, then one buffer per array with the experts
   // back to back (the repacked sizes are equal: one shape and quantization).
-  auto prepared = std::make_shared<detail::PreparedWeight>();
-  prepared->id = detail::next_weight_id++;
-  prepared->engine = impl_.get();
-  prepared->device = impl_->device;
-  prepared->quant = first.quant;
-  prepared->n = first.n;
-  prepared->k = first.k;
-  prepared->global_scale = first.global_scale;
+  auto prepared = impl_->new_prepared(first);
   prepared->experts = static_cast<int>(experts.size());
   std::vector<unsigned char> words, scales, zeros;
   // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
