@@ -82,27 +82,35 @@ _handles = itertools.count(1)  # 0 stays unused, so that a default-initialized i
 _engines: dict[int, Engine] = {}
 
 
-class _Entry:
-    """A registered weight: its scheme, the host canonical form (the CPU path and any new
-    device's preparation read it) and its prepared form per device."""
+class _PerDevice:
+    """A registry entry's prepared form per device, made by `_prepare(engine)` on first use."""
 
-    def __init__(self, packed: PackedWeight, scheme: Scheme, max_rows: int):
-        self.packed = packed
-        self.scheme = scheme
-        self.max_rows = max_rows
-        self.prepared: dict[int, QuantWeight] = {}
+    def __init__(self):
+        self.prepared: dict = {}
         self.lock = threading.Lock()
 
-    def on_device(self, device: int) -> QuantWeight:
+    def on_device(self, device: int):
         prepared = self.prepared.get(device)
         if prepared is None:
             with self.lock:  # one upload per device, even when threads race to it
                 prepared = self.prepared.get(device)
                 if prepared is None:
-                    prepared = engine(device).prepare_weight(self.packed, self.scheme,
-                                                             self.max_rows)
-                    self.prepared[device] = prepared
+                    prepared = self.prepared[device] = self._prepare(engine(device))
         return prepared
+
+
+class _Entry(_PerDevice):
+    """A registered weight: its scheme, the host canonical form (the CPU path and any new
+    device's preparation read it) and its prepared form (a QuantWeight) per device."""
+
+    def __init__(self, packed: PackedWeight, scheme: Scheme, max_rows: int):
+        super().__init__()
+        self.packed = packed
+        self.scheme = scheme
+        self.max_rows = max_rows
+
+    def _prepare(self, e: Engine) -> QuantWeight:
+        return e.prepare_weight(self.packed, self.scheme, self.max_rows)
 
 
 class RegisteredWeight:
@@ -305,28 +313,19 @@ def _gemm_cpu(a, weight, n, bias=None, out_dtype=None):
 GLU_ACTIVATIONS = ("silu", "gelu", "clamped-swiglu")
 
 
-class _ExpertsEntry:
+class _ExpertsEntry(_PerDevice):
     """Registered expert weights: the host canonical experts (the CPU path reads them) and their
     prepared pair (gate_up, down) per device."""
 
     def __init__(self, gate_up, down, scheme: Scheme):
+        super().__init__()
         self.gate_up = list(gate_up)
         self.down = list(down)
         self.scheme = scheme
-        self.prepared: dict[int, tuple[QuantWeight, QuantWeight]] = {}
-        self.lock = threading.Lock()
 
-    def on_device(self, device: int):
-        prepared = self.prepared.get(device)
-        if prepared is None:
-            with self.lock:
-                prepared = self.prepared.get(device)
-                if prepared is None:
-                    e = engine(device)
-                    prepared = (e.prepare_experts(self.gate_up, self.scheme),
-                                e.prepare_experts(self.down, self.scheme))
-                    self.prepared[device] = prepared
-        return prepared
+    def _prepare(self, e: Engine) -> tuple[QuantWeight, QuantWeight]:
+        return (e.prepare_experts(self.gate_up, self.scheme),
+                e.prepare_experts(self.down, self.scheme))
 
 
 class RegisteredExperts:
