@@ -28,21 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "check_cuda.hpp"
 #include "gpu_bench/l2_flusher.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/moe.hpp"
 
 namespace {
-
-#define CHECK_CUDA(call)                                                    \
-  do {                                                                      \
-    cudaError_t status_ = (call);                                           \
-    if (status_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
 
 struct Layer {
   const char* name;
