@@ -9,7 +9,7 @@
 //
 // --layout: prepare_experts' ExpertLayout; --candidate: forces both grouped GEMMs (the layer's
 // MoeOptions::gemm_candidate and the GEMMs timed alone); --decode = --layout mma --candidate
-// decode (the grouped decode kernel, held back until its GPU test passes), over M = 1, 4, 16, 64
+// decode (the grouped decode kernel), over M = 1, 4, 16, 64
 // unless --case names one.
 //
 // Columns: layer = route + gather + gate_up + GLU + down + combine; gate_up = route + gather +

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A whole-library check on the device machine, in two calls that fit its 10-minute limit:
-#   scripts/h200_session.sh tests   build, every GPU test (sampled matrices), the Python engine test
+#   scripts/h200_session.sh tests   build, every GPU test (sampled matrices), then `python`
+#   scripts/h200_session.sh python  the Python suite (pytest) on the GPU
 #   scripts/h200_session.sh bench   sanitizers over the wgmma family, the hopper/decode/fallback
 #                                   gates, Humming on the issue #15 rows
 #   scripts/h200_session.sh profile SCHEME:M:N:K CONFIG...   the forced configs' times on one case,
@@ -28,7 +29,9 @@ tests)
     > "$out/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? at ${SECONDS}s"
   grep -E "tests passed|Failed|\*\*\*Skipped|Timeout" "$out/gpu_tests.log" | head -20
-  PYTHONPATH=build-gpu/python timeout 120 python3 -m pytest -q -rs python/tests \
+  ;&  # then the Python suite
+python)
+  PYTHONPATH=build-gpu/python timeout 240 python3 -m pytest -q -rs --durations=8 python/tests \
     > "$out/pytest.log" 2>&1
   echo "pytest rc=$? at ${SECONDS}s"; tail -8 "$out/pytest.log"
   ;;
@@ -107,3 +110,7 @@ profile)
   done
   ;;
 esac
+# At most 8 files come back from the device machine: every log of this mode travels in one
+# archive (modes chained in one call each leave their own).
+(cd "$out" && tar czf "logs_${1:-tests}.tgz" --exclude='logs_*.tgz' -- * \
+  && find . -maxdepth 1 -type f ! -name 'logs_*.tgz' -delete)

@@ -38,6 +38,14 @@ struct GpuRates {
   double decode_fixed_us = 8.0;
   double decode_stream = 0.92;
   double decode_tflops_16 = 105;
+  // Its grouped (MoE) mode runs one split, so no split-K tail: the wgmma family's fixed cost.
+  // Each of a block's warps streams its own share of K through its ring, and an expert's short K
+  // leaves a warp little to stream (Qwen3's down GEMM, K = 768: 192 each) behind a first load
+  // that nothing hides: it streams at warp_k / (warp_k + ramp_k). Fitted on an H100
+  // (bench/NOTES.md, "Grouped decode"): Qwen3-30B-A3B w4a16 at 1-64 tokens, where it beat
+  // wgmma-8 by 10-22 % on gate_up (K = 2048, 512 a warp) and lost by 2-12 % on down.
+  double grouped_decode_fixed_us = 4.0;
+  double grouped_decode_ramp_k = 96;
   // The tiled mma.sync kernel: fixed cost; tensor-core rate of long splits at full occupancy,
   // base + per m16 tile of a warp (packed16 integer dequantization), and its factors for the
   // fp32 dequantization (floats, inexact scales) and 8-bit codes; the K tiles a block's ramp and

@@ -230,15 +230,6 @@ MmaLaunch mma_launch(const MmaConfig& c, std::int64_t m, const layout::MmaWeight
   return launch;
 }
 
-const char* const kGroupedDecodeNotYetRun =
-    "the grouped decode kernel has not run on a GPU yet (issue #17): served when forced or with "
-    "QGEMM_GROUPED_DECODE=1 until MoeLayerGpu.GroupedDecodeMatchesReference passes";
-
-bool grouped_decode_ranked() {
-  const char* value = std::getenv("QGEMM_GROUPED_DECODE");
-  return value && std::string_view(value) == "1";
-}
-
 int grouped_decode_rows(std::int64_t rows_per_expert, int route_block) {
   const int preferred = rows_per_expert > 8 ? 16 : 8;
   if (route_block <= 0 || route_block % preferred == 0) return preferred;

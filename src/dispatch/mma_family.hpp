@@ -77,13 +77,6 @@ struct MmaLaunch {
 MmaLaunch mma_launch(const MmaConfig& config, std::int64_t m, const layout::MmaWeight& weight,
                      const GpuLimits& gpu);
 
-// The grouped decode kernel (issue #17) is written and compiled but has not run on a GPU: its
-// configs serve a grouped problem only when forced by name, or with QGEMM_GROUPED_DECODE=1 in
-// the environment, until MoeLayerGpu.GroupedDecodeMatchesReference passes (bench/NOTES.md,
-// "Grouped decode (written, not yet run)").
-extern const char* const kGroupedDecodeNotYetRun;
-bool grouped_decode_ranked();  // QGEMM_GROUPED_DECODE=1
-
 // The streamed kernel's token block in grouped mode: 8 rows when an expert expects ≤ 8 routed
 // rows, else 16; with a routing block fixed by the caller (the down GEMM takes gate_up's), the
 // preferred rows when they divide it, else 8 when 8 does; 0 when neither divides it.

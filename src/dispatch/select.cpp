@@ -203,16 +203,22 @@ Cost streamed_cost(const GemmProblem& p, std::int64_t m, const MmaLaunch& launch
 // The grouped decode kernel judged on the grouped view (the active experts side by side, m
 // rows each): a token block of `rows` streams its expert's slice once, so an expert expected to
 // get more rows than one block holds is streamed once per block (L2 may serve the repeats; not
-// counted).
-Cost grouped_streamed_cost(const GemmProblem& p, std::int64_t m, const MmaLaunch& launch,
-                           const layout::MmaWeight& w, const Format& operand, const GpuRates& r) {
+// counted); each warp's share of an expert's K streams behind an unhidden first load
+// (GpuRates::grouped_decode_ramp_k).
+Cost grouped_streamed_cost(const GemmProblem& p, std::int64_t m, const MmaConfig& config,
+                           const MmaLaunch& launch, const layout::MmaWeight& w,
+                           const Format& operand, const GpuRates& r) {
   Cost cost = streamed_cost(p, m, launch, w, operand, r);
+  cost.fixed_us = r.grouped_decode_fixed_us;
   const double blocks_per_expert =
       std::ceil(static_cast<double>(m) / static_cast<double>(launch.rows));
-  cost.memory_us *= blocks_per_expert;
-  cost.compute_us *= blocks_per_expert;
-  cost.note = fmt::format("grouped: {} rows a token block, {:.0f} block{} an expert, 1 split",
-                          launch.rows, blocks_per_expert, blocks_per_expert > 1 ? "s" : "");
+  const double warp_k = 16.0 * static_cast<double>(w.k_blocks) / config.decode.warps;
+  const double ramp = (warp_k + r.grouped_decode_ramp_k) / warp_k;
+  cost.memory_us *= blocks_per_expert * ramp;
+  cost.compute_us *= blocks_per_expert * ramp;
+  cost.note = fmt::format(
+      "grouped: {} rows a token block, {:.0f} block{} an expert, 1 split, K {:.0f} a warp",
+      launch.rows, blocks_per_expert, blocks_per_expert > 1 ? "s" : "", warp_k);
   return cost;
 }
 
@@ -354,10 +360,6 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         if (p.experts > 0) {
           // Grouped: judged on the grouped view (p, m and the weight are the active experts side
           // by side against one expert's rows), at the kernel's token block of 8 or 16 rows.
-          if (context.forced != candidate.name && !grouped_decode_ranked()) {
-            reject(std::string(kGroupedDecodeNotYetRun) + " (a forced run takes it)");
-            break;
-          }
           if (quantized) {
             reject("the grouped decode kernel takes bf16/fp16 activations");
             break;
@@ -378,7 +380,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           launch.rows = rows;
           launch.splits = 1;
           launch.grouped = true;
-          v.cost = grouped_streamed_cost(p, m, launch, *weight.mma, v.operand, r);
+          v.cost = grouped_streamed_cost(p, m, config, launch, *weight.mma, v.operand, r);
           break;
         }
         if (auto why = config.unsupported_reason(m, *weight.mma, v.operand, gpu)) {
