@@ -68,10 +68,19 @@ sanitize)
   families+=':WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*'
   families+=':MoeLayerGpu.EveryRoutingShape*:MoeRoutingGpu.*:JitKernelsGpu.*:MmaDequantizeGpu.*'
   families+=':MmaRepackGpu.*:CublasLtFp8Gpu.MatchesTheReference'
-  for tool in memcheck racecheck synccheck; do
+  for tool in memcheck synccheck; do
     QGEMM_GPU_TEST_SUBSET=1 timeout 180 compute-sanitizer --tool $tool --error-exitcode 9 \
       --print-limit 20 $tests --gtest_filter="$families" > "$out/$tool.log" 2>&1
     echo "$tool rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/$tool.log")"
+  done
+  # racecheck is the slowest tool: the MoE families first, then the rest; cuBLASLt's own kernels
+  # (nvjet) report hazards racecheck cannot model (their mbarrier pipelines), so the cuBLASLt test
+  # and the bandwidth-timing tests are left out.
+  for part in 'MoeLayerGpu.EveryRoutingShape*:MoeRoutingGpu.*' \
+      'DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*:WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*:JitKernelsGpu.*:MmaDequantizeGpu.EveryElement*'; do
+    QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      --print-limit 20 $tests --gtest_filter="$part" >> "$out/racecheck.log" 2>&1
+    echo "racecheck ${part%%:*}... rc=$? at ${SECONDS}s: $(grep 'RACECHECK SUMMARY' "$out/racecheck.log" | tail -1)"
   done
   ;;
 sweep)

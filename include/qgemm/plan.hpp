@@ -43,6 +43,9 @@ struct GemmProblem {
   int a_alignment = 16;
   // C's row stride in elements (0: N, rows back to back): cuBLASLt's descriptors fix it.
   std::int64_t ldc = 0;
+  // The largest power of two (bytes, up to 16) dividing C's pointer: the qgemm kernels write C
+  // at any element alignment and row stride, cuBLASLt's FP8 kernels only from 16 bytes.
+  int c_alignment = 16;
   // A candidate forced by name (benches, the tuner; `qgemm explain` lists them); empty: the
   // selector chooses.
   std::string candidate;

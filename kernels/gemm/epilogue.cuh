@@ -39,10 +39,13 @@ __device__ __forceinline__ void store_pair(const DenseGemmParams& p, int row, in
   if (row >= p.m || col >= p.n) return;
   const bool pair = col + 1 < p.n;
   const long long at = static_cast<long long>(row) * p.ldc + col;
-  if (kOutput != kOutFp32 && pair && at % 2 == 0) {
+  // One 4-byte store where the pair's address allows it (any C pointer and row stride: an odd
+  // stride or a C starting mid-word puts every other row's pairs across words).
+  unsigned short* const out = static_cast<unsigned short*>(p.c) + at;
+  if (kOutput != kOutFp32 && pair && reinterpret_cast<unsigned long long>(out) % 4 == 0) {
     if (p.row_factors) v0 *= p.row_factors[row], v1 *= p.row_factors[row];
     if (p.bias) v0 += p.bias[col], v1 += p.bias[col + 1];
-    *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.c) + at) =
+    *reinterpret_cast<unsigned*>(out) =
         static_cast<unsigned>(to_output_half<kOutput>(v0)) |
         static_cast<unsigned>(to_output_half<kOutput>(v1)) << 16;
     return;

@@ -29,9 +29,10 @@
 //            exactly for static / token / nv (the code's value, times the ue4m3 cell scale for
 //            nv: at most 6 significant bits) and mx (times a power of two); for group the
 //            product code · fp32 scale is rounded once to bf16.
-//            With fold_row_factors (dequantize + cuBLAS, which cannot scale rows), the row's
-//            factor is multiplied into every value before its one rounding and 1 is written as
-//            the factor (2^-9 relative for bf16, as for group scalings).
+//            With fold_row_factors (dequantize + cuBLAS into a bf16 output: cuBLAS cannot
+//            scale rows), the row's factor is multiplied into every value before its one
+//            rounding and 1 is written as the factor (2^-9 relative for bf16, as for group
+//            scalings).
 //   operand8 the 8-bit codes themselves (int8, e4m3; static and token scaling) in the 8-bit
 //            mma's K order: operand8[r][operand8_position(c)], rows of ldo = round_up(k, 16)
 //            bytes whose positions of c >= k hold 0; row_factors as for operand. Group scaling

@@ -587,10 +587,14 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm run: C is {}, the plan writes {}", c.dtype.name(),
                             p.scheme.output.name()));
-  if (c.dtype.storage_bytes() == 2 && (reinterpret_cast<std::uintptr_t>(c.data) % 4 != 0 ||
-                                       c.stride % 2 != 0))
+  // Any row stride and element alignment of C is served (the kernels store a pair of 16-bit
+  // values at once only where its address allows; cuBLASLt FP8 is chosen only for a C of
+  // 16-byte alignment, below).
+  const int c_alignment = alignment_of(c.data, 0);
+  if (c_alignment < c.dtype.storage_bytes())
     throw Error(ErrorCode::InvalidArgument,
-                "gemm run: 16-bit C needs a 4-byte aligned pointer and an even row stride");
+                fmt::format("gemm run: C at {} (rule: aligned to its {}-byte elements)",
+                            fmt::ptr(c.data), c.dtype.storage_bytes()));
   if ((bias != nullptr) != p.bias)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm run: {} (rule: as the plan's problem.bias = {})",
@@ -631,6 +635,11 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   const ActivationQuant& quant = p.scheme.activation;
 
   const dispatch::CandidateLaunch& chosen = step->launch;
+  if (chosen.path == dispatch::Path::CublasLtFp8 && c_alignment < p.c_alignment)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("gemm run: C is {}-byte aligned, the plan assumed {} for cuBLASLt FP8 "
+                            "(rule: plan with c_alignment = {})",
+                            c_alignment, p.c_alignment, c_alignment));
   if (codes && chosen.group_scales && reinterpret_cast<std::uintptr_t>(codes->scales) % 4 != 0)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm run: A's scales at {} (rule: 4-byte aligned fp32 group scales, "
@@ -654,7 +663,7 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
           quant, m, p.k, reinterpret_cast<CUdeviceptr>(a->data), a->stride,
           weight.static_activation_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
-      args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
+      args.fold_row_factors = chosen.fold_row_factors;
       if (chosen.group_scales) {
         // Canonical [m][cells] fp32 (quantize_activation_args' strides), beside the codes.
         args.scales = at<unsigned char>(scratch, step->scratch.group_scales);
@@ -674,7 +683,7 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
       args.scales = static_cast<const unsigned char*>(codes->scales);
       args.tensor_scale = static_cast<float>(codes->tensor_scale);
       write_operand_to(args, operand_data, chosen.operand, step->ldo, row_factors);
-      args.fold_row_factors = chosen.path == dispatch::Path::Qdq;
+      args.fold_row_factors = chosen.fold_row_factors;
       args.m = m;
       args.k = p.k;
       args.group = quant.group > 0 ? quant.group : p.k;
@@ -958,7 +967,7 @@ namespace {
 detail::PreparedWeight::PlanKey plan_key(const GemmProblem& p) {
   return {p.m,           p.input.name(), p.scheme.output.name(),
           p.candidate,   p.bias,         p.a_alignment,
-          p.ldc,         dispatch::tuning_table_generation()};
+          p.ldc,         p.c_alignment,  dispatch::tuning_table_generation()};
 }
 
 }  // namespace
@@ -985,6 +994,7 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   problem.candidate = options.candidate;
   problem.a_alignment = alignment_of(a.data, a.stride * a.dtype.storage_bytes());
   problem.ldc = c.stride;
+  problem.c_alignment = alignment_of(c.data, 0);
   const detail::PreparedWeight::PlanKey key = plan_key(problem);
   GemmPlan plan;
   {
@@ -1028,6 +1038,7 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
   problem.bias = options.bias != nullptr;
   problem.candidate = options.candidate;
   problem.ldc = c.stride;
+  problem.c_alignment = alignment_of(c.data, 0);
   if (a.cols != w.k)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.k));

@@ -60,11 +60,13 @@ struct PreparedWeight {
     bool bias;
     int a_alignment;
     std::int64_t ldc;
+    int c_alignment;
     std::uint64_t table_generation;
     friend bool operator<(const PlanKey& a, const PlanKey& b) {
       return std::tie(a.m, a.input, a.output, a.candidate, a.bias, a.a_alignment, a.ldc,
-                      a.table_generation) < std::tie(b.m, b.input, b.output, b.candidate, b.bias,
-                                                     b.a_alignment, b.ldc, b.table_generation);
+                      a.c_alignment, a.table_generation) <
+             std::tie(b.m, b.input, b.output, b.candidate, b.bias, b.a_alignment, b.ldc,
+                      b.c_alignment, b.table_generation);
     }
   };
   mutable std::shared_mutex plans_mutex;

@@ -57,6 +57,12 @@ void validate(const GemmProblem& p) {
   if (align < p.input.storage_bytes())
     fail(fmt::format("a_alignment = {} is below the {}-byte elements of A", align,
                      p.input.storage_bytes()));
+  const int c_align = p.c_alignment;
+  if (c_align < 1 || c_align > 16 || (c_align & (c_align - 1)) != 0)
+    fail(fmt::format("c_alignment = {} (rule: a power of two from 1 to 16)", c_align));
+  if (c_align < out.storage_bytes())
+    fail(fmt::format("c_alignment = {} is below the {}-byte elements of C", c_align,
+                     out.storage_bytes()));
 }
 
 const GemmProblem& GemmPlan::problem() const {

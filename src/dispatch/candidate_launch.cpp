@@ -90,6 +90,10 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);
+      if (launch.row_factors && qdq_folds_row_factors(p)) {
+        launch.fold_row_factors = true;
+        launch.row_factors = false;
+      }
       launch.dequantize = qdq_dequantize_spec(weight, launch.operand, arch);
       if (launch.qdq.finish) launch.finish = finish_gemm_spec(p.scheme.output, arch);
       break;

@@ -26,6 +26,8 @@ struct CandidateLaunch {
   Format operand;  // A's type at the GEMM
   ActivationPrep prep = ActivationPrep::None;
   bool row_factors = false;  // the GEMM applies per-row factors (mma epilogue, qdq finish)
+  // The activation prep multiplies them into the operand instead (qdq_folds_row_factors).
+  bool fold_row_factors = false;
   // The GEMM reads the activation codes' 1x128 group scales (the FP8 wgmma configs on
   // fp8-block's activations): the quantizer writes them beside the codes, pre-quantized codes
   // bring them.

@@ -43,6 +43,10 @@ std::string cublaslt_unsupported_reason(const GemmProblem& p, std::int64_t m,
                        runtime::fp8_scale_mode_name(modes->weight));
   if (p.m_max > p.m) return "cuBLASLt's descriptors hold M: it serves plans of one exact M";
   if (p.bias) return "the bias is not wired into the cuBLASLt FP8 call";
+  if (p.c_alignment < 16)
+    return fmt::format("C is {}-byte aligned (rule: cuBLASLt's FP8 kernels write C from a 16-byte "
+                       "aligned address)",
+                       p.c_alignment);
   if (p.prequantized && !cublaslt_reads_code_scales(p.scheme.activation, modes->activation) &&
       !transposes_code_scales(p.scheme.activation, modes->activation))
     return fmt::format("pre-quantized codes carry their scales in the canonical layout, not "

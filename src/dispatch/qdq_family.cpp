@@ -8,7 +8,7 @@
 
 namespace qgemm::dispatch {
 
-bool qdq_folds_row_factors() { return true; }
+bool qdq_folds_row_factors(const GemmProblem& p) { return p.scheme.output == formats::bf16; }
 
 Format qdq_operand(const GemmProblem& p) {
   const ActivationQuant& quant = p.scheme.activation;
@@ -33,7 +33,7 @@ QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& we
   // the activations' per-row factors (dispatch::qdq_folds_row_factors) ask for the finish.
   const bool row_factors = p.scheme.activation.is_quantized() &&
                            jit::activation_row_factor(p.scheme.activation) &&
-                           !qdq_folds_row_factors();
+                           !qdq_folds_row_factors(p);
   launch.finish = p.bias || row_factors || !(output == operand || output == formats::fp32);
   std::int64_t rows = kWeightBytes / (2 * p.k);
   if (launch.finish) rows = std::min(rows, kSumBytes / (4 * m));

@@ -38,9 +38,10 @@ QdqLaunch qdq_launch(const GemmProblem& problem, std::int64_t m, const WeightFac
 Format qdq_operand(const GemmProblem& problem);
 
 // Whether the activation quantizer multiplies the per-row factors of quantized activations into
-// the 16-bit operand for this path (one more rounding, 2^-9 relative), so that cuBLAS writes C
-// directly; else the finish applies them.
-bool qdq_folds_row_factors();
+// the 16-bit operand for this path, so that cuBLAS writes C directly: for a bf16 output, where
+// that rounding (2^-9 relative) is the output's own. For fp16 (whose range could not hold every
+// folded value) and fp32 outputs the operands stay exact and the finish applies the factors.
+bool qdq_folds_row_factors(const GemmProblem& problem);
 
 // The row stride of the dequantized 16-bit weight: K rounded up to 8 from the mma layout (whole
 // 16-byte stores, kernels/gemm/mma_dequantize_shape.cuh), K from the canonical form.

@@ -114,9 +114,9 @@ TEST(GroupedDecode, ServesEveryArchWhereTheExpertsKeepTheMmaLayout) {
 
 // Where both kernels could serve (both layouts), the ranking follows what an H100 measured
 // (bench/NOTES.md, "Grouped decode", qgemm_moe_bench --decode against the wgmma run, graph-timed):
-// Qwen3-30B-A3B w4a16 gate_up (1536 x 2048) took 16.1 / 30.4 / 63.7 / 87.7 us on the grouped
-// decode kernel against 17.9 / 35.1 / 69.3 / 112.6 on wgmma-8 at 1 / 4 / 16 / 64 tokens; its down
-// GEMM (2048 x 768, K short: 1.5 stages a warp) 45.0 / 63.2 against 40.1 / 61.2 at 16 / 64 (at
+// the Qwen3-30B-A3B w4a16 gate_up GEMM (1536 x 2048) took 12.5 / 26.7 / 59.7 / 83.6 us on the
+// grouped decode kernel against 14.1 / 31.4 / 65.6 / 108.2 on wgmma-8 at 1 / 4 / 16 / 64 tokens;
+// its down GEMM (2048 x 768, K short: 192 a warp) 45.0 / 63.2 against 40.1 / 61.2 at 16 / 64 (at
 // 1 and 4 tokens the two are within 2 %, not asserted).
 TEST(GroupedDecode, RankedAgainstWgmmaAsMeasured) {
   auto chosen_path = [](std::int64_t tokens, std::int64_t n, std::int64_t k) {

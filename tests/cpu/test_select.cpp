@@ -2,6 +2,7 @@
 // serves which problem and why not, that the cost model's picks follow the H200 measurements
 // where they are clear-cut, that launch geometry covers the problem exactly, and that forcing a
 // candidate is checked.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -175,6 +176,57 @@ TEST(Select, CublasLtFp8Rules) {
       "m >= 16"));
   EXPECT_TRUE(verdict_of(select_for(problem_of("fp8-block", 16, 7168, 18432)), "cublaslt-fp8")
                   .rejected.empty());
+  // A C below 16-byte alignment goes to the kernels that write any alignment.
+  GemmProblem offset_c = problem_of("w8a8-fp8", 256, 8192, 8192);
+  offset_c.c_alignment = 4;
+  const Selection s = select_for(offset_c);
+  EXPECT_TRUE(contains(verdict_of(s, "cublaslt-fp8").rejected, "4-byte aligned"));
+  EXPECT_NE(s.chosen().candidate->path, Path::CublasLtFp8);
+}
+
+// C's alignment: a power of two from 1 to 16 bytes, at least its elements'.
+TEST(Select, OutputAlignmentRules) {
+  GemmProblem p = problem_of("w4a16", 8, 4096, 4096);
+  for (int alignment : {2, 4, 8, 16}) {
+    p.c_alignment = alignment;
+    EXPECT_NO_THROW(validate(p)) << alignment;
+  }
+  for (int alignment : {0, 1, 3, 32}) {
+    p.c_alignment = alignment;
+    EXPECT_THROW(validate(p), Error) << alignment;
+  }
+  p.scheme.output = formats::fp32;
+  p.c_alignment = 2;
+  try {
+    validate(p);
+    ADD_FAILURE() << "a 2-byte aligned fp32 C was accepted";
+  } catch (const Error& error) {
+    EXPECT_TRUE(contains(error.what(), "c_alignment = 2 is below the 4-byte elements of C"))
+        << error.what();
+  }
+}
+
+// Dequantize + cuBLAS folds the per-row factors of quantized activations into the bf16 operand
+// only for a bf16 output (whose own rounding that is); fp16 and fp32 outputs keep the operand
+// exact and the finish applies the factors.
+TEST(QdqFamily, RowFactorsFoldOnlyIntoABf16Output) {
+  for (const char* activation : {"e4m3:tok:s=fp32", "int8:tok:s=fp32", "e4m3:t:s=fp32",
+                                 "e2m1:nv:s=ue4m3"})
+    for (const Format& out : {formats::bf16, formats::fp16, formats::fp32}) {
+      GemmProblem p = problem_of(
+          fmt::format("w=uint4:g128:s=bf16;a={};o={}", activation, out.name()), 64, 4096, 4096);
+      SelectionContext context = context_of(kH200);
+      context.forced = "qdq";
+      const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+      const Selection s = select(p, p.m, facts, context);
+      const CandidateLaunch launch = candidate_launch(p, p.m, s.chosen(), facts, kH200, 0.0);
+      SCOPED_TRACE(std::string(activation) + " -> " + out.name());
+      const bool fold = out == formats::bf16;
+      EXPECT_EQ(launch.fold_row_factors, fold);
+      EXPECT_EQ(launch.row_factors, !fold);
+      EXPECT_EQ(launch.qdq.finish, !fold);
+      EXPECT_EQ(launch.finish.has_value(), !fold);
+    }
 }
 
 // Pre-quantized codes: cuBLASLt reads per-token scales as the canonical grid holds them (against

@@ -3,6 +3,7 @@
 // is a no-op), never a crash or a silent wrong answer; NaN in the activations stays in its own
 // rows; and 10,000 calls of mixed shapes leave device and host memory flat (item 6). Fresh random
 // inputs (the seed is printed), outputs poisoned before every call.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,7 +42,7 @@ struct Fixture {
   std::vector<double> w_values;
   std::vector<std::uint16_t> a_bits;
   std::vector<double> a_values;
-  explicit Fixture(std::mt19937& rng, std::int64_t m) {
+  explicit Fixture(std::mt19937& rng, std::int64_t m, std::int64_t n_ = 256) : n(n_) {
     std::normal_distribution<float> normal(0.0f, 0.05f);
     std::vector<float> w(static_cast<std::size_t>(n * k));
     for (float& x : w) x = normal(rng);
@@ -146,6 +147,66 @@ TEST(BadInputGpu, MisalignedActivationsAreServedCorrectly) {
   const test::OutputCheck check =
       f.check(test::read_output(c, formats::bf16, static_cast<std::size_t>(m * f.n)), m);
   EXPECT_TRUE(check.ok()) << check.describe();
+}
+
+// C with an odd N, an odd row stride, a gap between rows, or starting mid-word (2 bytes past
+// a 4-byte boundary) is served by every path that takes 16-bit C, each element right and
+// nothing outside C's elements written (the poison before it, in the gaps and after it stays).
+TEST(BadInputGpu, OddStridedAndMidWordOutputsAreServedCorrectly) {
+  QGEMM_REQUIRE_GPU();
+  std::mt19937 rng(seed() + 6);
+  const bool sm90 = test::device_arch() == jit::Arch::sm_90a;
+  int served = 0;
+  for (const std::int64_t m : {5, 40}) {
+    Fixture f(rng, m, 255);
+    Engine engine(0);
+    const QuantWeight w = engine.prepare_weight(f.packed);
+    const DeviceBuffer a = DeviceBuffer::from(f.a_bits);
+    for (const Format& out : {formats::bf16, formats::fp16})
+      for (const std::int64_t ldc : {f.n, f.n + 2, f.n + 3})
+        for (const std::int64_t offset : {0, 1})  // elements past the buffer's start
+          for (const char* candidate : {"", "decode", "medium", "prefill", "wgmma-64", "qdq"}) {
+            if (std::string(candidate) == "wgmma-64" && !sm90) continue;
+            SCOPED_TRACE(fmt::format("M={} out={} ldc={} offset={} candidate='{}'", m, out.name(),
+                                     ldc, offset, candidate));
+            const std::size_t elements = static_cast<std::size_t>(offset + m * ldc + 8);
+            DeviceBuffer c(elements * 2);
+            c.fill_bytes(0x7f);  // 0x7f7f: a pattern no result takes
+            GemmOptions options;
+            options.candidate = candidate;
+            Fixture typed = f;
+            typed.scheme.output = out;
+            try {
+              engine.gemm({a.as<void>(), m, f.k, f.k, formats::bf16}, w,
+                          {c.as<std::uint16_t>() + offset, m, f.n, ldc, out}, nullptr, options);
+            } catch (const Error& error) {
+              // A forced candidate may not serve this M (decode: M <= 16); C's shape must not
+              // be the reason.
+              ASSERT_EQ(error.code(), ErrorCode::Unsupported) << error.what();
+              ASSERT_NE(std::string(candidate), "") << error.what();
+              continue;
+            }
+            runtime::Driver::get().check(runtime::Driver::get().cuCtxSynchronize(),
+                                         "cuCtxSynchronize");
+            const auto bits = c.to_vector<std::uint16_t>(elements);
+            std::vector<double> got;
+            for (std::int64_t r = 0; r < m; ++r)
+              for (std::int64_t j = 0; j < ldc; ++j) {
+                const std::uint16_t value = bits[static_cast<std::size_t>(offset + r * ldc + j)];
+                if (j < f.n)
+                  got.push_back(decode(out, value));
+                else
+                  ASSERT_EQ(value, 0x7f7f) << "row " << r << ": the gap after column N written";
+              }
+            for (std::int64_t i = 0; i < offset; ++i) ASSERT_EQ(bits[i], 0x7f7f);
+            for (std::size_t i = static_cast<std::size_t>(offset + m * ldc); i < elements; ++i)
+              ASSERT_EQ(bits[i], 0x7f7f) << "written past C";
+            const test::OutputCheck check = typed.check(got, m);
+            ASSERT_TRUE(check.ok()) << check.describe();
+            ++served;
+          }
+  }
+  EXPECT_GT(served, 0);
 }
 
 // NaN and Inf in A stay in their rows (as cuBLAS would give), every other row is right.

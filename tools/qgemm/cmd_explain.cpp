@@ -36,6 +36,7 @@ struct ExplainOptions {
   std::string input = "bf16";
   bool prequantized = false, bias = false, json = false;
   int a_alignment = 16;
+  int c_alignment = 16;
   int experts = 0;  // > 0: a grouped (MoE) GEMM; --m counts the routed slots
 };
 
@@ -52,6 +53,7 @@ int run(const ExplainOptions& options) {
   if (!problem.scheme.activation.is_quantized()) problem.scheme.activation.format = problem.input;
   problem.bias = options.bias;
   problem.a_alignment = options.a_alignment;
+  problem.c_alignment = options.c_alignment;
   problem.experts = options.experts;
   validate(problem);
 
@@ -139,6 +141,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
                       "A grouped (MoE) GEMM over this many experts (--m: routed slots)");
   command->add_option("--a-alignment", options->a_alignment,
                       "Bytes (1-16, a power of two) dividing A's address and row stride");
+  command->add_option("--c-alignment", options->c_alignment,
+                      "Bytes (1-16, a power of two) dividing C's address");
   command->add_flag("--json", options->json, "Print JSON");
   command->callback([options, &status] {
     try {

@@ -47,8 +47,12 @@ class GpuEngineBackend final : public GemmBackend {
     const DeviceMatrix c_matrix{c_device.as<void>(), a.m, w.n, w.n, out};
     if (a.quant.is_quantized()) {
       // The quantized codes and scales as they are: the GEMM sees exactly what the reference
-      // dequantizes, through the 16-bit operand of jit::activation_operand_format.
-      operand_format_ = jit::activation_operand_format(a.quant);
+      // dequantizes, through the 16-bit operand of jit::activation_operand_format; for a bf16
+      // output, dequantize + cuBLAS rounds the row factors into a bf16 operand
+      // (dispatch::qdq_folds_row_factors).
+      operand_format_ = out == formats::bf16 && jit::activation_row_factor(a.quant)
+                            ? formats::bf16
+                            : jit::activation_operand_format(a.quant);
       scales = runtime::DeviceBuffer::from(a.scales);
       engine_.gemm(DeviceActivation{a.quant, a_device.as<void>(), scales.as<void>(), a.m, a.k,
                                     a.tensor_scale},
