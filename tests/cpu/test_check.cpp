@@ -291,6 +291,45 @@ class ScaledOutputBackend : public GemmBackend {
   double factor_;
 };
 
+// Exact results, but one element written outside C (a store past N into a row gap): the check
+// fails on that alone, and it sees the placement the run asked for.
+class OutsideWritingBackend : public GemmBackend {
+ public:
+  std::string name() const override { return "outside-writing"; }
+  std::string description() const override { return "the reference, plus one write past C"; }
+  bool is_reference() const override { return false; }
+  std::vector<double> gemm(const qgemm::Scheme& scheme, const qgemm::PackedActivation& a,
+                           const qgemm::PackedWeight& w) override {
+    seen = placement_;
+    return qgemm::reference::gemm(scheme, a, w);
+  }
+  std::int64_t outside_writes() const override { return 1; }
+  qgemm::check::MatrixPlacement seen;
+};
+
+TEST(Check, AWriteOutsideCFailsAndPlacementsAreChecked) {
+  OutsideWritingBackend backend;
+  const qgemm::check::MatrixPlacement placement{2, 1, 3, 1};
+  const auto r = qgemm::check::run_check(qgemm::parse_scheme("w4a16"), 8, 255, 256, backend,
+                                         fresh_test_seed(), placement);
+  EXPECT_LE(r.error_vs_reference, r.tolerance_vs_reference) << describe(r);
+  EXPECT_EQ(r.outside_writes, 1);
+  EXPECT_FALSE(r.pass);
+  EXPECT_EQ(backend.seen.c_pad, 3);
+  EXPECT_EQ(backend.seen.a_offset, 1);
+  EXPECT_NE(qgemm::check::to_json(r).find("\"outside_writes\":1"), std::string::npos);
+  for (const qgemm::check::MatrixPlacement& bad :
+       {qgemm::check::MatrixPlacement{-1, 0, 0, 0}, qgemm::check::MatrixPlacement{0, 0, 0, 4097}}) {
+    try {
+      qgemm::check::run_check(qgemm::parse_scheme("w4a16"), 8, 64, 64, backend, 1, bad);
+      ADD_FAILURE() << "a placement out of range was accepted";
+    } catch (const qgemm::Error& error) {
+      EXPECT_NE(std::string(error.what()).find("(rule: 0 to 4096 elements)"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 TEST(Check, HalfAPercentSystematicErrorFailsForAnFp32Backend) {
   // 0.5 % is well inside the quantization error of w4a16 but far outside what fp32
   // accumulation and one bf16 rounding explain.

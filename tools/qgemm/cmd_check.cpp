@@ -1,6 +1,7 @@
 // qgemm check: is a backend's quantized GEMM within what the formats allow?
 //
 //   qgemm check --scheme S --m M --n N --k K [--backend auto|cpu|gpu] [--seed X] [--json]
+//               [--a-pad P] [--a-offset O] [--c-pad P] [--c-offset O]
 //
 // Random inputs (a fresh seed unless --seed; the seed is printed so a failure can be rerun),
 // quantized per S, multiplied by the backend; the error against the exact product of the
@@ -30,6 +31,7 @@ struct CheckOptions {
   std::string backend = "auto";
   std::optional<std::uint64_t> seed;
   bool json = false;
+  check::MatrixPlacement placement;
 };
 
 void print_text_report(const check::CheckResult& r, const std::string& backend_reason) {
@@ -38,6 +40,10 @@ void print_text_report(const check::CheckResult& r, const std::string& backend_r
   fmt::print("  shape        m = {}, n = {}, k = {}\n", r.m, r.n, r.k);
   fmt::print("  backend      {} ({})\n", r.backend, backend_reason);
   fmt::print("  seed         {}  (rerun: --seed {})\n", r.seed, r.seed);
+  if (!r.placement.is_default())
+    fmt::print("  placement    A: row stride K + {}, {} elements in; C: row stride N + {}, {} "
+               "elements in\n",
+               r.placement.a_pad, r.placement.a_offset, r.placement.c_pad, r.placement.c_offset);
   fmt::print("  vs exact     error {:.3e}   tolerance {:.3e}\n", r.error_vs_exact,
              r.tolerance_vs_exact);
   fmt::print(
@@ -48,7 +54,11 @@ void print_text_report(const check::CheckResult& r, const std::string& backend_r
   fmt::print("  vs reference error {:.3e}   tolerance {:.3e}\n", r.error_vs_reference,
              r.tolerance_vs_reference);
   fmt::print("  time         {:.3f} ms   {:.2f} GFLOP/s\n", r.time_ms, r.gflops);
-  fmt::print("{}\n", r.pass ? "PASS" : "FAIL: outside tolerance");
+  if (r.outside_writes > 0)
+    fmt::print("  outside C    {} elements around C were written\n", r.outside_writes);
+  fmt::print("{}\n", r.pass                  ? "PASS"
+                     : r.outside_writes > 0 ? "FAIL: wrote outside C"
+                                            : "FAIL: outside tolerance");
 }
 
 int run(const CheckOptions& options) {
@@ -62,7 +72,8 @@ int run(const CheckOptions& options) {
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
   const check::CheckResult result =
-      check::run_check(scheme, options.m, options.n, options.k, *selection.backend, seed);
+      check::run_check(scheme, options.m, options.n, options.k, *selection.backend, seed,
+                       options.placement);
   if (options.json) {
     fmt::print("{}\n", check::to_json(result));
   } else {
@@ -84,6 +95,14 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_option("--backend", options->backend, "auto | cpu | gpu")->capture_default_str();
   command->add_option("--seed", options->seed, "Random seed (default: a fresh one, printed)");
   command->add_flag("--json", options->json, "Print one JSON object instead of text");
+  command->add_option("--a-pad", options->placement.a_pad,
+                      "GPU: A's rows this many elements longer than K (16-bit activations)");
+  command->add_option("--a-offset", options->placement.a_offset,
+                      "GPU: A this many elements past an aligned start (16-bit activations)");
+  command->add_option("--c-pad", options->placement.c_pad,
+                      "GPU: C's rows this many elements longer than N");
+  command->add_option("--c-offset", options->placement.c_offset,
+                      "GPU: C this many elements past an aligned start");
   command->callback([options, &status] { status = run(*options); });
 });
 

@@ -7,7 +7,9 @@
 // format, granularity and group size, scale format, zero-point mode, activation quantization
 // and output type; the ones the rules refuse are drawn again), M from 1 to 4096 (log-uniform),
 // and N and K among aligned, odd and tensor-parallel-split sizes (M·N·K at most --max-work: the
-// CPU reference multiplies in double), then runs `qgemm check`'s
+// CPU reference multiplies in double), and for about a third of them a placement of A and C on
+// the device (rows longer than the matrix, matrices starting off an aligned address: what views
+// into larger tensors give), then runs `qgemm check`'s
 // test (tools/harness/check: fresh random inputs from the case's seed, the error against the
 // exact product and against the CPU reference, with the tolerances the formats allow).
 //
@@ -55,6 +57,7 @@ struct Case {
   std::string scheme;
   std::int64_t m = 0, n = 0, k = 0;
   std::uint64_t seed = 0;
+  check::MatrixPlacement placement;
 };
 
 template <class T, std::size_t N>
@@ -110,6 +113,11 @@ Case draw_case(std::mt19937_64& rng, double max_work) {
     c.n = random_size(rng);
     c.k = random_size(rng);
     c.seed = rng();
+    if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) {
+      static const std::array<std::int64_t, 6> pads = {0, 1, 2, 3, 8, 13};
+      static const std::array<std::int64_t, 5> offsets = {0, 1, 2, 3, 8};
+      c.placement = {pick(rng, pads), pick(rng, offsets), pick(rng, pads), pick(rng, offsets)};
+    }
     if (static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k) > max_work)
       continue;
     try {
@@ -143,12 +151,14 @@ const char* outcome_name(Outcome o) {
     check::BackendSelection selection =
         check::select_backend(check::parse_backend_choice(backend));
     const check::CheckResult result = check::run_check(parse_scheme(c.scheme), c.m, c.n, c.k,
-                                                       *selection.backend, c.seed);
+                                                       *selection.backend, c.seed, c.placement);
     status = result.pass ? 0 : 1;
     if (!result.pass)
-      std::fprintf(stderr, "  error vs exact %.3e (tolerance %.3e), vs reference %.3e (%.3e)\n",
+      std::fprintf(stderr,
+                   "  error vs exact %.3e (tolerance %.3e), vs reference %.3e (%.3e), %lld "
+                   "elements written outside C\n",
                    result.error_vs_exact, result.tolerance_vs_exact, result.error_vs_reference,
-                   result.tolerance_vs_reference);
+                   result.tolerance_vs_reference, static_cast<long long>(result.outside_writes));
   } catch (const Error& error) {
     std::fprintf(stderr, "  refused: %s\n", error.what());
     status = 3;
@@ -189,9 +199,15 @@ Outcome run_case(const Case& c, const std::string& backend, double timeout_s) {
   }
 }
 
+std::string placement_text(const check::MatrixPlacement& p) {
+  if (p.is_default()) return "";
+  return fmt::format(" --a-pad {} --a-offset {} --c-pad {} --c-offset {}", p.a_pad, p.a_offset,
+                     p.c_pad, p.c_offset);
+}
+
 std::string rerun_command(const Case& c, const std::string& backend) {
-  return fmt::format("qgemm check --scheme '{}' --m {} --n {} --k {} --seed {} --backend {}",
-                     c.scheme, c.m, c.n, c.k, c.seed, backend);
+  return fmt::format("qgemm check --scheme '{}' --m {} --n {} --k {} --seed {} --backend {}{}",
+                     c.scheme, c.m, c.n, c.k, c.seed, backend, placement_text(c.placement));
 }
 
 int run(const SweepOptions& options) {
@@ -216,8 +232,8 @@ int run(const SweepOptions& options) {
                         outcome == Outcome::Hang;
     if (failed) failures.emplace_back(c, outcome);
     if (!options.json)
-      fmt::print("[{}/{}] {:7}  {}  m={} n={} k={}{}\n", i + 1, options.n, outcome_name(outcome),
-                 c.scheme, c.m, c.n, c.k,
+      fmt::print("[{}/{}] {:7}  {}  m={} n={} k={}{}{}\n", i + 1, options.n,
+                 outcome_name(outcome), c.scheme, c.m, c.n, c.k, placement_text(c.placement),
                  failed ? "\n          " + rerun_command(c, options.backend) : "");
     std::fflush(stdout);
   }

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/log.hpp"
 #include "jit/catalog.hpp"
 #include "qgemm/engine.hpp"
@@ -42,9 +45,16 @@ class GpuEngineBackend final : public GemmBackend {
     const QuantWeight weight = engine_.prepare_weight(w);
     runtime::DeviceBuffer a_device = runtime::DeviceBuffer::from(a.codes), scales;
     const Format out = scheme.output;
-    runtime::DeviceBuffer c_device(static_cast<std::size_t>(a.m * w.n) * out.storage_bytes());
-    c_device.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails the check
-    const DeviceMatrix c_matrix{c_device.as<void>(), a.m, w.n, w.n, out};
+    const std::size_t c_bytes = out.storage_bytes();
+    const std::int64_t ldc = w.n + placement_.c_pad;
+    // C with a tail of 16 elements past its last row, everything poisoned (0xFF bytes: NaN): an
+    // element the kernel does not write fails the check, one it writes outside C is counted.
+    const std::size_t c_elements =
+        static_cast<std::size_t>(placement_.c_offset + a.m * ldc + 16);
+    runtime::DeviceBuffer c_device(c_elements * c_bytes);
+    c_device.fill_bytes(0xFF);
+    unsigned char* const c_start = c_device.as<unsigned char>() + placement_.c_offset * c_bytes;
+    const DeviceMatrix c_matrix{c_start, a.m, w.n, ldc, out};
     if (a.quant.is_quantized()) {
       // The quantized codes and scales as they are: the GEMM sees exactly what the reference
       // dequantizes, through the 16-bit operand of jit::activation_operand_format; for a bf16
@@ -59,22 +69,52 @@ class GpuEngineBackend final : public GemmBackend {
                    weight, c_matrix, nullptr);
     } else {
       operand_format_ = a.quant.format;
-      engine_.gemm({a_device.as<void>(), a.m, a.k, a.k, a.quant.format}, weight, c_matrix, nullptr);
+      // A's rows `a_pad` elements apart beyond K, `a_offset` elements into its buffer.
+      const std::size_t a_bytes = a.quant.format.storage_bytes();
+      const std::int64_t lda = a.k + placement_.a_pad;
+      std::vector<unsigned char> placed(
+          static_cast<std::size_t>(placement_.a_offset + a.m * lda) * a_bytes, 0);
+      for (std::int64_t r = 0; r < a.m; ++r)
+        std::copy_n(a.codes.data() + r * a.k * a_bytes, a.k * a_bytes,
+                    placed.data() + (placement_.a_offset + r * lda) * a_bytes);
+      a_device = runtime::DeviceBuffer::from(placed);
+      engine_.gemm({a_device.as<unsigned char>() + placement_.a_offset * a_bytes, a.m, a.k, lda,
+                    a.quant.format},
+                   weight, c_matrix, nullptr);
     }
-    std::vector<double> c(static_cast<std::size_t>(a.m * w.n));
-    if (out == formats::fp32) {
-      const auto host = c_device.to_vector<float>(c.size());
-      for (std::size_t i = 0; i < c.size(); ++i) c[i] = host[i];
-    } else {
-      const auto host = c_device.to_vector<std::uint16_t>(c.size());
-      for (std::size_t i = 0; i < c.size(); ++i) c[i] = decode(out, host[i]);
+    // C's elements out; every other element must still hold the poison.
+    const std::vector<unsigned char> bytes = c_device.to_vector<unsigned char>(c_elements * c_bytes);
+    const auto element = [&](std::size_t i) {
+      if (out == formats::fp32) {
+        float value;
+        std::memcpy(&value, bytes.data() + i * 4, 4);
+        return static_cast<double>(value);
+      }
+      std::uint16_t value;
+      std::memcpy(&value, bytes.data() + i * 2, 2);
+      return decode(out, value);
+    };
+    std::vector<double> c;
+    c.reserve(static_cast<std::size_t>(a.m * w.n));
+    outside_writes_ = 0;
+    for (std::size_t i = 0; i < c_elements; ++i) {
+      const std::int64_t at = static_cast<std::int64_t>(i) - placement_.c_offset;
+      const bool inside = at >= 0 && at < a.m * ldc && at % ldc < w.n;
+      if (inside) {
+        c.push_back(element(i));
+      } else if (std::any_of(bytes.begin() + i * c_bytes, bytes.begin() + (i + 1) * c_bytes,
+                             [](unsigned char b) { return b != 0xFF; })) {
+        ++outside_writes_;
+      }
     }
     return c;
   }
+  std::int64_t outside_writes() const override { return outside_writes_; }
 
  private:
   Engine engine_;
   Format operand_format_ = formats::bf16;
+  std::int64_t outside_writes_ = 0;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 //   auto  gpu when probe_gpu() finds a usable driver and device, else cpu (saying why)
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,6 +27,15 @@ struct BackendPrecision {
   Format accumulator_format = formats::fp32;
 };
 
+// Where a device backend places A and C: each row `pad` elements longer than its columns (the
+// row stride), the matrix `offset` elements past its allocation's 256-byte aligned start (an odd
+// offset starts a 16-bit matrix mid-word). A applies to bf16/fp16 activations (quantized codes
+// come packed). The CPU reference has no placement.
+struct MatrixPlacement {
+  std::int64_t a_pad = 0, a_offset = 0, c_pad = 0, c_offset = 0;
+  bool is_default() const { return a_pad == 0 && a_offset == 0 && c_pad == 0 && c_offset == 0; }
+};
+
 class GemmBackend {
  public:
   virtual ~GemmBackend() = default;
@@ -37,6 +47,13 @@ class GemmBackend {
   // C[m, n] = A · Wᵀ as the scheme defines it, rounded to scheme.output.
   virtual std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
                                    const PackedWeight& w) = 0;
+  // Elements around C (before it, in its row gaps, after it) that the last gemm changed.
+  virtual std::int64_t outside_writes() const { return 0; }
+
+  void place(const MatrixPlacement& placement) { placement_ = placement; }
+
+ protected:
+  MatrixPlacement placement_;
 };
 
 std::unique_ptr<GemmBackend> make_cpu_backend();

@@ -105,10 +105,18 @@ std::uint64_t fresh_seed() {
 }
 
 CheckResult run_check(const Scheme& scheme, std::int64_t m, std::int64_t n, std::int64_t k,
-                      GemmBackend& backend, std::uint64_t seed) {
+                      GemmBackend& backend, std::uint64_t seed, const MatrixPlacement& placement) {
   validate(scheme);
   validate_shape(scheme, m, n, k);
+  for (const auto& [name, value] :
+       {std::pair{"a_pad", placement.a_pad}, std::pair{"a_offset", placement.a_offset},
+        std::pair{"c_pad", placement.c_pad}, std::pair{"c_offset", placement.c_offset}})
+    if (value < 0 || value > 4096)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("check: {} = {} (rule: 0 to 4096 elements)", name, value));
+  backend.place(placement);
   CheckResult result;
+  result.placement = placement;
   result.scheme = scheme;
   result.m = m;
   result.n = n;
@@ -203,9 +211,11 @@ CheckResult run_check(const Scheme& scheme, std::int64_t m, std::int64_t n, std:
                                                    budget.weight * budget.activation) +
                               budget.output) +
       result.tolerance_vs_reference;
+  result.outside_writes = backend.outside_writes();
   // Written so that NaN anywhere fails.
   result.pass = result.error_vs_exact <= result.tolerance_vs_exact &&
-                result.error_vs_reference <= result.tolerance_vs_reference;
+                result.error_vs_reference <= result.tolerance_vs_reference &&
+                result.outside_writes == 0;
   return result;
 }
 
@@ -230,6 +240,11 @@ std::string to_json(const CheckResult& result) {
   json["time_ms"] = result.time_ms;
   json["gflops"] = result.gflops;
   json["packed_weight_bytes"] = result.packed_weight_bytes;
+  json["placement"] = {{"a_pad", result.placement.a_pad},
+                       {"a_offset", result.placement.a_offset},
+                       {"c_pad", result.placement.c_pad},
+                       {"c_offset", result.placement.c_offset}};
+  json["outside_writes"] = result.outside_writes;
   return json.dump();
 }
 

@@ -65,17 +65,22 @@ struct CheckResult {
   double time_ms = 0;                    // one backend GEMM (mean of the timed runs)
   double gflops = 0;                     // 2·m·n·k / time
   std::int64_t packed_weight_bytes = 0;  // codes + scales + zeros
+  MatrixPlacement placement;
+  std::int64_t outside_writes = 0;  // elements around C the backend changed (a failure)
 };
 
 // A seed for a fresh run (std::random_device).
 std::uint64_t fresh_seed();
 
-// Validates scheme and shape (qgemm::Error naming them), then runs as described above.
+// Validates scheme, shape and placement (qgemm::Error naming them), then runs as described
+// above, A and C placed on the device as `placement` says (every element around C must stay
+// untouched).
 CheckResult run_check(const Scheme& scheme, std::int64_t m, std::int64_t n, std::int64_t k,
-                      GemmBackend& backend, std::uint64_t seed);
+                      GemmBackend& backend, std::uint64_t seed,
+                      const MatrixPlacement& placement = {});
 
 // One JSON object: scheme (text form), preset, m, n, k, backend, seed, errors, tolerances,
-// pass, time_ms, gflops.
+// pass, time_ms, gflops, packed_weight_bytes, placement, outside_writes.
 std::string to_json(const CheckResult& result);
 
 }  // namespace qgemm::check
