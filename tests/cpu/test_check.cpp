@@ -16,6 +16,7 @@
 #include "check/backend.hpp"
 #include "check/check.hpp"
 #include "check/error_bounds.hpp"
+#include "check/moe_check.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/format.hpp"
 #include "qgemm/quant.hpp"
@@ -470,6 +471,111 @@ TEST(SweepCli, CountsEveryConfigurationAndReplaysItsSeed) {
   EXPECT_EQ(again.out, text.out);
   EXPECT_EQ(run_cli("sweep --n 0 --backend cpu").status, 2);
   EXPECT_EQ(run_cli("sweep --n 2 --backend cpu --timeout 0").status, 2);
+}
+
+// The MoE layer check (qgemm check --moe): the reference passes against itself; layers that
+// are wrong in the ways a grouped kernel can be (one choice of one token sent to the wrong
+// expert, the down GEMM's bias dropped, the gate and up halves exchanged, one token's row off
+// by a quarter, as a misapplied router weight would be) each put elements outside their
+// bounds; bad shapes are named.
+class WrongMoeBackend : public GemmBackend {
+ public:
+  enum class Fault { None, SwappedExpert, NoDownBias, GateUpExchanged, OneRowOff };
+  explicit WrongMoeBackend(Fault fault) : fault_(fault) {}
+  std::string name() const override { return "wrong-moe"; }
+  std::string description() const override { return "reference::moe_layer with a fault"; }
+  bool is_reference() const override { return false; }
+  std::vector<double> gemm(const qgemm::Scheme& scheme, const qgemm::PackedActivation& a,
+                           const qgemm::PackedWeight& w) override {
+    return qgemm::reference::gemm(scheme, a, w);
+  }
+  std::vector<double> moe_layer(const qgemm::check::MoeInputs& inputs) override {
+    qgemm::check::MoeInputs in = inputs;
+    const qgemm::check::MoeCase& c = in.shape;
+    switch (fault_) {
+      case Fault::None: break;
+      case Fault::SwappedExpert:
+        in.routing.expert_ids[1] = (in.routing.expert_ids[1] + 1) % c.experts;
+        break;
+      case Fault::NoDownBias: in.down_bias.assign(in.down_bias.size(), 0.0f); break;
+      case Fault::GateUpExchanged:
+        for (qgemm::PackedWeight& w : in.gate_up) {
+          const std::size_t half = w.codes.size() / 2;
+          std::rotate(w.codes.begin(), w.codes.begin() + half, w.codes.end());
+          const std::size_t scale_half = w.scales.size() / 2;
+          std::rotate(w.scales.begin(), w.scales.begin() + scale_half, w.scales.end());
+        }
+        break;
+      case Fault::OneRowOff: break;
+    }
+    std::vector<double> out = GemmBackend::moe_layer(in);
+    if (fault_ == Fault::OneRowOff)
+      for (std::int64_t j = 0; j < c.hidden; ++j)
+        out[static_cast<std::size_t>(c.hidden + j)] =
+            qgemm::round_to(c.scheme.output, out[static_cast<std::size_t>(c.hidden + j)] * 1.25);
+    return out;
+  }
+
+ private:
+  Fault fault_;
+};
+
+TEST(MoeCheck, BoundsPassTheReferenceAndCatchEachFault) {
+  qgemm::check::MoeCase c;
+  c.scheme = qgemm::parse_scheme("w4a16");
+  c.tokens = 5;
+  c.experts = 6;
+  c.top_k = 2;
+  c.hidden = 256;
+  c.inter = 128;
+  c.bias = true;
+  using Fault = WrongMoeBackend::Fault;
+  for (Fault fault : {Fault::None, Fault::SwappedExpert, Fault::NoDownBias,
+                      Fault::GateUpExchanged, Fault::OneRowOff}) {
+    SCOPED_TRACE(static_cast<int>(fault));
+    WrongMoeBackend backend(fault);
+    const auto r = qgemm::check::run_moe_check(c, backend, fresh_test_seed());
+    EXPECT_EQ(r.non_finite, 0);
+    if (fault == Fault::None) {
+      EXPECT_TRUE(r.pass) << r.outside;
+      EXPECT_EQ(r.worst, 0.0);
+    } else {
+      EXPECT_FALSE(r.pass);
+      EXPECT_GT(r.outside, 0) << "worst " << r.worst << " of its bound";
+    }
+  }
+  for (auto [field, value] : {std::pair{"top_k", 7}, std::pair{"experts", 0}}) {
+    qgemm::check::MoeCase bad = c;
+    (std::string(field) == "top_k" ? bad.top_k : bad.experts) = value;
+    try {
+      qgemm::check::validate(bad);
+      ADD_FAILURE() << field << " = " << value << " was accepted";
+    } catch (const qgemm::Error& error) {
+      EXPECT_NE(std::string(error.what()).find(std::string(field) + " = " + std::to_string(value)),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  qgemm::check::MoeCase quantized = c;
+  quantized.scheme = qgemm::parse_scheme("w4a8-fp8");
+  EXPECT_THROW(qgemm::check::validate(quantized), qgemm::Error);
+}
+
+TEST(CheckCli, MoeLayerPassesOnTheCpuBackendAndSweepDrawsLayers) {
+  const CommandOutput r = run_cli(
+      "check --moe --scheme mxfp4-a16 --m 3 --k 720 --n 360 --experts 4 --top-k 2 --glu "
+      "clamped-swiglu --bias --backend cpu --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json.at("pass"), true);
+  EXPECT_EQ(json.at("glu"), "clamped-swiglu");
+  EXPECT_EQ(json.at("inter"), 360);
+  EXPECT_EQ(run_cli("check --moe --scheme w4a16 --m 3 --k 64 --n 64 --glu relu --backend cpu")
+                .status,
+            2);
+  const CommandOutput sweep = run_cli("sweep --n 4 --moe --seed 3 --backend cpu --max-work 3e8");
+  ASSERT_EQ(sweep.status, 0) << sweep.out;
+  EXPECT_NE(sweep.out.find("] pass     moe "), std::string::npos) << sweep.out;
 }
 
 // Issue #14, item 5: K = 2880 = 22.5 groups of 128, the last group of 64 values.

@@ -5,15 +5,7 @@
 // every output type, then graph capture replayed on fresh routings. Outputs are poisoned with
 // NaN before each call. The seed is printed (QGEMM_TEST_SEED replays it).
 //
-// Bounds. The layer rounds where the reference does (gate_up rows and the activation to the
-// hidden type, the result once) but its GEMMs multiply each weight rounded to the 16-bit operand
-// and accumulate in fp32, and its GLU runs in fp32: every gate_up value g may differ from the
-// reference's by dg ≤ 2^-7 · Σ|a||w| (+ its own rounding), which moves h by at most
-// |∂h/∂gate| dg_gate + |∂h/∂up| dg_up plus one rounding of h; the down GEMM carries that as
-// Σ_k |D[n][k]| dh_k (plus its weight rounding, 2^-8 · Σ|D||h|); the top-k sum weights it by
-// |w_j| and the output rounds once. The GLUs' slopes: |silu'|, |gelu'| ≤ 1.13, and
-// |d(g σ(αg))/dg| ≤ 1.1 for α ≤ 1.702, so 1.2 · (|up| + 1 + dg_up) bounds ∂h/∂gate and
-// |gate| + dg_gate bounds ∂h/∂up for all three.
+// Bounds: check::expect_moe_layer (tools/harness/check/moe_check.hpp derives them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "check/moe_check.hpp"
 #include "gemm_check.hpp"
 #include "gpu_test_util.hpp"
 #include "qgemm/engine.hpp"
@@ -170,13 +163,9 @@ void draw_inputs(const LayerCase& c, std::mt19937& rng, Inputs& in, bool reuse_b
   }
 }
 
-struct Expected {
-  std::vector<double> values, bounds;
-};
-
-// The reference's result, and the bounds of the header's comment computed slot by slot.
-Expected expect(const LayerCase& c, const Layer& layer, const Inputs& in) {
-  const std::int64_t h = c.hidden, inter = c.inter, slots = c.tokens * c.top_k;
+// The reference's result and its bounds (check::expect_moe_layer).
+check::MoeExpected expect(const LayerCase& c, const Layer& layer, const Inputs& in) {
+  const std::int64_t h = c.hidden, slots = c.tokens * c.top_k;
   reference::MoeRouting routing;
   routing.tokens = c.tokens;
   routing.top_k = c.top_k;
@@ -192,65 +181,9 @@ Expected expect(const LayerCase& c, const Layer& layer, const Inputs& in) {
   ActivationQuant plain;
   plain.format = c.input;
   const PackedActivation a = quantize_activation(plain, hidden_float.data(), c.tokens, h);
-  Expected x;
-  x.values = reference::moe_layer(layer.scheme, a, layer.gate_up, layer.down, routing, c.glu,
-                                  c.input, c.bias ? layer.gate_up_bias.data() : nullptr,
-                                  c.bias ? layer.down_bias.data() : nullptr);
-
-  const double u_in = test::unit_roundoff(c.input);
-  x.bounds.assign(x.values.size(), 0.0);
-  for (std::int64_t s = 0; s < slots; ++s) {
-    const int e = routing.expert_ids[static_cast<std::size_t>(s)];
-    const double w = routing.weights[static_cast<std::size_t>(s)];
-    if (w == 0.0) continue;
-    const double* a_row = in.hidden_values.data() + (s / c.top_k) * h;
-    const std::vector<double>& gu = layer.gate_up_values[static_cast<std::size_t>(e)];
-    const std::vector<double>& dn = layer.down_values[static_cast<std::size_t>(e)];
-    std::vector<double> g(static_cast<std::size_t>(2 * inter)), dg(g.size());
-    for (std::int64_t r = 0; r < 2 * inter; ++r) {
-      double sum = c.bias ? layer.gate_up_bias[static_cast<std::size_t>(e * 2 * inter + r)] : 0.0;
-      double magnitude = 0.0;
-      for (std::int64_t k = 0; k < h; ++k) {
-        sum += a_row[k] * gu[static_cast<std::size_t>(r * h + k)];
-        magnitude += std::fabs(a_row[k] * gu[static_cast<std::size_t>(r * h + k)]);
-      }
-      g[static_cast<std::size_t>(r)] = sum;
-      dg[static_cast<std::size_t>(r)] = 2.0 * u_in * magnitude + 2.0 * u_in * std::fabs(sum);
-    }
-    std::vector<double> hv(static_cast<std::size_t>(inter)), dh(hv.size());
-    for (std::int64_t j = 0; j < inter; ++j) {
-      const double gate = g[static_cast<std::size_t>(j)], up = g[static_cast<std::size_t>(inter + j)];
-      const double dgate = dg[static_cast<std::size_t>(j)], dup = dg[static_cast<std::size_t>(inter + j)];
-      double value = 0;
-      switch (c.glu.kind) {
-        case GluKind::Silu: value = gate / (1 + std::exp(-gate)) * up; break;
-        case GluKind::Gelu: value = 0.5 * gate * (1 + std::erf(gate / std::sqrt(2.0))) * up; break;
-        case GluKind::ClampedSwiglu: {
-          const double gg = std::min<double>(gate, c.glu.limit);
-          const double uu = std::clamp<double>(up, -c.glu.limit, c.glu.limit);
-          value = gg / (1 + std::exp(-c.glu.alpha * gg)) * (uu + 1);
-        }
-      }
-      hv[static_cast<std::size_t>(j)] = value;
-      dh[static_cast<std::size_t>(j)] = 1.2 * (std::fabs(up) + 1 + dup) * dgate +
-                                        (std::fabs(gate) + dgate) * dup +
-                                        2.0 * u_in * (std::fabs(value) + 1e-30) + 1e-6 * u_in;
-    }
-    for (std::int64_t n = 0; n < h; ++n) {
-      double carried = 0, magnitude = 0;
-      for (std::int64_t k = 0; k < inter; ++k) {
-        const double d = std::fabs(dn[static_cast<std::size_t>(n * inter + k)]);
-        carried += d * dh[static_cast<std::size_t>(k)];
-        magnitude += d * (std::fabs(hv[static_cast<std::size_t>(k)]) + dh[static_cast<std::size_t>(k)]);
-      }
-      x.bounds[static_cast<std::size_t>((s / c.top_k) * h + n)] +=
-          w * (carried + 2.0 * u_in * magnitude);
-    }
-  }
-  const double u_out = test::unit_roundoff(c.output);
-  for (std::size_t i = 0; i < x.bounds.size(); ++i)
-    x.bounds[i] += 2.0 * u_out * std::fabs(x.values[i]) + 1e-6;
-  return x;
+  return check::expect_moe_layer(layer.scheme, a, layer.gate_up, layer.down, routing, c.glu,
+                                 c.bias ? layer.gate_up_bias.data() : nullptr,
+                                 c.bias ? layer.down_bias.data() : nullptr);
 }
 
 void run_and_check(Engine& engine, const LayerCase& c, const Layer& layer, Inputs& in,
@@ -275,7 +208,7 @@ void run_and_check(Engine& engine, const LayerCase& c, const Layer& layer, Input
 
 test::OutputCheck check_out(const LayerCase& c, const Layer& layer, const Inputs& in,
                             const DeviceBuffer& out) {
-  const Expected x = expect(c, layer, in);
+  const check::MoeExpected x = expect(c, layer, in);
   return test::check_output(
       test::read_output(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden)), x.values,
       x.bounds, c.hidden);

@@ -2,6 +2,13 @@
 //
 //   qgemm check --scheme S --m M --n N --k K [--backend auto|cpu|gpu] [--seed X] [--json]
 //               [--a-pad P] [--a-offset O] [--c-pad P] [--c-offset O]
+//   qgemm check --moe --scheme S --m TOKENS --k HIDDEN --n INTER --experts E --top-k T
+//               [--glu silu|gelu|clamped-swiglu] [--bias] [--backend ...] [--seed X] [--json]
+//
+// --moe checks a whole routed expert layer (Engine::moe: gate_up [2·INTER, HIDDEN] and down
+// [HIDDEN, INTER] per expert, S's 16-bit activations and output) on random weights, hidden
+// states and routings, element by element against reference::moe_layer
+// (tools/harness/check/moe_check.hpp).
 //
 // Random inputs (a fresh seed unless --seed; the seed is printed so a failure can be rerun),
 // quantized per S, multiplied by the backend; the error against the exact product of the
@@ -18,6 +25,7 @@
 
 #include "check/backend.hpp"
 #include "check/check.hpp"
+#include "check/moe_check.hpp"
 #include "command.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/scheme.hpp"
@@ -32,7 +40,45 @@ struct CheckOptions {
   std::optional<std::uint64_t> seed;
   bool json = false;
   check::MatrixPlacement placement;
+  bool moe = false;
+  int experts = 8, top_k = 2;
+  std::string glu = "silu";
+  bool bias = false;
 };
+
+GluActivation parse_glu(const std::string& text) {
+  for (GluKind kind : {GluKind::Silu, GluKind::Gelu, GluKind::ClampedSwiglu})
+    if (text == glu_kind_name(kind)) return GluActivation{kind};
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("--glu '{}' (rule: silu, gelu or clamped-swiglu)", text));
+}
+
+int run_moe(const CheckOptions& options, check::BackendSelection& selection, std::uint64_t seed) {
+  check::MoeCase c;
+  c.scheme = parse_scheme(options.scheme);
+  c.tokens = options.m;
+  c.hidden = options.k;
+  c.inter = options.n;
+  c.experts = options.experts;
+  c.top_k = options.top_k;
+  c.glu = parse_glu(options.glu);
+  c.bias = options.bias;
+  const check::MoeCheckResult r = check::run_moe_check(c, *selection.backend, seed);
+  if (options.json) {
+    fmt::print("{}\n", check::to_json(r));
+  } else {
+    fmt::print("qgemm check --moe  {}\n", check::describe(c));
+    fmt::print("  backend      {} ({})\n", r.backend, selection.reason);
+    fmt::print("  seed         {}  (rerun: --seed {})\n", r.seed, r.seed);
+    fmt::print("  error        {:.3e} relative; worst element {:.2f} of its bound; {} outside, "
+               "{} not finite\n",
+               r.relative, r.worst, r.outside, r.non_finite);
+    fmt::print("  time         {:.3f} ms (one layer, uploads and first-call compiles included)\n",
+               r.time_ms);
+    fmt::print("{}\n", r.pass ? "PASS" : "FAIL: elements outside their bounds");
+  }
+  return r.pass ? kExitOk : kExitFailed;
+}
 
 void print_text_report(const check::CheckResult& r, const std::string& backend_reason) {
   const std::string preset = r.scheme.name.empty() ? "" : r.scheme.name + " = ";
@@ -71,6 +117,7 @@ int run(const CheckOptions& options) {
     return report_error("check", error);  // NoDevice: no usable GPU for --backend gpu
   }
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
+  if (options.moe) return run_moe(options, selection, seed);
   const check::CheckResult result =
       check::run_check(scheme, options.m, options.n, options.k, *selection.backend, seed,
                        options.placement);
@@ -95,6 +142,14 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_option("--backend", options->backend, "auto | cpu | gpu")->capture_default_str();
   command->add_option("--seed", options->seed, "Random seed (default: a fresh one, printed)");
   command->add_flag("--json", options->json, "Print one JSON object instead of text");
+  command->add_flag("--moe", options->moe,
+                    "Check a routed expert layer: --m tokens, --k hidden, --n intermediate");
+  command->add_option("--experts", options->experts, "--moe: experts")->capture_default_str();
+  command->add_option("--top-k", options->top_k, "--moe: experts per token")
+      ->capture_default_str();
+  command->add_option("--glu", options->glu, "--moe: silu | gelu | clamped-swiglu")
+      ->capture_default_str();
+  command->add_flag("--bias", options->bias, "--moe: both GEMMs add a bias per expert");
   command->add_option("--a-pad", options->placement.a_pad,
                       "GPU: A's rows this many elements longer than K (16-bit activations)");
   command->add_option("--a-offset", options->placement.a_offset,

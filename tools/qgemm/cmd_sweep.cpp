@@ -1,7 +1,7 @@
 // qgemm sweep: random configurations checked against the CPU reference (issue #19).
 //
 //   qgemm sweep --n N [--seed S] [--backend auto|cpu|gpu] [--timeout SECONDS] [--max-work W]
-//               [--json]
+//               [--moe] [--json]
 //
 // Each configuration draws a scheme (a preset, or a compact form built from every weight
 // format, granularity and group size, scale format, zero-point mode, activation quantization
@@ -12,6 +12,11 @@
 // into larger tensors give), then runs `qgemm check`'s
 // test (tools/harness/check: fresh random inputs from the case's seed, the error against the
 // exact product and against the CPU reference, with the tolerances the formats allow).
+//
+// With --moe, every other case is a whole routed expert layer instead (`qgemm check --moe`): a
+// scheme with 16-bit activations, 1-512 tokens, 1-64 experts, top-k up to 8, hidden and
+// intermediate sizes from model shapes, tensor-parallel splits and odd multiples of 32, every
+// GLU, with or without biases.
 //
 // Every case runs in a child process, so that a crash (a signal) or a hang (past --timeout) is
 // that case's outcome and the sweep goes on; the parent never touches the GPU (a CUDA context
@@ -37,6 +42,7 @@
 
 #include "check/backend.hpp"
 #include "check/check.hpp"
+#include "check/moe_check.hpp"
 #include "command.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/scheme.hpp"
@@ -50,6 +56,7 @@ struct SweepOptions {
   std::string backend = "auto";
   double timeout_s = 120;
   double max_work = 2e10;  // M·N·K
+  bool moe = false;
   bool json = false;
 };
 
@@ -58,6 +65,7 @@ struct Case {
   std::int64_t m = 0, n = 0, k = 0;
   std::uint64_t seed = 0;
   check::MatrixPlacement placement;
+  std::optional<check::MoeCase> moe;  // a routed expert layer (m tokens, k hidden, n inter)
 };
 
 template <class T, std::size_t N>
@@ -131,6 +139,59 @@ Case draw_case(std::mt19937_64& rng, double max_work) {
   }
 }
 
+// A routed expert layer the rules accept: the weight part of a drawn scheme with 16-bit
+// activations; work (tokens · top_k · hidden · inter) within max_work / 8 (the reference
+// multiplies and bounds every slot in double), and at most 2e8 expert weights to draw and
+// quantize on the CPU.
+Case draw_moe_case(std::mt19937_64& rng, double max_work) {
+  static const std::array<std::int64_t, 8> widths = {2048, 768, 2880, 1536, 4096, 1408, 7168, 512};
+  auto size = [&] {
+    switch (std::uniform_int_distribution<int>(0, 2)(rng)) {
+      case 0: return pick(rng, widths);
+      case 1: return pick(rng, widths) / pick(rng, std::array<std::int64_t, 3>{2, 4, 8});
+      default: return 32 * (2 * std::uniform_int_distribution<std::int64_t>(1, 24)(rng) + 1);
+    }
+  };
+  for (;;) {
+    Case c;
+    check::MoeCase layer;
+    const std::string text = random_scheme_text(rng);
+    try {
+      layer.scheme = parse_scheme(text);
+    } catch (const Error&) {
+      continue;
+    }
+    layer.scheme.activation = ActivationQuant{};
+    layer.scheme.activation.format =
+        std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? formats::fp16 : formats::bf16;
+    layer.tokens = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(
+               std::exp2(std::uniform_real_distribution<double>(0.0, 9.0)(rng))));
+    layer.experts = pick(rng, std::array<int, 6>{1, 4, 8, 16, 32, 64});
+    layer.top_k = std::uniform_int_distribution<int>(1, std::min(8, layer.experts))(rng);
+    layer.hidden = size();
+    layer.inter = size();
+    layer.glu.kind = pick(rng, std::array<GluKind, 3>{GluKind::Silu, GluKind::Gelu,
+                                                      GluKind::ClampedSwiglu});
+    layer.bias = std::uniform_int_distribution<int>(0, 1)(rng) == 1;
+    const double work = static_cast<double>(layer.tokens) * layer.top_k * layer.hidden * layer.inter;
+    const double weights = 3.0 * layer.experts * layer.hidden * layer.inter;
+    if (work > max_work / 8 || weights > 2e8) continue;
+    try {
+      check::validate(layer);
+    } catch (const Error&) {
+      continue;
+    }
+    c.scheme = to_string(layer.scheme);
+    c.m = layer.tokens;
+    c.n = layer.inter;
+    c.k = layer.hidden;
+    c.seed = rng();
+    c.moe = layer;
+    return c;
+  }
+}
+
 enum class Outcome { Pass, Wrong, Refused, Crash, Hang };
 const char* outcome_name(Outcome o) {
   switch (o) {
@@ -150,6 +211,16 @@ const char* outcome_name(Outcome o) {
   try {
     check::BackendSelection selection =
         check::select_backend(check::parse_backend_choice(backend));
+    if (c.moe) {
+      const check::MoeCheckResult result = check::run_moe_check(*c.moe, *selection.backend, c.seed);
+      status = result.pass ? 0 : 1;
+      if (!result.pass)
+        std::fprintf(stderr, "  %lld elements outside their bounds (%lld not finite), worst %.2f\n",
+                     static_cast<long long>(result.outside),
+                     static_cast<long long>(result.non_finite), result.worst);
+      std::fflush(stderr);
+      _exit(status);
+    }
     const check::CheckResult result = check::run_check(parse_scheme(c.scheme), c.m, c.n, c.k,
                                                        *selection.backend, c.seed, c.placement);
     status = result.pass ? 0 : 1;
@@ -206,6 +277,12 @@ std::string placement_text(const check::MatrixPlacement& p) {
 }
 
 std::string rerun_command(const Case& c, const std::string& backend) {
+  if (c.moe)
+    return fmt::format(
+        "qgemm check --moe --scheme '{}' --m {} --k {} --n {} --experts {} --top-k {} --glu {}{} "
+        "--seed {} --backend {}",
+        c.scheme, c.m, c.k, c.n, c.moe->experts, c.moe->top_k, glu_kind_name(c.moe->glu.kind),
+        c.moe->bias ? " --bias" : "", c.seed, backend);
   return fmt::format("qgemm check --scheme '{}' --m {} --n {} --k {} --seed {} --backend {}{}",
                      c.scheme, c.m, c.n, c.k, c.seed, backend, placement_text(c.placement));
 }
@@ -225,15 +302,18 @@ int run(const SweepOptions& options) {
   std::array<int, 5> counts{};
   std::vector<std::pair<Case, Outcome>> failures;
   for (int i = 0; i < options.n; ++i) {
-    const Case c = draw_case(rng, options.max_work);
+    const Case c = options.moe && i % 2 == 1 ? draw_moe_case(rng, options.max_work)
+                                             : draw_case(rng, options.max_work);
     const Outcome outcome = run_case(c, options.backend, options.timeout_s);
     ++counts[static_cast<int>(outcome)];
     const bool failed = outcome == Outcome::Wrong || outcome == Outcome::Crash ||
                         outcome == Outcome::Hang;
     if (failed) failures.emplace_back(c, outcome);
     if (!options.json)
-      fmt::print("[{}/{}] {:7}  {}  m={} n={} k={}{}{}\n", i + 1, options.n,
-                 outcome_name(outcome), c.scheme, c.m, c.n, c.k, placement_text(c.placement),
+      fmt::print("[{}/{}] {:7}  {}{}\n", i + 1, options.n, outcome_name(outcome),
+                 c.moe ? "moe " + check::describe(*c.moe)
+                       : fmt::format("{}  m={} n={} k={}{}", c.scheme, c.m, c.n, c.k,
+                                     placement_text(c.placement)),
                  failed ? "\n          " + rerun_command(c, options.backend) : "");
     std::fflush(stdout);
   }
@@ -269,6 +349,8 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_option("--max-work", options->max_work,
                       "Largest M*N*K drawn (the CPU reference multiplies in double)")
       ->capture_default_str();
+  command->add_flag("--moe", options->moe,
+                    "Every other configuration a routed expert layer (qgemm check --moe)");
   command->add_flag("--json", options->json, "Print one JSON object instead of text");
   command->callback([options, &status] { status = run(*options); });
 });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "check/moe_check.hpp"
 #include "common/log.hpp"
 #include "jit/catalog.hpp"
 #include "qgemm/engine.hpp"
@@ -28,6 +29,20 @@ class CpuReferenceBackend final : public GemmBackend {
     return reference::gemm(scheme, a, w);
   }
 };
+
+// The hidden type's values of a layer's routed outputs, read back from the device.
+std::vector<double> read_back(const runtime::DeviceBuffer& buffer, const Format& type,
+                              std::size_t count) {
+  std::vector<double> values(count);
+  if (type == formats::fp32) {
+    const auto host = buffer.to_vector<float>(count);
+    std::copy(host.begin(), host.end(), values.begin());
+  } else {
+    const auto host = buffer.to_vector<std::uint16_t>(count);
+    for (std::size_t i = 0; i < count; ++i) values[i] = decode(type, host[i]);
+  }
+  return values;
+}
 
 // qgemm::Engine on device 0: upload A, run, download C.
 class GpuEngineBackend final : public GemmBackend {
@@ -111,6 +126,34 @@ class GpuEngineBackend final : public GemmBackend {
   }
   std::int64_t outside_writes() const override { return outside_writes_; }
 
+  // prepare_experts (its default layout), upload, Engine::moe on the default stream, download.
+  std::vector<double> moe_layer(const MoeInputs& in) override {
+    const MoeCase& c = in.shape;
+    const QuantWeight gate_up = engine_.prepare_experts(in.gate_up);
+    const QuantWeight down = engine_.prepare_experts(in.down);
+    const runtime::DeviceBuffer hidden = runtime::DeviceBuffer::from(in.hidden.codes);
+    const runtime::DeviceBuffer ids = runtime::DeviceBuffer::from(in.routing.expert_ids);
+    const runtime::DeviceBuffer weights = runtime::DeviceBuffer::from(in.routing.weights);
+    runtime::DeviceBuffer gate_up_bias, down_bias;
+    MoeOptions options;
+    options.activation = c.glu;
+    if (c.bias) {
+      gate_up_bias = runtime::DeviceBuffer::from(in.gate_up_bias);
+      down_bias = runtime::DeviceBuffer::from(in.down_bias);
+      options.gate_up_bias = gate_up_bias.as<const float>();
+      options.down_bias = down_bias.as<const float>();
+    }
+    const Format& out = c.scheme.output;
+    const auto count = static_cast<std::size_t>(c.tokens * c.hidden);
+    runtime::DeviceBuffer output(count * out.storage_bytes());
+    output.fill_bytes(0xFF);  // NaN: an output the layer does not write fails the check
+    const Format& input = c.scheme.activation.format;
+    engine_.moe({hidden.as<void>(), c.tokens, c.hidden, c.hidden, input},
+                ids.as<const std::int32_t>(), weights.as<const float>(), c.top_k, gate_up, down,
+                {output.as<void>(), c.tokens, c.hidden, c.hidden, out}, nullptr, options);
+    return read_back(output, out, count);
+  }
+
  private:
   Engine engine_;
   Format operand_format_ = formats::bf16;
@@ -118,6 +161,14 @@ class GpuEngineBackend final : public GemmBackend {
 };
 
 }  // namespace
+
+std::vector<double> GemmBackend::moe_layer(const MoeInputs& in) {
+  const MoeCase& c = in.shape;
+  return reference::moe_layer(c.scheme, in.hidden, in.gate_up, in.down, in.routing, c.glu,
+                              c.scheme.activation.format,
+                              in.gate_up_bias.empty() ? nullptr : in.gate_up_bias.data(),
+                              in.down_bias.empty() ? nullptr : in.down_bias.data());
+}
 
 std::unique_ptr<GemmBackend> make_cpu_backend() { return std::make_unique<CpuReferenceBackend>(); }
 

@@ -36,6 +36,8 @@ struct MatrixPlacement {
   bool is_default() const { return a_pad == 0 && a_offset == 0 && c_pad == 0 && c_offset == 0; }
 };
 
+struct MoeInputs;  // check/moe_check.hpp
+
 class GemmBackend {
  public:
   virtual ~GemmBackend() = default;
@@ -47,6 +49,9 @@ class GemmBackend {
   // C[m, n] = A · Wᵀ as the scheme defines it, rounded to scheme.output.
   virtual std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
                                    const PackedWeight& w) = 0;
+  // A whole routed expert layer (Engine::moe's definition) on `inputs`: [tokens, hidden] in the
+  // scheme's output type. The CPU backend runs reference::moe_layer.
+  virtual std::vector<double> moe_layer(const MoeInputs& inputs);
   // Elements around C (before it, in its row gaps, after it) that the last gemm changed.
   virtual std::int64_t outside_writes() const { return 0; }
 
