@@ -84,7 +84,7 @@ sanitize)
   done
   ;;
 sweep)
-  timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --backend gpu > "$out/sweep.txt" 2>&1
+  timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --moe --backend gpu > "$out/sweep.txt" 2>&1
   echo "sweep rc=$? at ${SECONDS}s"
   grep -E "wrong|crash|hang|qgemm check" "$out/sweep.txt" | head -30; tail -1 "$out/sweep.txt"
   ;;

@@ -1,12 +1,17 @@
 // Bad input at the C++ API (issue #19, item 5): each case gives a qgemm::Error naming the
-// argument and the rule, or is served (a misaligned A falls back to a path that takes it; M = 0
-// is a no-op), never a crash or a silent wrong answer; NaN in the activations stays in its own
-// rows; and 10,000 calls of mixed shapes leave device and host memory flat (item 6). Fresh random
+// argument and the rule, or is served (a misaligned A falls back to a path that takes it; a C of
+// any row stride or element alignment is written in place; M = 0 is a no-op), never a crash or
+// a silent wrong answer; NaN in the activations stays in its own rows; sizes whose products
+// pass 2^31 are addressed in 64 bits; and 10,000 calls of mixed shapes leave device and host
+// memory flat (item 6). Fresh random
 // inputs (the seed is printed), outputs poisoned before every call.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -207,6 +212,113 @@ TEST(BadInputGpu, OddStridedAndMidWordOutputsAreServedCorrectly) {
           }
   }
   EXPECT_GT(served, 0);
+}
+
+// Row `n` of a packed weight as a weight of its own (codes and scale rows of a per-group grid).
+PackedWeight weight_row(const PackedWeight& w, std::int64_t n) {
+  PackedWeight row;
+  row.quant = w.quant;
+  row.n = 1;
+  row.k = w.k;
+  const auto row_bytes = static_cast<std::size_t>(w.row_bytes());
+  row.codes.assign(w.codes.begin() + n * row_bytes, w.codes.begin() + (n + 1) * row_bytes);
+  const std::size_t scale_row = static_cast<std::size_t>(w.scale_grid().cols) *
+                                static_cast<std::size_t>(w.quant.scale_format.storage_bytes());
+  row.scales.assign(w.scales.begin() + n * scale_row, w.scales.begin() + (n + 1) * scale_row);
+  return row;
+}
+
+// Sizes whose element products pass 2^31 are addressed in 64 bits: an int8 weight of N·K =
+// 2.28e9 codes (byte offsets past 2^31 from row 131072 on) and an A of M·K = 2.15e9 values, each
+// at a decode M and a tiled M, checked on rows on both sides of the 2^31 boundary against the
+// reference of those rows alone. Random codes and scales are drawn directly (no host
+// quantization of billions of floats).
+TEST(BadInputGpu, ProductsPast2To31AreAddressedIn64Bits) {
+  QGEMM_REQUIRE_GPU();
+  std::mt19937_64 rng(seed() + 7);
+  const Scheme scheme = parse_scheme("w=int8:g128:s=bf16;a=bf16;o=bf16");
+  auto random_weight = [&](std::int64_t n, std::int64_t k) {
+    PackedWeight w;
+    w.quant = scheme.weight;
+    w.n = n;
+    w.k = k;
+    w.codes.resize(static_cast<std::size_t>(n * w.row_bytes()));
+    for (std::size_t i = 0; i < w.codes.size(); i += 8) {
+      const std::uint64_t bits = rng();
+      std::memcpy(w.codes.data() + i, &bits, std::min<std::size_t>(8, w.codes.size() - i));
+    }
+    const std::size_t scales = static_cast<std::size_t>(w.scale_grid().count());
+    std::uniform_real_distribution<double> scale(0.5 / 127, 2.0 / 127);
+    for (std::size_t i = 0; i < scales; ++i) {
+      const auto bits = static_cast<std::uint16_t>(encode(formats::bf16, scale(rng) / std::sqrt(k)));
+      w.scales.push_back(static_cast<std::uint8_t>(bits & 0xFF));
+      w.scales.push_back(static_cast<std::uint8_t>(bits >> 8));
+    }
+    return w;
+  };
+  // Billions of values: one in 97 drawn ~ N(0, 1), the others from a 7-value cycle (encoded
+  // once) that the position shifts, so that no two rows hold the same values.
+  auto random_a = [&](std::int64_t m, std::int64_t k) {
+    std::array<std::uint16_t, 7> cycle;
+    for (int i = 0; i < 7; ++i)
+      cycle[static_cast<std::size_t>(i)] =
+          static_cast<std::uint16_t>(encode(formats::bf16, 0.5 - 0.125 * i));
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(m * k));
+    std::normal_distribution<double> unit(0.0, 1.0);
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      bits[i] = i % 97 == 0 ? static_cast<std::uint16_t>(encode(formats::bf16, unit(rng)))
+                            : cycle[i % 7];
+    return bits;
+  };
+  // Output rows `rows` × columns `cols` of C = A·Wᵀ against the reference of those rows and
+  // columns alone (one weight row at a time), each element within its bound.
+  auto check = [&](Engine& engine, const PackedWeight& w, const std::vector<std::uint16_t>& a_bits,
+                   std::int64_t m, const std::vector<std::int64_t>& rows,
+                   const std::vector<std::int64_t>& cols) {
+    const QuantWeight prepared = engine.prepare_weight(w);
+    const DeviceBuffer a = DeviceBuffer::from(a_bits);
+    DeviceBuffer c(static_cast<std::size_t>(m * w.n) * 2);
+    c.fill_bytes(0xff);
+    engine.gemm({a.as<void>(), m, w.k, w.k, formats::bf16}, prepared,
+                {c.as<void>(), m, w.n, w.n, formats::bf16}, nullptr);
+    runtime::Driver::get().check(runtime::Driver::get().cuCtxSynchronize(), "cuCtxSynchronize");
+    const std::vector<double> got = test::read_output(c, formats::bf16, static_cast<std::size_t>(m * w.n));
+    for (const std::int64_t col : cols) {
+      const PackedWeight one = weight_row(w, col);
+      const std::vector<double> w_values = dequantize_weight(one);
+      std::vector<double> a_values;
+      for (const std::int64_t r : rows)
+        for (std::int64_t j = 0; j < w.k; ++j)
+          a_values.push_back(decode(formats::bf16, a_bits[static_cast<std::size_t>(r * w.k + j)]));
+      const auto count = static_cast<std::int64_t>(rows.size());
+      const std::vector<double> expected =
+          reference::matmul_nt(a_values.data(), w_values.data(), count, 1, w.k);
+      const std::vector<double> bounds = test::gemm_bounds(
+          a_values, one, w_values, count, test::operand_rounding(scheme.activation, formats::bf16),
+          formats::bf16, expected);
+      std::vector<double> column;
+      for (const std::int64_t r : rows) column.push_back(got[static_cast<std::size_t>(r * w.n + col)]);
+      const test::OutputCheck result = test::check_output(column, expected, bounds, 1);
+      ASSERT_TRUE(result.ok()) << "M=" << m << " column " << col << ": " << result.describe();
+    }
+  };
+  Engine engine(0);
+  {
+    // N·K past 2^31: rows from 131072 on start past byte 2^31 of the codes.
+    const std::int64_t n = 139264, k = 16384;
+    const PackedWeight w = random_weight(n, k);
+    for (const std::int64_t m : {3, 200}) {
+      const std::vector<std::uint16_t> a = random_a(m, k);
+      check(engine, w, a, m, {0, m - 1}, {0, 1, 131071, 131072, 131073, n - 1});
+    }
+  }
+  {
+    // M·K past 2^31: A rows from 131072 on start past element 2^31.
+    const std::int64_t m = 131200, k = 16384, n = 128;
+    const PackedWeight w = random_weight(n, k);
+    const std::vector<std::uint16_t> a = random_a(m, k);
+    check(engine, w, a, m, {0, 131071, 131072, m - 1}, {0, n - 1});
+  }
 }
 
 // NaN and Inf in A stay in their rows (as cuBLAS would give), every other row is right.
