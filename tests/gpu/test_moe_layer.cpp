@@ -82,24 +82,26 @@ Layer make_layer(Engine& engine, const LayerCase& c, std::mt19937& rng) {
   layer.scheme = parse_scheme(c.scheme);
   layer.scheme.activation.format = c.input;
   layer.scheme.output = c.output;
-  auto draw = [&](std::int64_t n, std::int64_t k) {
-    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(k)));
-    std::vector<float> values(static_cast<std::size_t>(n * k));
-    for (float& x : values) x = normal(rng);
-    return quantize_weight(layer.scheme.weight, values.data(), n, k);
-  };
+  // Expert weights and biases as `qgemm check --moe` draws them (the routing is this test's).
+  check::MoeCase shape;
+  shape.scheme = layer.scheme;
+  shape.tokens = c.tokens;
+  shape.hidden = c.hidden;
+  shape.inter = c.inter;
+  shape.experts = c.experts;
+  shape.top_k = std::min(c.top_k, c.experts);
+  shape.glu = c.glu;
+  shape.bias = c.bias;
+  check::MoeInputs drawn = check::draw_moe_inputs(shape, rng());
+  layer.gate_up = std::move(drawn.gate_up);
+  layer.down = std::move(drawn.down);
   for (int e = 0; e < c.experts; ++e) {
-    layer.gate_up.push_back(draw(2 * c.inter, c.hidden));
-    layer.down.push_back(draw(c.hidden, c.inter));
-    layer.gate_up_values.push_back(dequantize_weight(layer.gate_up.back()));
-    layer.down_values.push_back(dequantize_weight(layer.down.back()));
+    layer.gate_up_values.push_back(dequantize_weight(layer.gate_up[static_cast<std::size_t>(e)]));
+    layer.down_values.push_back(dequantize_weight(layer.down[static_cast<std::size_t>(e)]));
   }
   if (c.bias) {
-    std::normal_distribution<float> normal(0.0f, 0.5f);
-    layer.gate_up_bias.resize(static_cast<std::size_t>(c.experts * 2 * c.inter));
-    layer.down_bias.resize(static_cast<std::size_t>(c.experts * c.hidden));
-    for (float& x : layer.gate_up_bias) x = normal(rng);
-    for (float& x : layer.down_bias) x = normal(rng);
+    layer.gate_up_bias = std::move(drawn.gate_up_bias);
+    layer.down_bias = std::move(drawn.down_bias);
     layer.gate_up_bias_device = DeviceBuffer::from(layer.gate_up_bias);
     layer.down_bias_device = DeviceBuffer::from(layer.down_bias);
   }
