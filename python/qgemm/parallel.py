@@ -1,4 +1,4 @@
-"""qgemm.parallel: tensor parallelism over torch.distributed (issue #20).
+"""qgemm.parallel: tensor and expert parallelism over torch.distributed (issue #20).
 
     w = qgemm.quantize_weight(scheme, full)                    # or a checkpoint import
     up = ColumnParallelQuantLinear.from_packed(w, scheme)      # this rank's rows of W
@@ -19,6 +19,13 @@ takes x[:, k0:k1] (or an input already split), and all-reduces the partial produ
 the output type); the bias is added once, after the reduction. Both run through
 torch.ops.qgemm.gemm on whatever device the tensors are (the CPU reference, or a GPU), and
 through torch.distributed's current process group (NCCL between GPUs, gloo on CPUs).
+
+Expert parallel (`ExpertParallelQuantMoE`): rank r holds experts [e0, e1) of E (whole experts,
+as even as they go) and its own tokens; each (token, choice) row travels to the rank holding its
+expert and its result back (all-to-all), and every token sums its choices where it lives:
+
+    rank 0 tokens ──┐ sort slots by owner   ┌─► rank 0 experts ─┐ results back  ┌─► Σ_j w_j·y_j
+    rank 1 tokens ──┘ all_to_all (rows, ids) └─► rank 1 experts ─┘ all_to_all    └─► (fp32, choice order)
 """
 
 from __future__ import annotations
@@ -30,10 +37,11 @@ import torch
 import torch.distributed as dist
 
 from ._core import Error, PackedWeight, Scheme
-from .nn import QuantLinear, _scheme
+from . import ops
+from .nn import QuantLinear, QuantMoE, _scheme
 
 __all__ = ["shard_bounds", "shard_weight", "concat_shards", "ColumnParallelQuantLinear",
-           "RowParallelQuantLinear"]
+           "RowParallelQuantLinear", "ExpertParallelQuantMoE"]
 
 
 def shard_bounds(size: int, cell: int, world: int, rank: int) -> tuple[int, int]:
@@ -224,3 +232,90 @@ class RowParallelQuantLinear(torch.nn.Module):
         if self.bias is not None:
             partial = partial + self.bias.to(torch.float32)
         return partial.to(x.dtype)
+
+
+def _exchange(tensor: torch.Tensor, send: list[int], receive: list[int]) -> torch.Tensor:
+    """all_to_all_single of `tensor`'s rows: send[r] of them to rank r (in rank order), receive[r]
+    from rank r. Rows travel as bytes (gloo moves neither bf16 nor int16)."""
+    data = tensor.contiguous()
+    rows = data.reshape(data.shape[0], -1).view(torch.uint8)
+    out = rows.new_empty((sum(receive), rows.shape[1]))
+    dist.all_to_all_single(out, rows, receive, send)
+    return out.view(tensor.dtype).reshape((sum(receive),) + tuple(tensor.shape[1:]))
+
+
+class ExpertParallelQuantMoE(torch.nn.Module):
+    """A routed expert layer split over the ranks by experts: this rank's experts [first, last)
+    are a QuantMoE of its own, its tokens are its own (a data-parallel attention before it).
+
+        y[t] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t])   (global expert ids)
+
+    forward sends every (token, choice) row to the rank holding its expert, with its local id
+    (all_to_all_single: the counts, then the rows), runs the local experts on what it received
+    (one choice per row, weight 1), sends the results back the same way, and sums each token's
+    choices in fp32 in choice order, rounded once to the hidden states' type. Against one rank
+    holding every expert, each choice's result is rounded to that type once more before the sum.
+    """
+
+    def __init__(self, local: QuantMoE, experts: int, bounds: tuple[int, int]):
+        super().__init__()
+        self.local = local
+        self.experts = experts
+        self.bounds = bounds
+
+    @classmethod
+    def from_packed(cls, gate_up, down, scheme, activation: str = "silu", *,
+                    gate_up_bias: Optional[torch.Tensor] = None,
+                    down_bias: Optional[torch.Tensor] = None, **kwargs):
+        """gate_up / down: every rank's list of the E experts' PackedWeights ([2I, H], [H, I]);
+        this rank registers its own. Biases: [E, 2I] and [E, H] (sliced likewise)."""
+        world, rank = _group()
+        if len(gate_up) != len(down) or not gate_up:
+            raise Error(f"ExpertParallelQuantMoE: {len(gate_up)} gate_up and {len(down)} down "
+                        f"experts (rule: as many of each, at least one)")
+        first, last = shard_bounds(len(gate_up), 1, world, rank)
+        experts = ops.register_experts(list(gate_up[first:last]), list(down[first:last]),
+                                       _scheme(scheme, "ExpertParallelQuantMoE"))
+        part = lambda b: None if b is None else b[first:last]  # noqa: E731
+        local = QuantMoE(experts, activation, gate_up_bias=part(gate_up_bias),
+                         down_bias=part(down_bias), **kwargs)
+        return cls(local, len(gate_up), (first, last))
+
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        world, _ = _group()
+        x = hidden.reshape(-1, hidden.shape[-1])
+        if x.dtype not in ops.ACTIVATION_DTYPES:
+            x = x.to(torch.bfloat16)
+        tokens = x.shape[0]
+        ids = topk_ids.reshape(tokens, -1).to(torch.int64)
+        top_k = ids.shape[1]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.experts):
+            raise Error(f"ExpertParallelQuantMoE: topk_ids in [{int(ids.min())}, "
+                        f"{int(ids.max())}] (rule: global expert ids in [0, {self.experts}))")
+        firsts = torch.tensor([shard_bounds(self.experts, 1, world, r)[0] for r in range(world)],
+                              device=ids.device)
+        slots = ids.reshape(-1)  # slot s = token s // top_k, choice s % top_k
+        owner = torch.searchsorted(firsts, slots, right=True) - 1
+        order = torch.argsort(owner, stable=True)
+        send = torch.bincount(owner, minlength=world)
+        receive = torch.empty_like(send)
+        dist.all_to_all_single(receive, send)
+        send_list, receive_list = send.tolist(), receive.tolist()
+        rows = _exchange(x[order // top_k], send_list, receive_list)
+        local_ids = _exchange((slots[order] - firsts[owner[order]]).to(torch.int32).unsqueeze(1),
+                              send_list, receive_list)
+        results = self.local(rows, local_ids,
+                             torch.ones(local_ids.shape, dtype=torch.float32, device=x.device))
+        back = _exchange(results, receive_list, send_list)
+        per_slot = torch.empty_like(back)
+        per_slot[order] = back
+        per_slot = per_slot.reshape(tokens, top_k, -1).to(torch.float32)
+        weights = topk_weights.reshape(tokens, top_k).to(torch.float32)
+        y = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)
+        for j in range(top_k):  # choice order, as the one-rank layer sums
+            y += weights[:, j:j + 1] * per_slot[:, j]
+        # Rounded once to the 16-bit type the layer ran in (float32 hidden states went through
+        # bf16, as QuantMoE's do).
+        return y.to(x.dtype).to(hidden.dtype).reshape(hidden.shape)
+

@@ -1,7 +1,8 @@
 """qgemm.parallel (issue #20) without GPUs: shards of a packed weight are exact slices of its
 dequantization and join back bit for bit (every bit width, zero-point kind, scale format,
 partial groups, blocks); a 2-process gloo group runs a column-parallel then a row-parallel layer
-(a TP=2 MLP) and matches the 1-process layers on the CPU operator."""
+(a TP=2 MLP) and matches the 1-process layers on the CPU operator; and an expert-parallel MoE
+layer (EP=2, tokens exchanged all-to-all) matches one QuantMoE holding every expert."""
 
 import os
 
@@ -103,3 +104,65 @@ def test_tensor_parallel_mlp_on_two_gloo_ranks_matches_one(rng, scheme_text):
         # The row-parallel sum adds two fp32 partial sums instead of one: within a bf16 step.
         assert np.allclose(y2, y1, rtol=2**-7, atol=1e-3), np.abs(y2 - y1).max()
         assert np.array_equal(y2, two[0][0])  # every rank holds the same result
+
+
+def _moe_rank(rank, world, port, scheme_text, seed, results):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rng = np.random.default_rng(seed)
+        scheme = qgemm.Scheme(scheme_text)
+        experts, hidden, inter, top_k = 6, 128, 64, 3
+        gate_up = [qgemm.quantize_weight(
+            scheme, (rng.standard_normal((2 * inter, hidden)) / 11).astype(np.float32))
+            for _ in range(experts)]
+        down = [qgemm.quantize_weight(
+            scheme, (rng.standard_normal((hidden, inter)) / 8).astype(np.float32))
+            for _ in range(experts)]
+        gate_up_bias = torch.from_numpy(rng.standard_normal((experts, 2 * inter)).astype(np.float32))
+        down_bias = torch.from_numpy(rng.standard_normal((experts, hidden)).astype(np.float32))
+        # Every rank's own tokens (different counts), distinct experts per token.
+        all_tokens = 9
+        x = torch.from_numpy(rng.standard_normal((all_tokens, hidden)).astype(np.float32))
+        ids = torch.from_numpy(np.stack([rng.permutation(experts)[:top_k]
+                                         for _ in range(all_tokens)]).astype(np.int32))
+        weights = torch.from_numpy(rng.uniform(0.05, 1.0, (all_tokens, top_k)).astype(np.float32))
+        mine = slice(0, 4) if world == 2 and rank == 0 else slice(4, 9) if world == 2 \
+            else slice(0, 9)
+        layer = parallel.ExpertParallelQuantMoE.from_packed(
+            gate_up, down, scheme, gate_up_bias=gate_up_bias, down_bias=down_bias)
+        with torch.no_grad():
+            y = layer(x[mine].to(torch.bfloat16), ids[mine], weights[mine])
+            plain = None
+            if world == 1:  # every expert in one QuantMoE: the layer EP must reproduce
+                every = qgemm.nn.QuantMoE(qgemm.ops.register_experts(gate_up, down, scheme),
+                                          gate_up_bias=gate_up_bias, down_bias=down_bias)
+                plain = every(x.to(torch.bfloat16), ids, weights).float().numpy()
+        results[rank] = (y.float().numpy(), plain, layer.bounds)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("scheme_text", ["w4a16", "mxfp4-a16"])
+def test_expert_parallel_moe_on_two_gloo_ranks_matches_one(rng, scheme_text):
+    """EP=2 (three experts a rank, 4 and 5 tokens) and EP=1 against one QuantMoE holding every
+    expert: each token's choices went to both ranks and came back; one more bf16 rounding per
+    choice."""
+    seed = int(rng.integers(2**31))
+    port = 29500 + int(rng.integers(2000))
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_moe_rank, args=(2, port, scheme_text, seed, results), nprocs=2, join=True)
+        two = dict(results)
+        results.clear()
+        mp.spawn(_moe_rank, args=(1, port + 1, scheme_text, seed, results), nprocs=1, join=True)
+        one = dict(results)
+    assert [two[r][2] for r in (0, 1)] == [(0, 3), (3, 6)]
+    plain = one[0][1]
+    scale = np.abs(plain).max()
+    for ep in (np.concatenate([two[0][0], two[1][0]]), one[0][0]):
+        assert ep.shape == plain.shape
+        assert np.allclose(ep, plain, rtol=2**-6, atol=2**-7 * scale), np.abs(ep - plain).max()
+        # A choice sent to the wrong expert, or weighted wrongly, moves whole rows by O(|y|).
+        assert np.abs(ep - plain).max() < 0.05 * scale
