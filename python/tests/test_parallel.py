@@ -166,3 +166,28 @@ def test_expert_parallel_moe_on_two_gloo_ranks_matches_one(rng, scheme_text):
         assert np.allclose(ep, plain, rtol=2**-6, atol=2**-7 * scale), np.abs(ep - plain).max()
         # A choice sent to the wrong expert, or weighted wrongly, moves whole rows by O(|y|).
         assert np.abs(ep - plain).max() < 0.05 * scale
+
+
+def test_multi_gpu_script_runs_on_two_gloo_ranks(tmp_path):
+    """scripts/multi_gpu.py (torchrun) with tiny shapes on CPUs: both layers match the one-rank
+    layers (it exits 1 otherwise) and every rank reports its throughputs."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "multi_gpu.json"
+    port = 29500 + int(np.random.default_rng().integers(2000))
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(port), os.path.join(root, "scripts", "multi_gpu.py"), "--tiny",
+         "--decode-batch", "8", "--prefill-batch", "1", "--prefill-len", "32", "--repeats", "2",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert [f["rank"] for f in figures] == [0, 1]
+    for f in figures:
+        assert f["world"] == 2
+        assert f["mlp_gap"] <= 2**-5 and f["moe_gap"] <= 2**-5
+        assert all(f[f"{layer}_{phase}_tokens_per_s"] > 0
+                   for layer in ("mlp", "moe") for phase in ("decode", "prefill"))
