@@ -55,7 +55,9 @@ modelopt (`quant_method: "modelopt"` in config.json, or hf_quant_config.json's "
 gpt-oss MXFP4 (`quant_method: "mxfp4"`): <name>_blocks uint8 [experts, n, k / 32, 16] (two e2m1
   codes a byte, low nibble = even element), <name>_scales uint8 [experts, n, k / 32] (e8m0,
   2^(s − 127)) → mxfp4-a16, one expert at a time (import_mxfp4(expert=)); gate_up_proj's rows
-  interleave gate (even) and up (odd): split_interleaved_gate_up.
+  interleave gate (even) and up (odd): split_interleaved_gate_up. A whole expert layer
+  (<prefix>.gate_up_proj_* and .down_proj_*, biases included): import_mxfp4_experts, found by
+  quantized_experts.
 
 FP8 block (`quant_method: "fp8"`, DeepSeek-V3 / transformers FineGrainedFP8): weight e4m3
   [n, k], weight_scale_inv fp32 (or e8m0) [ceil(n / 128), ceil(k / 128)] multiplying its block
@@ -692,6 +694,62 @@ def select_rows(layer: "ImportedLinear", rows) -> "ImportedLinear":
     return ImportedLinear(scheme, packed, layer.input_permutation, layer.input_scale)
 
 
+@dataclasses.dataclass
+class ImportedExperts:
+    """A routed expert layer (qgemm.nn.QuantMoE's parts): gate_up [E] of [2I, H] (gate rows,
+    then up rows), down [E] of [H, I], fp32 biases [E, 2I] (the same row order) and [E, H] or
+    None, one scheme."""
+
+    scheme: Scheme
+    gate_up: list
+    down: list
+    gate_up_bias: Optional[np.ndarray] = None
+    down_bias: Optional[np.ndarray] = None
+
+
+def import_mxfp4_experts(tensors: Mapping, prefix: str,
+                         activation: str = "bf16") -> ImportedExperts:
+    """gpt-oss's MXFP4 experts `prefix` (e.g. "model.layers.0.mlp.experts"):
+    <prefix>.gate_up_proj_blocks / _scales / _bias and <prefix>.down_proj_blocks / _scales /
+    _bias. gate_up's interleaved rows (gate even, up odd) become gate rows then up rows, its bias
+    alike; every expert exact (import_mxfp4)."""
+    layer = _Layer(tensors, prefix, "import_mxfp4_experts", "gpt-oss MXFP4 experts")
+    rule = "store gate_up_proj_blocks / _scales and down_proj_blocks / _scales"
+    blocks = {name: layer.get(f".{name}_blocks", rule) for name in ("gate_up_proj", "down_proj")}
+    scales = {name: layer.get(f".{name}_scales", rule) for name in ("gate_up_proj", "down_proj")}
+    experts = blocks["gate_up_proj"].data.shape[0] if blocks["gate_up_proj"].data.ndim == 4 else 0
+    layer.require(experts > 0 and blocks["down_proj"].data.ndim == 4 and
+                  blocks["down_proj"].data.shape[0] == experts,
+                  f"gate_up_proj_blocks {list(blocks['gate_up_proj'].shape)} and down_proj_blocks "
+                  f"{list(blocks['down_proj'].shape)} (rule: [experts, n, k / 32, 16] each, as "
+                  "many experts)")
+    gate_up, down = [], []
+    for e in range(experts):
+        fused = import_mxfp4(blocks["gate_up_proj"], scales["gate_up_proj"], expert=e,
+                             activation=activation, name=f"{prefix}.gate_up_proj")
+        scheme = fused.scheme
+        gate_up.append(concat_rows(split_interleaved_gate_up(fused)).weight)
+        down.append(import_mxfp4(blocks["down_proj"], scales["down_proj"], expert=e,
+                                 activation=activation, name=f"{prefix}.down_proj").weight)
+    inter, hidden = gate_up[0].n // 2, gate_up[0].k
+    layer.require(down[0].n == hidden and down[0].k == inter,
+                  f"down_proj is [{down[0].n}, {down[0].k}] an expert, gate_up_proj "
+                  f"[{2 * inter}, {hidden}] (rule: down [hidden, intermediate])")
+
+    def bias(name, rows, interleaved):
+        t = layer.opt(f".{name}_bias")
+        if t is None:
+            return None
+        layer.dtype(t, f".{name}_bias", ("F32", "F16", "BF16"))
+        layer.require(t.shape == (experts, rows),
+                      f"{prefix}.{name}_bias has shape {list(t.shape)} (rule: [{experts}, {rows}])")
+        value = np.asarray(t.values(), np.float32)
+        return np.concatenate([value[:, 0::2], value[:, 1::2]], axis=1) if interleaved else value
+
+    return ImportedExperts(scheme, gate_up, down, bias("gate_up_proj", 2 * inter, True),
+                           bias("down_proj", hidden, False))
+
+
 def split_interleaved_gate_up(layer: "ImportedLinear"):
     """gpt-oss's gate_up_proj holds the gate and up projections interleaved along its output
     rows (GptOssExperts: gate = gate_up[..., ::2], up = gate_up[..., 1::2]). Returns the two
@@ -954,15 +1012,11 @@ def quantized_prefixes(keys: Iterable[str], config: Mapping) -> list:
     """The layers a checkpoint stores quantized, by their tensors' names: <prefix>.qweight
     (GPTQ, AWQ), .weight_packed (compressed-tensors packed), .weight_scale_inv (FP8 block), or
     .weight beside .weight_scale (FP8, NVFP4, BitNet, compressed-tensors' naive formats).
-    gpt-oss MXFP4 experts (<name>_blocks) are MoE weights, for which qgemm has no module yet."""
+    gpt-oss MXFP4 experts are routed expert layers: quantized_experts."""
     keys = set(keys)
     method = config.get("quant_method")
     _require(method in SUPPORTED_METHODS,
              f"quant_method {method!r} is not supported ({', '.join(SUPPORTED_METHODS)})")
-    experts = sorted(key for key in keys if key.endswith("_blocks")) if method == "mxfp4" else []
-    _require(not experts, f"{experts[0] if experts else ''}: gpt-oss MXFP4 experts are MoE "
-             "weights, which qgemm does not build modules for yet; import one expert as a "
-             "dense layer with qgemm.checkpoint.load_linear(path, name, expert=e)")
     prefixes = set()
     for key in keys:
         base, _, leaf = key.rpartition(".")
@@ -970,6 +1024,21 @@ def quantized_prefixes(keys: Iterable[str], config: Mapping) -> list:
                 leaf == "weight_scale" and f"{base}.weight" in keys):
             prefixes.add(base)
     return sorted(prefixes)
+
+
+def quantized_experts(keys: Iterable[str], config: Mapping) -> list:
+    """The routed expert layers a checkpoint stores quantized: gpt-oss MXFP4's
+    <prefix>.gate_up_proj_blocks beside <prefix>.down_proj_blocks (import_mxfp4_experts)."""
+    keys = set(keys)
+    if config.get("quant_method") != "mxfp4":
+        return []
+    found = sorted(key[:-len(".gate_up_proj_blocks")] for key in keys
+                   if key.endswith(".gate_up_proj_blocks"))
+    for prefix in found:
+        _require(f"{prefix}.down_proj_blocks" in keys,
+                 f"{prefix}.gate_up_proj_blocks has no {prefix}.down_proj_blocks beside it "
+                 "(rule: gpt-oss MXFP4 experts store both)")
+    return found
 
 
 def load_linear(model_dir: str, prefix: str, activation: str = "fp16", *,

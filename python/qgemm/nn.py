@@ -373,8 +373,8 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
     """A model from a quantized checkpoint directory (config.json with a quantization_config,
     and *.safetensors): each layer stored quantized (GPTQ, AWQ, compressed-tensors, modelopt
     NVFP4/FP8, FP8-block, BitNet: see qgemm.checkpoint) becomes a QuantLinear through
-    qgemm.checkpoint's importers, and every other tensor (embeddings, norms, lm_head, biases)
-    is loaded as stored.
+    qgemm.checkpoint's importers, gpt-oss's MXFP4 experts a QuantMoE (clamped SwiGLU, biases),
+    and every other tensor (embeddings, norms, lm_head, biases) is loaded as stored.
 
     model: the model to load into, whose layers at the quantized prefixes are torch.nn.Linear
         (replaced in place). Default: transformers' AutoModelForCausalLM.from_config of the
@@ -397,11 +397,14 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
         with safe_open(os.path.join(path, name), framework="pt") as f:
             for key in f.keys():
                 tensors[key] = f.get_tensor(key)
-    # The layers stored quantized, by the format's tensor names (checkpoint.quantized_prefixes).
+    # The layers stored quantized, by the format's tensor names (checkpoint.quantized_prefixes),
+    # and the routed expert layers (checkpoint.quantized_experts: gpt-oss MXFP4).
     prefixes = checkpoint.quantized_prefixes(tensors, config)
-    if not prefixes:
+    expert_prefixes = checkpoint.quantized_experts(tensors, config)
+    if not prefixes and not expert_prefixes:
         raise Error(f"load_quantized: {path} has no quantized layer (no <prefix>.qweight, "
-                    ".weight_packed, .weight_scale_inv, or .weight with .weight_scale)")
+                    ".weight_packed, .weight_scale_inv, .weight with .weight_scale, or MXFP4 "
+                    "experts' _blocks)")
     if model is None:
         model = _model_from_config(path, dtype)
     model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()),
@@ -435,6 +438,35 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
         owner_name, _, child_name = prefix.rpartition(".")
         setattr(model.get_submodule(owner_name) if owner_name else model, child_name, module)
 
+    for prefix in expert_prefixes:
+        try:
+            fused = model.get_submodule(prefix)
+        except AttributeError:
+            raise Error(f"load_quantized: the checkpoint's experts {prefix} are not in the model") \
+                from None
+        # transformers' GptOssExperts: gate_up_proj [E, H, 2I] (transposed, gate/up interleaved),
+        # the clamped SwiGLU's alpha and limit; forward(hidden_states, router_indices,
+        # routing_weights [T, top_k]), which QuantMoE takes as they are.
+        gate_up = getattr(fused, "gate_up_proj", None)
+        if not (isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3 and
+                hasattr(fused, "alpha") and hasattr(fused, "limit")):
+            raise Error(f"load_quantized: {prefix} is a {type(fused).__name__} in the model, not "
+                        "gpt-oss's experts (3-D gate_up_proj, alpha and limit)")
+        names = [key for key in tensors if key.startswith(prefix + ".")]
+        imported = checkpoint.import_mxfp4_experts({key: tensors.pop(key) for key in names},
+                                                   prefix, activation)
+        e, i2, h = len(imported.gate_up), imported.gate_up[0].n, imported.gate_up[0].k
+        if tuple(gate_up.shape) != (e, h, i2):
+            raise Error(f"load_quantized: {prefix} holds {e} experts of [{i2}, {h}] in the "
+                        f"checkpoint, gate_up_proj {list(gate_up.shape)} in the model")
+        bias = lambda b: None if b is None else torch.from_numpy(b)  # noqa: E731
+        module = QuantMoE(ops.register_experts(imported.gate_up, imported.down, imported.scheme),
+                          "clamped-swiglu", alpha=float(fused.alpha), limit=float(fused.limit),
+                          gate_up_bias=bias(imported.gate_up_bias),
+                          down_bias=bias(imported.down_bias))
+        owner_name, _, child_name = prefix.rpartition(".")
+        setattr(model.get_submodule(owner_name), child_name, module)
+
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if unexpected:
         raise Error(f"load_quantized: the model has no place for {len(unexpected)} of the "
@@ -447,6 +479,7 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
     loaded = {state[name].data_ptr() for name in tensors
               if isinstance(state.get(name), torch.Tensor)}
     missing = [name for name in missing if not name.endswith("._extra_state") and
+               not any(name.startswith(prefix + ".") for prefix in expert_prefixes) and
                not (isinstance(state.get(name), torch.Tensor) and
                     state[name].data_ptr() in loaded)]
     if missing:

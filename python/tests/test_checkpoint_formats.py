@@ -516,9 +516,9 @@ def test_gpt_oss_mxfp4_experts(rng, tmp_path, check):
         checkpoint.load_linear(path, name)
     with pytest.raises(qgemm.Error, match="expert 3"):
         checkpoint.load_linear(path, name, expert=3)
-    with pytest.raises(qgemm.Error, match="MoE weights"):
-        checkpoint.quantized_prefixes([f"{name}_blocks", f"{name}_scales"],
-                                      {"quant_method": "mxfp4"})
+    # Expert weights are not dense layers (quantized_experts finds whole expert layers).
+    assert checkpoint.quantized_prefixes([f"{name}_blocks", f"{name}_scales"],
+                                         {"quant_method": "mxfp4"}) == []
 
     if check == "layout":
         return
@@ -529,6 +529,49 @@ def test_gpt_oss_mxfp4_experts(rng, tmp_path, check):
     theirs = mxfp4.convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
                                               dtype=torch.float32)
     assert np.array_equal(theirs.transpose(1, 2).double().numpy(), w)
+
+
+def test_gpt_oss_mxfp4_expert_layer(rng):
+    """A whole expert layer (hidden 64, intermediate 32, 3 experts): gate_up's interleaved rows
+    become gate rows then up rows, its bias alike, down stays as stored; quantized_experts finds
+    the layer and names a missing half."""
+    experts, hidden, inter = 3, 64, 32
+    prefix = "model.layers.1.mlp.experts"
+
+    def stored(n, k):
+        blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
+        scales = rng.integers(118, 136, size=(experts, n, k // 32)).astype(np.uint8)
+        flat = blocks.reshape(experts, n, k // 2).astype(np.int64)
+        codes = np.empty((experts, n, k), np.int64)
+        codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
+        return blocks, scales, E2M1[codes] * 2.0 ** (np.repeat(scales, 32, -1).astype(np.int64) - 127)
+
+    gu_blocks, gu_scales, gate_up = stored(2 * inter, hidden)
+    dn_blocks, dn_scales, down = stored(hidden, inter)
+    gu_bias = rng.standard_normal((experts, 2 * inter)).astype(np.float32)
+    tensors = {f"{prefix}.gate_up_proj_blocks": gu_blocks, f"{prefix}.gate_up_proj_scales": gu_scales,
+               f"{prefix}.gate_up_proj_bias": gu_bias}
+    config = {"quant_method": "mxfp4"}
+    assert checkpoint.quantized_prefixes(tensors, config) == []
+    with pytest.raises(qgemm.Error, match=f"no {prefix}.down_proj_blocks"):
+        checkpoint.quantized_experts(tensors, config)
+    tensors.update({f"{prefix}.down_proj_blocks": dn_blocks, f"{prefix}.down_proj_scales": dn_scales})
+    assert checkpoint.quantized_experts(tensors, config) == [prefix]
+    assert checkpoint.quantized_experts(tensors, {"quant_method": "gptq"}) == []
+    layer = checkpoint.import_mxfp4_experts(tensors, prefix)
+    assert str(layer.scheme) == str(qgemm.Scheme("mxfp4-a16"))
+    assert layer.down_bias is None
+    for e in range(experts):
+        assert np.array_equal(qgemm.dequantize_weight(layer.gate_up[e]),
+                              np.concatenate([gate_up[e][0::2], gate_up[e][1::2]]))
+        assert np.array_equal(qgemm.dequantize_weight(layer.down[e]), down[e])
+    assert np.array_equal(layer.gate_up_bias, np.concatenate([gu_bias[:, 0::2], gu_bias[:, 1::2]], 1))
+    # Halves that do not fit each other are named.
+    short = dict(tensors)
+    short[f"{prefix}.down_proj_blocks"] = dn_blocks[:, :32]
+    short[f"{prefix}.down_proj_scales"] = dn_scales[:, :32]
+    with pytest.raises(qgemm.Error, match=r"down_proj is \[32, 32\]"):
+        checkpoint.import_mxfp4_experts(short, prefix)
 
 
 # --- FP8 block (DeepSeek-V3) ----------------------------------------------------------------

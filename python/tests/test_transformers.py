@@ -192,3 +192,85 @@ def test_a_loaded_checkpoint_runs_on_the_gpu_as_on_the_cpu(rng, tmp_path, desc_a
     cosine = torch.nn.functional.cosine_similarity(on_gpu.flatten(), on_cpu.flatten(), dim=0)
     assert cosine > 0.9999, cosine  # fp16 roundings in another order only
     assert (on_gpu.argmax(-1) == on_cpu.argmax(-1)).float().mean() > 0.9
+
+
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
+               -6.0]
+
+
+def mxfp4_tensors(rng, experts, n, k):
+    """gpt-oss MXFP4 storage of random experts (transformers integrations/mxfp4.py's layout: two
+    e2m1 codes a byte, the even element in the low nibble; one e8m0 scale per 32) and their
+    values [E, n, k]."""
+    import numpy as np
+    blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
+    scales = rng.integers(121, 126, size=(experts, n, k // 32)).astype(np.uint8)
+    flat = blocks.reshape(experts, n, k // 2).astype(np.int64)
+    codes = np.empty((experts, n, k), np.int64)
+    codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
+    values = np.array(E2M1_VALUES)[codes] * 2.0 ** (np.repeat(scales, 32, -1).astype(np.int64) - 127)
+    return blocks, scales, values
+
+
+def test_load_quantized_builds_gpt_oss_with_mxfp4_experts(rng, tmp_path):
+    """A gpt-oss-shaped checkpoint (two layers, 4 experts of 64 x 64, biases) stored as gpt-oss
+    stores MXFP4: every experts module becomes a QuantMoE (clamped SwiGLU, gate/up
+    de-interleaved, biases alike), and the logits match transformers' own GptOssExperts holding
+    the same (exactly bf16) values."""
+    import json
+
+    import numpy as np
+    safetensors_torch = pytest.importorskip("safetensors.torch",
+                                            reason="safetensors is not installed")
+    config = transformers.GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=32, num_local_experts=4,
+                                       num_experts_per_tok=2, max_position_embeddings=64,
+                                       sliding_window=8,
+                                       layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = transformers.GptOssForCausalLM(config).to(torch.bfloat16).eval()
+    tensors = {}
+    for layer in range(2):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        experts = model.get_submodule(prefix)
+        gate_up_blocks, gate_up_scales, gate_up = mxfp4_tensors(rng, 4, 128, 64)
+        down_blocks, down_scales, down = mxfp4_tensors(rng, 4, 64, 64)
+        gate_up_bias = rng.standard_normal((4, 128)).astype(np.float32) / 4
+        down_bias = rng.standard_normal((4, 64)).astype(np.float32) / 4
+        with torch.no_grad():  # transformers keeps them [E, in, out]
+            experts.gate_up_proj.copy_(torch.from_numpy(gate_up.transpose(0, 2, 1)))
+            experts.down_proj.copy_(torch.from_numpy(down.transpose(0, 2, 1)))
+            experts.gate_up_proj_bias.copy_(torch.from_numpy(gate_up_bias))
+            experts.down_proj_bias.copy_(torch.from_numpy(down_bias))
+        for name, array in (("gate_up_proj_blocks", gate_up_blocks),
+                            ("gate_up_proj_scales", gate_up_scales),
+                            ("down_proj_blocks", down_blocks), ("down_proj_scales", down_scales)):
+            tensors[f"{prefix}.{name}"] = torch.from_numpy(array)
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            tensors[f"{prefix}.{name}"] = getattr(experts, name).detach().float().clone()
+    for name, value in model.state_dict().items():
+        if ".mlp.experts." not in name:
+            tensors[name] = value.clone()
+    safetensors_torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    stored = model.config.to_dict()
+    stored["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    (tmp_path / "config.json").write_text(json.dumps(stored, default=str))
+
+    loaded = qgemm.load_quantized(str(tmp_path), dtype=torch.bfloat16)
+    for layer in range(2):
+        moe = loaded.get_submodule(f"model.layers.{layer}.mlp.experts")
+        assert type(moe).__name__ == "QuantMoE" and moe.activation == "clamped-swiglu"
+        assert (moe.experts.experts, moe.experts.hidden, moe.experts.intermediate) == (4, 64, 64)
+        assert moe.alpha == pytest.approx(config.swiglu_alpha)
+    ids = torch.from_numpy(rng.integers(0, 128, size=(2, 7)))
+    with torch.no_grad():
+        got = loaded(ids).logits.float()
+        expected = model(ids).logits.float()
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0)
+    assert cosine > 0.999, cosine  # bf16 roundings in another order only
+    agree = (got.argmax(-1) == expected.argmax(-1)).float().mean()
+    assert agree >= 0.85, agree
