@@ -30,7 +30,7 @@ class CpuReferenceBackend final : public GemmBackend {
   }
 };
 
-// The hidden type's values of a layer's routed outputs, read back from the device.
+// `count` values of `type` (bf16, fp16 or fp32) read back from the device.
 std::vector<double> read_back(const runtime::DeviceBuffer& buffer, const Format& type,
                               std::size_t count) {
   std::vector<double> values(count);
