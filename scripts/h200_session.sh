@@ -10,9 +10,10 @@
 #   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 300) on the GPU (issue #19)
 #   scripts/h200_session.sh sanitize    memcheck, racecheck, synccheck over one test of every
 #                                   kernel family (sampled matrices; issue #19)
-#   scripts/h200_session.sh moe-decode   the grouped decode kernel (held back until this passes):
-#                                   its GPU tests, memcheck over them, its bench and the wgmma
-#                                   baseline on the same card
+#   scripts/h200_session.sh moe-decode   the grouped decode kernel: its GPU tests, memcheck
+#                                   over them, its bench and the wgmma baseline on the same card
+#   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
+#                                   world 1, then 2 processes (on one GPU where it has one)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,6 +102,16 @@ moe-decode)
   echo "decode bench rc=$? at ${SECONDS}s"; cat "$out/moe_decode_bench.txt"
   for m in 1 4 16 64; do
     timeout 40 build-gpu/bench/qgemm_moe_bench --case qwen3-30b-a3b:w4a16:$m 2>&1 | tail -1
+  done
+  ;;
+multi)
+  gpus=$(nvidia-smi --list-gpus | wc -l)
+  for world in 1 2; do
+    PYTHONPATH=build-gpu/python timeout 280 python3 -m torch.distributed.run \
+      --nproc-per-node $world scripts/multi_gpu.py --json "$out/multi_$world.json" \
+      > "$out/multi_$world.txt" 2>&1
+    echo "multi_gpu world $world on $gpus GPU(s) rc=$? at ${SECONDS}s"
+    grep -E "^\||multi_gpu:|Error" "$out/multi_$world.txt" | head -8
   done
   ;;
 profile)

@@ -111,8 +111,9 @@ def main():
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else \
-        torch.device("cpu")
+    # More ranks than GPUs share them (two processes on one GPU, for testing).
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) %
+                          torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     shape = TINY if args.tiny else FULL
