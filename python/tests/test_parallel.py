@@ -58,43 +58,54 @@ def test_bounds_keep_whole_cells_and_refuse_too_many_ranks():
         parallel.shard_bounds(256, 16, 2, 2)
 
 
-def _mlp_rank(rank, world, port, scheme_text, seed, results):
+def _gloo_rank(rank, world, port, body, args, results):
+    """One process of a gloo group: results[rank] = body(rank, world, *args)."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        rng = np.random.default_rng(seed)
-        scheme = qgemm.Scheme(scheme_text)
-        up = qgemm.quantize_weight(scheme, (rng.standard_normal((640, 256)) / 16).astype(np.float32))
-        down = qgemm.quantize_weight(scheme, (rng.standard_normal((256, 640)) / 25).astype(np.float32))
-        up_bias = torch.from_numpy(rng.standard_normal(640).astype(np.float32))
-        down_bias = torch.from_numpy(rng.standard_normal(256).astype(np.float32))
-        x = torch.from_numpy(rng.standard_normal((5, 256)).astype(np.float32)).to(torch.bfloat16)
-        # The up rows are cut where down's K groups are cut.
-        col = parallel.ColumnParallelQuantLinear.from_packed(up, scheme, up_bias,
-                                                             align=down.scale_cell[1])
-        row = parallel.RowParallelQuantLinear.from_packed(down, scheme, down_bias)
-        gathered = parallel.ColumnParallelQuantLinear.from_packed(up, scheme, up_bias,
-                                                                  gather_output=True)
-        with torch.no_grad():
-            y = row(torch.nn.functional.silu(col(x)))
-            g = gathered(x)
-        results[rank] = (y.float().numpy(), g.float().numpy())
+        results[rank] = body(rank, world, *args)
     finally:
         dist.destroy_process_group()
 
 
+def _on_two_ranks_then_one(rng, body, *args):
+    """body's results on a 2-process gloo group, then on a 1-process one: ({0: .., 1: ..},
+    {0: ..})."""
+    port = 29500 + int(rng.integers(2000))
+    runs = []
+    with mp.Manager() as manager:
+        for world in (2, 1):
+            results = manager.dict()
+            mp.spawn(_gloo_rank, args=(world, port + world, body, args, results), nprocs=world,
+                     join=True)
+            runs.append(dict(results))
+    return runs
+
+
+def _mlp_rank(rank, world, scheme_text, seed):
+    rng = np.random.default_rng(seed)
+    scheme = qgemm.Scheme(scheme_text)
+    up = qgemm.quantize_weight(scheme, (rng.standard_normal((640, 256)) / 16).astype(np.float32))
+    down = qgemm.quantize_weight(scheme, (rng.standard_normal((256, 640)) / 25).astype(np.float32))
+    up_bias = torch.from_numpy(rng.standard_normal(640).astype(np.float32))
+    down_bias = torch.from_numpy(rng.standard_normal(256).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((5, 256)).astype(np.float32)).to(torch.bfloat16)
+    # The up rows are cut where down's K groups are cut.
+    col = parallel.ColumnParallelQuantLinear.from_packed(up, scheme, up_bias,
+                                                         align=down.scale_cell[1])
+    row = parallel.RowParallelQuantLinear.from_packed(down, scheme, down_bias)
+    gathered = parallel.ColumnParallelQuantLinear.from_packed(up, scheme, up_bias,
+                                                              gather_output=True)
+    with torch.no_grad():
+        y = row(torch.nn.functional.silu(col(x)))
+        g = gathered(x)
+    return y.float().numpy(), g.float().numpy()
+
+
 @pytest.mark.parametrize("scheme_text", ["w4a16", "w4a16-zp", "mxfp4-a16"])
 def test_tensor_parallel_mlp_on_two_gloo_ranks_matches_one(rng, scheme_text):
-    seed = int(rng.integers(2**31))
-    port = 29500 + int(rng.integers(2000))
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_mlp_rank, args=(2, port, scheme_text, seed, results), nprocs=2, join=True)
-        two = dict(results)
-        results.clear()
-        mp.spawn(_mlp_rank, args=(1, port + 1, scheme_text, seed, results), nprocs=1, join=True)
-        one = dict(results)
+    two, one = _on_two_ranks_then_one(rng, _mlp_rank, scheme_text, int(rng.integers(2**31)))
     y1, g1 = one[0]
     for rank in (0, 1):
         y2, g2 = two[rank]
@@ -106,42 +117,36 @@ def test_tensor_parallel_mlp_on_two_gloo_ranks_matches_one(rng, scheme_text):
         assert np.array_equal(y2, two[0][0])  # every rank holds the same result
 
 
-def _moe_rank(rank, world, port, scheme_text, seed, results):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rng = np.random.default_rng(seed)
-        scheme = qgemm.Scheme(scheme_text)
-        experts, hidden, inter, top_k = 6, 128, 64, 3
-        gate_up = [qgemm.quantize_weight(
-            scheme, (rng.standard_normal((2 * inter, hidden)) / 11).astype(np.float32))
-            for _ in range(experts)]
-        down = [qgemm.quantize_weight(
-            scheme, (rng.standard_normal((hidden, inter)) / 8).astype(np.float32))
-            for _ in range(experts)]
-        gate_up_bias = torch.from_numpy(rng.standard_normal((experts, 2 * inter)).astype(np.float32))
-        down_bias = torch.from_numpy(rng.standard_normal((experts, hidden)).astype(np.float32))
-        # Every rank's own tokens (different counts), distinct experts per token.
-        all_tokens = 9
-        x = torch.from_numpy(rng.standard_normal((all_tokens, hidden)).astype(np.float32))
-        ids = torch.from_numpy(np.stack([rng.permutation(experts)[:top_k]
-                                         for _ in range(all_tokens)]).astype(np.int32))
-        weights = torch.from_numpy(rng.uniform(0.05, 1.0, (all_tokens, top_k)).astype(np.float32))
-        mine = slice(0, 4) if world == 2 and rank == 0 else slice(4, 9) if world == 2 \
-            else slice(0, 9)
-        layer = parallel.ExpertParallelQuantMoE.from_packed(
-            gate_up, down, scheme, gate_up_bias=gate_up_bias, down_bias=down_bias)
-        with torch.no_grad():
-            y = layer(x[mine].to(torch.bfloat16), ids[mine], weights[mine])
-            plain = None
-            if world == 1:  # every expert in one QuantMoE: the layer EP must reproduce
-                every = qgemm.nn.QuantMoE(qgemm.ops.register_experts(gate_up, down, scheme),
-                                          gate_up_bias=gate_up_bias, down_bias=down_bias)
-                plain = every(x.to(torch.bfloat16), ids, weights).float().numpy()
-        results[rank] = (y.float().numpy(), plain, layer.bounds)
-    finally:
-        dist.destroy_process_group()
+def _moe_rank(rank, world, scheme_text, seed):
+    rng = np.random.default_rng(seed)
+    scheme = qgemm.Scheme(scheme_text)
+    experts, hidden, inter, top_k = 6, 128, 64, 3
+    gate_up = [qgemm.quantize_weight(
+        scheme, (rng.standard_normal((2 * inter, hidden)) / 11).astype(np.float32))
+        for _ in range(experts)]
+    down = [qgemm.quantize_weight(
+        scheme, (rng.standard_normal((hidden, inter)) / 8).astype(np.float32))
+        for _ in range(experts)]
+    gate_up_bias = torch.from_numpy(rng.standard_normal((experts, 2 * inter)).astype(np.float32))
+    down_bias = torch.from_numpy(rng.standard_normal((experts, hidden)).astype(np.float32))
+    # Every rank's own tokens (different counts), distinct experts per token.
+    all_tokens = 9
+    x = torch.from_numpy(rng.standard_normal((all_tokens, hidden)).astype(np.float32))
+    ids = torch.from_numpy(np.stack([rng.permutation(experts)[:top_k]
+                                     for _ in range(all_tokens)]).astype(np.int32))
+    weights = torch.from_numpy(rng.uniform(0.05, 1.0, (all_tokens, top_k)).astype(np.float32))
+    mine = slice(0, 4) if world == 2 and rank == 0 else slice(4, 9) if world == 2 \
+        else slice(0, 9)
+    layer = parallel.ExpertParallelQuantMoE.from_packed(
+        gate_up, down, scheme, gate_up_bias=gate_up_bias, down_bias=down_bias)
+    with torch.no_grad():
+        y = layer(x[mine].to(torch.bfloat16), ids[mine], weights[mine])
+        plain = None
+        if world == 1:  # every expert in one QuantMoE: the layer EP must reproduce
+            every = qgemm.nn.QuantMoE(qgemm.ops.register_experts(gate_up, down, scheme),
+                                      gate_up_bias=gate_up_bias, down_bias=down_bias)
+            plain = every(x.to(torch.bfloat16), ids, weights).float().numpy()
+    return y.float().numpy(), plain, layer.bounds
 
 
 @pytest.mark.parametrize("scheme_text", ["w4a16", "mxfp4-a16"])
@@ -149,15 +154,7 @@ def test_expert_parallel_moe_on_two_gloo_ranks_matches_one(rng, scheme_text):
     """EP=2 (three experts a rank, 4 and 5 tokens) and EP=1 against one QuantMoE holding every
     expert: each token's choices went to both ranks and came back; one more bf16 rounding per
     choice."""
-    seed = int(rng.integers(2**31))
-    port = 29500 + int(rng.integers(2000))
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_moe_rank, args=(2, port, scheme_text, seed, results), nprocs=2, join=True)
-        two = dict(results)
-        results.clear()
-        mp.spawn(_moe_rank, args=(1, port + 1, scheme_text, seed, results), nprocs=1, join=True)
-        one = dict(results)
+    two, one = _on_two_ranks_then_one(rng, _moe_rank, scheme_text, int(rng.integers(2**31)))
     assert [two[r][2] for r in (0, 1)] == [(0, 3), (3, 6)]
     plain = one[0][1]
     scale = np.abs(plain).max()
