@@ -368,6 +368,20 @@ def _model_from_config(path: str, dtype):
         torch.set_default_dtype(previous)
 
 
+def _checkpoint_module(model: torch.nn.Module, prefix: str, what: str) -> torch.nn.Module:
+    """The model's module at a checkpoint's `prefix` (an Error naming it when absent)."""
+    try:
+        return model.get_submodule(prefix)
+    except AttributeError:
+        raise Error(f"load_quantized: the checkpoint's {what} {prefix} is not in the model") \
+            from None
+
+
+def _replace_module(model: torch.nn.Module, prefix: str, module: torch.nn.Module) -> None:
+    owner_name, _, child_name = prefix.rpartition(".")
+    setattr(model.get_submodule(owner_name) if owner_name else model, child_name, module)
+
+
 def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=None,
                    max_rows: int = 65536) -> torch.nn.Module:
     """A model from a quantized checkpoint directory (config.json with a quantization_config,
@@ -413,11 +427,7 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
     activation = "bf16" if model_dtype == torch.bfloat16 else "fp16"
 
     for prefix in prefixes:
-        try:
-            linear = model.get_submodule(prefix)
-        except AttributeError:
-            raise Error(f"load_quantized: the checkpoint's layer {prefix} is not in the model") \
-                from None
+        linear = _checkpoint_module(model, prefix, "layer")
         if not isinstance(linear, torch.nn.Linear):
             raise Error(f"load_quantized: {prefix} is a {type(linear).__name__} in the model, "
                         "not a torch.nn.Linear")
@@ -435,15 +445,10 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
                                          None if bias is None else bias.to(model_dtype),
                                          input_permutation=imported.input_permutation,
                                          max_rows=max_rows)
-        owner_name, _, child_name = prefix.rpartition(".")
-        setattr(model.get_submodule(owner_name) if owner_name else model, child_name, module)
+        _replace_module(model, prefix, module)
 
     for prefix in expert_prefixes:
-        try:
-            fused = model.get_submodule(prefix)
-        except AttributeError:
-            raise Error(f"load_quantized: the checkpoint's experts {prefix} are not in the model") \
-                from None
+        fused = _checkpoint_module(model, prefix, "experts")
         # transformers' GptOssExperts: gate_up_proj [E, H, 2I] (transposed, gate/up interleaved),
         # the clamped SwiGLU's alpha and limit; forward(hidden_states, router_indices,
         # routing_weights [T, top_k]), which QuantMoE takes as they are.
@@ -464,8 +469,7 @@ def load_quantized(path: str, model: Optional[torch.nn.Module] = None, *, dtype=
                           "clamped-swiglu", alpha=float(fused.alpha), limit=float(fused.limit),
                           gate_up_bias=bias(imported.gate_up_bias),
                           down_bias=bias(imported.down_bias))
-        owner_name, _, child_name = prefix.rpartition(".")
-        setattr(model.get_submodule(owner_name), child_name, module)
+        _replace_module(model, prefix, module)
 
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if unexpected:

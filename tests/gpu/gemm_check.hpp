@@ -11,26 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "check/backend.hpp"
 #include "check/error_bounds.hpp"
 #include "qgemm/format.hpp"
 #include "qgemm/quant.hpp"
 #include "runtime/device_memory.hpp"
 
 namespace qgemm::test {
-
-// The output values, decoded from the device buffer (`count` elements of `out`).
-inline std::vector<double> read_output(const runtime::DeviceBuffer& c, const Format& out,
-                                       std::size_t count) {
-  std::vector<double> got(count);
-  if (out == formats::fp32) {
-    const auto host = c.to_vector<float>(count);
-    for (std::size_t i = 0; i < count; ++i) got[i] = host[i];
-  } else {
-    const auto host = c.to_vector<std::uint16_t>(count);
-    for (std::size_t i = 0; i < count; ++i) got[i] = decode(out, host[i]);
-  }
-  return got;
-}
 
 // Every weight's scale times the global scale, row-major [n, k], read from the canonical grid.
 inline std::vector<double> weight_scales(const PackedWeight& packed) {
@@ -68,7 +55,7 @@ inline std::vector<double> accumulated_weight(const PackedWeight& packed,
 // Half the spacing of `f` at 1 (relative rounding of a value into f); 0 for fp32 operands the
 // kernels keep in fp32.
 inline double unit_roundoff(const Format& f) {
-  return f == formats::fp32 ? 0.0 : std::ldexp(1.0, -(f.mantissa_bits + 1));
+  return f == formats::fp32 ? 0.0 : check::unit_roundoff(f);
 }
 
 // The operand roundings of a qgemm GEMM whose operand is `operand` (bf16/fp16, or 8-bit codes):

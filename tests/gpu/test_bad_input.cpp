@@ -150,7 +150,7 @@ TEST(BadInputGpu, MisalignedActivationsAreServedCorrectly) {
               {c.as<void>(), m, f.n, f.n, formats::bf16}, nullptr);
   runtime::Driver::get().check(runtime::Driver::get().cuCtxSynchronize(), "cuCtxSynchronize");
   const test::OutputCheck check =
-      f.check(test::read_output(c, formats::bf16, static_cast<std::size_t>(m * f.n)), m);
+      f.check(check::read_device_values(c, formats::bf16, static_cast<std::size_t>(m * f.n)), m);
   EXPECT_TRUE(check.ok()) << check.describe();
 }
 
@@ -282,7 +282,7 @@ TEST(BadInputGpu, ProductsPast2To31AreAddressedIn64Bits) {
     engine.gemm({a.as<void>(), m, w.k, w.k, formats::bf16}, prepared,
                 {c.as<void>(), m, w.n, w.n, formats::bf16}, nullptr);
     runtime::Driver::get().check(runtime::Driver::get().cuCtxSynchronize(), "cuCtxSynchronize");
-    const std::vector<double> got = test::read_output(c, formats::bf16, static_cast<std::size_t>(m * w.n));
+    const std::vector<double> got = check::read_device_values(c, formats::bf16, static_cast<std::size_t>(m * w.n));
     for (const std::int64_t col : cols) {
       const PackedWeight one = weight_row(w, col);
       const std::vector<double> w_values = dequantize_weight(one);
@@ -339,7 +339,7 @@ TEST(BadInputGpu, NonFiniteActivationsStayInTheirRows) {
                 {c.as<void>(), m, f.n, f.n, formats::bf16}, nullptr);
     runtime::Driver::get().check(runtime::Driver::get().cuCtxSynchronize(), "cuCtxSynchronize");
     const std::vector<double> got =
-        test::read_output(c, formats::bf16, static_cast<std::size_t>(m * f.n));
+        check::read_device_values(c, formats::bf16, static_cast<std::size_t>(m * f.n));
     for (std::int64_t j = 0; j < f.n; ++j)
       ASSERT_FALSE(std::isfinite(got[static_cast<std::size_t>(bad_row * f.n + j)]))
           << "M=" << m << " column " << j;

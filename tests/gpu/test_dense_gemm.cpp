@@ -181,7 +181,7 @@ void expect_matches(Engine& engine, const Scheme& scheme, const QuantWeight& wei
   engine.gemm({r.a_device.as<void>(), m, k, k, act}, weight, {c_device.as<void>(), m, n, n, out},
               nullptr, options);
   const test::OutputCheck check =
-      test::check_output(test::read_output(c_device, out, r.expected.size()), r.expected,
+      test::check_output(check::read_device_values(c_device, out, r.expected.size()), r.expected,
                          r.bounds, n);
   EXPECT_TRUE(check.ok()) << check.describe() << "\n"
                           << plan_text(engine, weight, m, act, out, options);
@@ -565,7 +565,7 @@ TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
                                        quantized.tensor_scale},
                       weight, c, nullptr);
         const test::OutputCheck check = test::check_output(
-            test::read_output(c_device, out, expected.size()), expected, bounds, n);
+            check::read_device_values(c_device, out, expected.size()), expected, bounds, n);
         const double relative = check.relative;
         EXPECT_TRUE(check.ok()) << (on_gpu ? "bf16 A: " : "DeviceActivation: ") << check.describe()
                                 << "\n"
@@ -760,7 +760,7 @@ TEST(DenseGemmGpu, PartialGroupsMatchReferenceElementwise) {
           else
             engine.gemm({a_device.as<void>(), m, k, k, p.input}, p.weight, c, nullptr, options);
           const test::OutputCheck check = test::check_output(
-              test::read_output(c_device, scheme.output, expected.size()), expected, bounds, n);
+              check::read_device_values(c_device, scheme.output, expected.size()), expected, bounds, n);
           EXPECT_TRUE(check.ok()) << check.describe() << "\n"
                                   << plan_text(engine, p.weight, m, p.input, scheme.output, options);
           const double worst = check.worst;
@@ -943,7 +943,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
                                            m, k, quantized.tensor_scale},
                           weight, c, nullptr, options);
             const test::OutputCheck check = test::check_output(
-                test::read_output(c_device, out, expected.size()), expected, bounds, n);
+                check::read_device_values(c_device, out, expected.size()), expected, bounds, n);
             EXPECT_TRUE(check.ok()) << check.describe() << "\n"
                                     << plan_text(engine, weight, m, formats::bf16, out, options);
             std::printf("%-90s rel=%.3e worst=%.3f\n", label.c_str(), check.relative, check.worst);

@@ -212,7 +212,7 @@ test::OutputCheck check_out(const LayerCase& c, const Layer& layer, const Inputs
                             const DeviceBuffer& out) {
   const check::MoeExpected x = expect(c, layer, in);
   return test::check_output(
-      test::read_output(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden)), x.values,
+      check::read_device_values(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden)), x.values,
       x.bounds, c.hidden);
 }
 

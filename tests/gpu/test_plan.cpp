@@ -99,7 +99,7 @@ void refresh(Call& call, const Weight& w, std::mt19937& rng) {
 }
 
 test::OutputCheck check_c(const runtime::DeviceBuffer& c, const Weight& w, const Call& call) {
-  return test::check_output(test::read_output(c, w.scheme.output, call.expected.size()),
+  return test::check_output(check::read_device_values(c, w.scheme.output, call.expected.size()),
                             call.expected, call.bounds, w.packed.n);
 }
 
@@ -275,7 +275,7 @@ TEST(PlanGpu, EightThreadsOnFourStreamsGiveExactResults) {
     engine.gemm({th->call.a.as<void>(), job.m, job.k, job.k, formats::bf16}, th->w.prepared,
                 {th->out.as<void>(), job.m, job.n, job.n, th->w.scheme.output}, stream);
     streams[t % 4]->synchronize();
-    th->alone = test::read_output(th->out, th->w.scheme.output, th->call.expected.size());
+    th->alone = check::read_device_values(th->out, th->w.scheme.output, th->call.expected.size());
     const test::OutputCheck check =
         test::check_output(th->alone, th->call.expected, th->call.bounds, job.n);
     ASSERT_TRUE(check.ok()) << job.scheme << " alone: " << check.describe();
@@ -292,7 +292,7 @@ TEST(PlanGpu, EightThreadsOnFourStreamsGiveExactResults) {
                     {th.out.as<void>(), job.m, job.n, job.n, th.w.scheme.output}, stream.stream);
         stream.synchronize();
         const std::vector<double> got =
-            test::read_output(th.out, th.w.scheme.output, th.call.expected.size());
+            check::read_device_values(th.out, th.w.scheme.output, th.call.expected.size());
         const test::OutputCheck check =
             test::check_output(got, th.call.expected, th.call.bounds, job.n);
         const bool same = !th.deterministic || got == th.alone;
@@ -397,7 +397,7 @@ TEST(PlanGpu, ElementwiseBoundCatchesAZeroedTile) {
   out.fill_bytes(0xFF);
   engine.gemm({call.a.as<void>(), 4096, 1024, 1024, formats::bf16}, w.prepared,
               {out.as<void>(), 4096, 640, 640, formats::bf16}, nullptr);
-  std::vector<double> got = test::read_output(out, formats::bf16, call.expected.size());
+  std::vector<double> got = check::read_device_values(out, formats::bf16, call.expected.size());
   const test::OutputCheck good = test::check_output(got, call.expected, call.bounds, 640);
   EXPECT_TRUE(good.ok()) << good.describe();
   const std::int64_t row0 = 2048 + 16, col0 = 320 + 8;

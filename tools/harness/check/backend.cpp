@@ -30,20 +30,6 @@ class CpuReferenceBackend final : public GemmBackend {
   }
 };
 
-// `count` values of `type` (bf16, fp16 or fp32) read back from the device.
-std::vector<double> read_back(const runtime::DeviceBuffer& buffer, const Format& type,
-                              std::size_t count) {
-  std::vector<double> values(count);
-  if (type == formats::fp32) {
-    const auto host = buffer.to_vector<float>(count);
-    std::copy(host.begin(), host.end(), values.begin());
-  } else {
-    const auto host = buffer.to_vector<std::uint16_t>(count);
-    for (std::size_t i = 0; i < count; ++i) values[i] = decode(type, host[i]);
-  }
-  return values;
-}
-
 // qgemm::Engine on device 0: upload A, run, download C.
 class GpuEngineBackend final : public GemmBackend {
  public:
@@ -151,7 +137,7 @@ class GpuEngineBackend final : public GemmBackend {
     engine_.moe({hidden.as<void>(), c.tokens, c.hidden, c.hidden, input},
                 ids.as<const std::int32_t>(), weights.as<const float>(), c.top_k, gate_up, down,
                 {output.as<void>(), c.tokens, c.hidden, c.hidden, out}, nullptr, options);
-    return read_back(output, out, count);
+    return read_device_values(output, out, count);
   }
 
  private:
@@ -161,6 +147,19 @@ class GpuEngineBackend final : public GemmBackend {
 };
 
 }  // namespace
+
+std::vector<double> read_device_values(const runtime::DeviceBuffer& buffer, const Format& type,
+                                       std::size_t count) {
+  std::vector<double> values(count);
+  if (type == formats::fp32) {
+    const auto host = buffer.to_vector<float>(count);
+    std::copy(host.begin(), host.end(), values.begin());
+  } else {
+    const auto host = buffer.to_vector<std::uint16_t>(count);
+    for (std::size_t i = 0; i < count; ++i) values[i] = decode(type, host[i]);
+  }
+  return values;
+}
 
 std::vector<double> GemmBackend::moe_layer(const MoeInputs& in) {
   const MoeCase& c = in.shape;

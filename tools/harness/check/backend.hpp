@@ -18,6 +18,10 @@
 #include "qgemm/quant.hpp"
 #include "qgemm/scheme.hpp"
 
+namespace qgemm::runtime {
+class DeviceBuffer;
+}
+
 namespace qgemm::check {
 
 // What a non-reference backend's tolerance against the reference is derived from: the format
@@ -37,6 +41,10 @@ struct MatrixPlacement {
 };
 
 struct MoeInputs;  // check/moe_check.hpp
+
+// `count` values of `type` (bf16, fp16 or fp32) read back from a device buffer, decoded.
+std::vector<double> read_device_values(const runtime::DeviceBuffer& buffer, const Format& type,
+                                       std::size_t count);
 
 class GemmBackend {
  public:

@@ -76,11 +76,6 @@ std::vector<double> absolute(std::vector<double> values) {
   return values;
 }
 
-// Unit roundoff of a format: 2^-(mantissa+1) for floats; integers accumulate exactly.
-double unit_roundoff(const Format& format) {
-  return format.is_float() ? std::ldexp(1.0, -(format.mantissa_bits + 1)) : 0.0;
-}
-
 double root_sum_of_squares(const std::vector<double>& values) { return frobenius_norm(values); }
 
 // Logs (QGEMM_LOG_LEVEL=3) how long each phase of a check took.

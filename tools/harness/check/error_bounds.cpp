@@ -130,6 +130,10 @@ std::vector<double> activation_error_radii(const PackedActivation& activation,
                original, dequantized, "activation");
 }
 
+double unit_roundoff(const Format& format) {
+  return format.is_float() ? std::ldexp(1.0, -(format.mantissa_bits + 1)) : 0.0;
+}
+
 double output_rounding_bound(const Format& output, const std::vector<double>& rounded) {
   double sum = 0;
   for (double value : rounded) {

@@ -35,6 +35,9 @@ std::vector<double> activation_error_radii(const PackedActivation& activation,
                                            const float* original,
                                            const std::vector<double>& dequantized);
 
+// Unit roundoff of a format: 2^-(mantissa+1) for floats; integers accumulate exactly (0).
+double unit_roundoff(const Format& format);
+
 // sqrt(Σ half_ulp(output, c)²): the largest Frobenius norm of the error that rounding each
 // element of `rounded` (values of `output`) can have made.
 double output_rounding_bound(const Format& output, const std::vector<double>& rounded);

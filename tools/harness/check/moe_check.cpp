@@ -9,13 +9,11 @@
 #include <numeric>
 #include <random>
 
+#include "check/error_bounds.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::check {
 namespace {
-
-// Half the spacing of `f` at 1: the relative rounding of a value into it.
-double unit_roundoff(const Format& f) { return std::ldexp(1.0, -(f.mantissa_bits + 1)); }
 
 // Errors of independent sign (each weight's rounding into the 16-bit operand, each h's
 // deviation) add up to more than λ · sqrt(Σ bound²) with probability ≤ 2·exp(−λ²/2) ≈ 3e-14
