@@ -169,6 +169,9 @@ def main():
             with open(args.json, "w") as out:
                 json.dump(gathered, out, indent=1)
     bad = [f["rank"] for f in gathered if max(f["mlp_gap"], f["moe_gap"]) > 2**-5]
+    # Every rank leaves together: a gloo peer that tears its group down while another still
+    # prints can abort that one's exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     if bad:
         print(f"multi_gpu: ranks {bad} differ from the one-rank layers by more than 2^-5 of the "
