@@ -195,19 +195,23 @@ __device__ __forceinline__ void packed16_factors(const float (&scales)[8], const
 
 // The packed16 path of dequantize_lane (same operands and result layout), with the factors of
 // packed16_factors.
+// The exponent of 128 (bf16 0x4300) or 1024 (fp16 0x6400) in both halves: ORed under a pair of
+// integer codes of ≤ 7 bits it reads base + u exactly (packed16, and the decode kernel's lift).
+template <bool kBf16>
+inline constexpr unsigned kLiftPattern = kBf16 ? 0x43004300u : 0x64006400u;
+
 template <unsigned long long kFormat, bool kBf16>
 __device__ __forceinline__ void dequantize_lane_packed16(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&scale_pairs)[8],
     const unsigned (&offset_pairs)[8], unsigned (&out)[8][2]) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
-  constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;  // 128 or 1024, both halves
   constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
   constexpr unsigned kMinusZero = 0x80008000u;
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const unsigned x = extract_pair<f.bits>(words, j * 2 + r, kPattern);
+      const unsigned x = extract_pair<f.bits>(words, j * 2 + r, kLiftPattern<kBf16>);
       out[j][r] =
           fma_pair<kBf16>(fma_pair<kBf16>(x, kOne, offset_pairs[j]), scale_pairs[j], kMinusZero);
     }
@@ -233,18 +237,13 @@ __device__ __forceinline__ void dequantize_lane_packed16(
 
 enum UnscaledDequant { kDequantInt16 = 0, kDequantIntF32 = 1, kDequantFloat16 = 2 };
 
-// int16 without its offset: base + u in both halves (base 128 for bf16, 1024 for fp16), exact
-// for codes of ≤ 7 bits. A caller that subtracts (base + zero) · Σ_k A from the sums afterwards
-// (row sums from one more mma) saves the fma per pair: a third of the dequantization.
+// int16 without its offset: pair p as base + u in both halves (base 128 for bf16, 1024 for
+// fp16), exact for codes of ≤ 7 bits. A caller that subtracts (base + zero) · Σ_k A from the sums
+// afterwards (row sums from one more mma) saves the fma per pair: a third of the dequantization.
 template <unsigned long long kFormat, bool kBf16>
-__device__ __forceinline__ void lift_lane_int16(
-    const unsigned (&words)[FormatCode::unpack(kFormat).bits], unsigned (&out)[8][2]) {
-  constexpr int kBits = FormatCode::unpack(kFormat).bits;
-  constexpr unsigned kPattern = kBf16 ? 0x43004300u : 0x64006400u;  // 128 or 1024, both halves
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) out[j][r] = extract_pair<kBits>(words, j * 2 + r, kPattern);
+__device__ __forceinline__ unsigned lift_pair_int16(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], int p) {
+  return extract_pair<FormatCode::unpack(kFormat).bits>(words, p, kLiftPattern<kBf16>);
 }
 
 // offsets[j]: −(base + zero of column j · 8 + lane / 4) in both halves (int16), or the float
@@ -269,36 +268,29 @@ __device__ __forceinline__ void unscaled_offsets(const float (&zeros)[8], unsign
   }
 }
 
+// Pair p of a lane's words, unscaled: (u − zero) for integers (offset as below), the code's
+// value for floats. The streamed decode kernel calls it pair by pair, in the order its weight
+// layout feeds the mma (gemm/sm80_decode.cuh); dequantize_lane_unscaled takes all 16 in the mma
+// order.
 template <unsigned long long kFormat, int kDequant, bool kBf16>
-__device__ __forceinline__ void dequantize_lane_unscaled(
-    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
-    unsigned (&out)[8][2]) {
+__device__ __forceinline__ unsigned dequantize_pair_unscaled(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], int p, unsigned offset) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
   constexpr int kBits = f.bits;
   if constexpr (kDequant == kDequantInt16) {
     constexpr unsigned kOne = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-    lift_lane_int16<kFormat, kBf16>(words, out);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) out[j][r] = fma_pair<kBf16>(out[j][r], kOne, offsets[j]);
+    return fma_pair<kBf16>(lift_pair_int16<kFormat, kBf16>(words, p), kOne, offset);
   } else if constexpr (kDequant == kDequantIntF32) {
     static_assert(kBits == 8, "int_f32 serves 8-bit codes");
-    // Pair p = j · 2 + r: word p / 2 holds pairs 2w (bytes 0, 2) and 2w + 1 (bytes 1, 3).
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float minus = -__uint_as_float(offsets[j]);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const unsigned word = words[(j * 2 + r) / 2];
-        const unsigned byte = (j * 2 + r) % 2;
-        // 0x4B0000uu, the float 2^23 + u: byte `byte` (first code) or `byte` + 2 (second) of
-        // the word under the top byte 0x4B of the constant (selector nibbles name bytes 0-7).
-        const unsigned lo = __byte_perm(word, 0x4B000000u, 0x7540u | byte);
-        const unsigned hi = __byte_perm(word, 0x4B000000u, 0x7542u | byte);
-        out[j][r] = ptx::pack_pair<kBf16>(__uint_as_float(lo) + minus, __uint_as_float(hi) + minus);
-      }
-    }
+    // Word p / 2 holds pairs 2w (bytes 0, 2) and 2w + 1 (bytes 1, 3).
+    const float minus = -__uint_as_float(offset);
+    const unsigned word = words[p / 2];
+    const unsigned byte = p % 2;
+    // 0x4B0000uu, the float 2^23 + u: byte `byte` (first code) or `byte` + 2 (second) of the
+    // word under the top byte 0x4B of the constant (selector nibbles name bytes 0-7).
+    const unsigned lo = __byte_perm(word, 0x4B000000u, 0x7540u | byte);
+    const unsigned hi = __byte_perm(word, 0x4B000000u, 0x7542u | byte);
+    return ptx::pack_pair<kBf16>(__uint_as_float(lo) + minus, __uint_as_float(hi) + minus);
   } else {
     static_assert(f.is_float() && f.specials != kExponentOnly, "float16 serves float codes");
     constexpr int kActMantissa = kBf16 ? 7 : 10;
@@ -316,16 +308,22 @@ __device__ __forceinline__ void dequantize_lane_unscaled(
         "the float format does not fit the activation type (host-checked)");
     constexpr unsigned kRebias = (static_cast<unsigned>(kRebiasField) << kActMantissa) * 0x10001u;
     constexpr unsigned kMinusZero = 0x80008000u;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const unsigned x = extract_pair<kBits>(words, j * 2 + r, 0u);
-        unsigned placed = (x << (kActMantissa - f.mantissa_bits)) & kMagnitudePair;
-        if constexpr (f.is_signed) placed |= (x << (15 - (kBits - 1))) & kSignPair;
-        out[j][r] = fma_pair<kBf16>(placed, kRebias, kMinusZero);
-      }
+    const unsigned x = extract_pair<kBits>(words, p, 0u);
+    unsigned placed = (x << (kActMantissa - f.mantissa_bits)) & kMagnitudePair;
+    if constexpr (f.is_signed) placed |= (x << (15 - (kBits - 1))) & kSignPair;
+    return fma_pair<kBf16>(placed, kRebias, kMinusZero);
   }
+}
+
+template <unsigned long long kFormat, int kDequant, bool kBf16>
+__device__ __forceinline__ void dequantize_lane_unscaled(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], const unsigned (&offsets)[8],
+    unsigned (&out)[8][2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      out[j][r] = dequantize_pair_unscaled<kFormat, kDequant, kBf16>(words, j * 2 + r, offsets[j]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -83,6 +83,17 @@ struct MmaWeightLayout {
     return (n / 64) * 64 + (n % 8) * 8 + (n % 64) / 8;
   }
 
+  // How the streamed decode kernel (gemm/sm80_decode.cuh) reads this order. A stage's codes are
+  // runs of 32 lanes × bits words, one per k16 block; a lane reads its words of kDecodeReadBlocks
+  // runs at once (here 1: block kb's own). The B register b (0, 1) of n8 tile j at block kb is
+  // pair decode_pair(kb, j, b) of run decode_run(kb, j); the 8 scales of the lane's columns
+  // j · 8 + g (g = lane / 4) lie at decode_scale_offset(j, g) of a scale row's slice: here 8
+  // consecutive floats. WgmmaWeightLayout answers the same questions for its order.
+  static constexpr int kDecodeReadBlocks = 1;
+  QGEMM_HOST_DEVICE static constexpr int decode_run(int kb, int /*j*/) { return kb; }
+  QGEMM_HOST_DEVICE static constexpr int decode_pair(int /*kb*/, int j, int b) { return 2 * j + b; }
+  QGEMM_HOST_DEVICE static constexpr int decode_scale_offset(int j, int g) { return g * 8 + j; }
+
   // 8-bit operands (mma.m16n8k32, gemm/sm80_dense.cuh): a B register holds 4 consecutive k of
   // the mma's K order, lane t = lane % 4 owning 4t..4t+3 of each 16. The codes a lane holds for
   // one (k-block, n8 tile j) are the k {2t, 2t+1, 8+2t, 9+2t} of the layout above; the kernel

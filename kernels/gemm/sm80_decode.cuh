@@ -29,10 +29,18 @@
 // and at the group's end acc += part · scale in fp32. A lane's columns are j · 8 + g
 // (j = 2q + e / 2), whose scales are the 8 consecutive floats at 8g of the permuted row.
 // Integer codes of ≤ 7 bits go to the mma lifted, as base + u (128 for bf16, 1024 for fp16;
-// dequant/mma_dequant.cuh, lift_lane_int16), and the flush takes off (base + zero) · Σ_k A, the
+// dequant/mma_dequant.cuh, lift_pair_int16), and the flush takes off (base + zero) · Σ_k A, the
 // row sums coming from one more mma with the weight operand = 1; every zero mode (none, constant,
 // stored integer or float) is then the same subtraction, and the dequantization is a shift and a
 // LOP3 per pair. 8-bit integers (int_f32) subtract base + zero per pair; floats need neither.
+//
+// Weight order (kWgmmaOrder): the kernel reads the mma order or, on SM90, the wgmma family's
+// k64 order (gemm/wgmma_weight_layout.cuh), so that one copy of a weight serves decode and
+// prefill. Both hold the same codes in the same 16-bit pairs, grouped differently; a stage is
+// the same contiguous run of words in either (k_blocks is a multiple of 4 in the wgmma order and
+// stages hold whole chunks). Only which pair feeds which mma and where a lane's 8 scales lie
+// differ: the layout headers' decode_run / decode_pair / decode_scale_offset say so, and the
+// lane reads the words of kDecodeReadBlocks runs at once (mma 1, wgmma a chunk's 4).
 //
 // Grouped (MoE, kGrouped; issue #17): A holds the routed rows in expert order (moe.hpp: each
 // expert's run padded to whole routing blocks), and the experts' prepared weights lie back to
@@ -57,6 +65,7 @@
 #include "gemm/epilogue.cuh"
 #include "gemm/mma_weight_layout.cuh"
 #include "gemm/sm80_decode_shape.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
@@ -95,11 +104,24 @@ struct DecodeBlockWork {
   int rows;          // rows multiplied: kRows
 };
 
+// The weight order the decode kernel reads (above).
+template <bool kWgmmaOrder>
+struct DecodeWeightOrder {
+  using Layout = MmaWeightLayout;
+};
+template <>
+struct DecodeWeightOrder<true> {
+  using Layout = WgmmaWeightLayout;
+};
+
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant,
-          bool kGrouped = false>
+          bool kGrouped = false, bool kWgmmaOrder = false>
 struct DecodeGemm {
   static_assert(!(kGrouped && kSplitK), "the grouped decode GEMM takes one K split");
+  using Order = typename DecodeWeightOrder<kWgmmaOrder>::Layout;
+  static constexpr int kReadBlocks = Order::kDecodeReadBlocks;
+  static_assert(kStageBlocks % kReadBlocks == 0, "a stage holds whole reads of the weight order");
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
@@ -276,20 +298,34 @@ struct DecodeGemm {
     }
   };
 
+  // The lane's 8 values (columns j · 8 + lane / 4, j = 0..7) of a scale or zero row of the stage:
+  // 8 consecutive floats in the mma order, four adjacent pairs in the wgmma order.
+  __device__ static void lane_columns(const float* row, int lane, float (&v)[8]) {
+    const int g = lane / 4;
+    if constexpr (kWgmmaOrder) {
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const float2 pair = *reinterpret_cast<const float2*>(row + Order::decode_scale_offset(j, g));
+        v[j] = pair.x, v[j + 1] = pair.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j += 4) {
+        const float4 four = *reinterpret_cast<const float4*>(row + Order::decode_scale_offset(j, g));
+        v[j] = four.x, v[j + 1] = four.y, v[j + 2] = four.z, v[j + 3] = four.w;
+      }
+    }
+  }
+
   // The B-side offsets of a group for this lane's columns j · 8 + lane / 4 (see
-  // dequantize_lane_unscaled).
+  // dequantize_pair_unscaled).
   __device__ static void group_offsets(const float* zero_row, int lane, unsigned (&off)[8]) {
     constexpr float kBase = kDequant == kDequantIntF32 ? 8388608.0f : (kBf16 ? 128.0f : 1024.0f);
     float zeros[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       zeros[j] = kZeroMode == kZeroConstant ? static_cast<float>(1 << (kBits - 1)) : 0.0f;
-    if constexpr (kZeroMode == kZeroInteger) {
-      const float4* row = reinterpret_cast<const float4*>(zero_row + (lane / 4) * 8);
-      const float4 z0 = row[0], z1 = row[1];
-      zeros[0] = z0.x, zeros[1] = z0.y, zeros[2] = z0.z, zeros[3] = z0.w;
-      zeros[4] = z1.x, zeros[5] = z1.y, zeros[6] = z1.z, zeros[7] = z1.w;
-    }
+    if constexpr (kZeroMode == kZeroInteger) lane_columns(zero_row, lane, zeros);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       if constexpr (kDequant == kDequantIntF32) {
@@ -305,17 +341,11 @@ struct DecodeGemm {
   __device__ static void flush_group(const float* scale_row, const float* zero_row, int lane,
                                      Accumulators& acc, Accumulators& part, RowSums& rowsum) {
     float s[8], z[8];
-    const float4* s4 = reinterpret_cast<const float4*>(scale_row + (lane / 4) * 8);
-    const float4 s0 = s4[0], s1 = s4[1];
-    s[0] = s0.x, s[1] = s0.y, s[2] = s0.z, s[3] = s0.w, s[4] = s1.x, s[5] = s1.y, s[6] = s1.z,
-    s[7] = s1.w;
+    lane_columns(scale_row, lane, s);
     if constexpr (kRowSums) {
       constexpr float kBase = kLifted ? (kBf16 ? 128.0f : 1024.0f) : 0.0f;
       if constexpr (kStoredZeros) {
-        const float4* z4 = reinterpret_cast<const float4*>(zero_row + (lane / 4) * 8);
-        const float4 z0 = z4[0], z1 = z4[1];
-        z[0] = z0.x, z[1] = z0.y, z[2] = z0.z, z[3] = z0.w, z[4] = z1.x, z[5] = z1.y, z[6] = z1.z,
-        z[7] = z1.w;
+        lane_columns(zero_row, lane, z);
       } else {
         constexpr float kZero =
             kZeroMode == kZeroConstant ? static_cast<float>(1 << (kBits - 1)) : 0.0f;
@@ -370,6 +400,7 @@ struct DecodeGemm {
     const float* s_stage = reinterpret_cast<const float*>(stage + Shape::kWBytes + Shape::kABytes);
     const float* z_stage = s_stage + Shape::kScaleRows * 64;
     constexpr unsigned kOnes = kBf16 ? 0x3f803f80u : 0x3c003c00u;
+    unsigned words[kReadBlocks][kBits];  // the lane's words of the runs of one read
 #pragma unroll
     for (int i = 0; i < kStageBlocks; ++i) {
       const int kb = kb0 + i;
@@ -379,16 +410,29 @@ struct DecodeGemm {
         if (kb == kb_begin || kb % kGroupBlocks == 0)
           group_offsets(z_stage + scale_row * 64, lane, off);
       }
-      unsigned words[kBits];
-      const unsigned* lane_words = reinterpret_cast<const unsigned*>(w_lane + i * 32 * kBits * 4);
+      if (i % kReadBlocks == 0) {
 #pragma unroll
-      for (int w = 0; w < kBits; ++w) words[w] = lane_words[w];
-      unsigned b[8][2];
-      if constexpr (kLifted) {
-        lift_lane_int16<kFormat, kBf16>(words, b);
-      } else {
-        dequantize_lane_unscaled<kFormat, kDequant, kBf16>(words, off, b);
+        for (int run = 0; run < kReadBlocks; ++run) {
+          const unsigned* lane_words =
+              reinterpret_cast<const unsigned*>(w_lane + (i + run) * 32 * kBits * 4);
+#pragma unroll
+          for (int w = 0; w < kBits; ++w) words[run][w] = lane_words[w];
+        }
       }
+      // B register r of n8 tile j: a pair of one of the read's runs, where the order puts it.
+      unsigned b[8][2];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const unsigned(&run)[kBits] = words[Order::decode_run(i, j) % kReadBlocks];
+          const int pair = Order::decode_pair(i, j, r);
+          if constexpr (kLifted) {
+            b[j][r] = lift_pair_int16<kFormat, kBf16>(run, pair);
+          } else {
+            b[j][r] = dequantize_pair_unscaled<kFormat, kDequant, kBf16>(run, pair, off[j]);
+          }
+        }
 
       // Activations as the B operand: ldmatrix rows r < M from the stage, rows ≥ M from the
       // zero row (LaneOffsets); block i is 32 bytes further along either.
@@ -579,15 +623,16 @@ struct DecodeGemm {
 
 // Template arguments in the order of the JIT family "dense_decode_sm80" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kGrouped: the MoE mode (above);
+// kOrder 0 the mma order, 1 the wgmma order (= layout::FragmentOrder, the spec's "order");
 // kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes with the same
 // decode_shape, and must agree.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
-          int kMinBlocks, bool kGrouped, int kThreads, int kDynamicSmemBytes>
+          int kMinBlocks, bool kGrouped, int kOrder, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_decode_sm80(const DenseGemmParams params) {
   using Gemm = DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup,
-                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped>;
+                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped, kOrder == 1>;
   static_assert(kThreads == Gemm::Shape::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

@@ -86,6 +86,30 @@ struct WgmmaWeightLayout {
   QGEMM_HOST_DEVICE static constexpr long long scale_column(long long n) {
     return (n / 64) * 64 + ((n % 64) / 16) * 16 + (n % 8) * 2 + (n % 16) / 8;
   }
+
+  // The streamed decode kernel (gemm/sm80_decode.cuh, one warp per 64-row slice) reads this
+  // order too (MmaWeightLayout::decode_run and the rest say how it reads that one), so that SM90
+  // keeps one copy of a weight for decode and prefill. Lane L needs, per k16 step kb, the
+  // mma.m16n8k16 B fragments of 8 n8 tiles j (column j · 8 + g, g = L / 4): the A fragments of
+  // the chunk's four 16-row bands, as one lane sees them. Those are in the words of threads
+  // w · 32 + L, w = 0..3: the chunk's 128 threads are 4 runs of 32 lanes × bits words, so a lane
+  // reads its words of all 4 runs at once (for 4-bit codes 4 × 16 bytes, what the mma order
+  // holds for 4 k16 blocks):
+  //
+  //   tile j: run w = j / 2 (rows 16w .. 16w + 15), its row band g (a0, a2) or g + 8 (a1, a3)
+  //   B register b of tile j at step kb = register r = j % 2 + 2b of step kb % 4
+  //                                     = pair 4 (kb % 4) + j % 2 + 2b of run w
+  //
+  // a fixed permutation of which extracted pair feeds which mma, no extra instruction. Its 8
+  // scales lie at 16 (j / 2) + 2g + j % 2 of the tile's scale row: four adjacent pairs.
+  static constexpr int kDecodeReadBlocks = 4;
+  QGEMM_HOST_DEVICE static constexpr int decode_run(int kb, int j) { return (kb / 4) * 4 + j / 2; }
+  QGEMM_HOST_DEVICE static constexpr int decode_pair(int kb, int j, int b) {
+    return (kb % 4) * 4 + j % 2 + 2 * b;
+  }
+  QGEMM_HOST_DEVICE static constexpr int decode_scale_offset(int j, int g) {
+    return (j / 2) * 16 + 2 * g + j % 2;
+  }
 };
 
 }  // namespace qgemm::kernels

@@ -287,8 +287,8 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
   switch (launch.path) {
     case dispatch::Path::MmaStreamed:
     case dispatch::Path::MmaTiled:
-      step.zeroed_bytes =
-          dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high, *weight.facts.mma);
+      step.zeroed_bytes = dispatch::mma_zeroed_bytes(*launch.config, launch.mma, high,
+                                                     *weight.facts.in_order(launch.mma.order));
       break;
     case dispatch::Path::Wgmma:
       step.zeroed_bytes =
@@ -706,13 +706,18 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
     case dispatch::Path::MmaStreamed:
     case dispatch::Path::MmaTiled: break;
   }
-  const layout::MmaWeight& w = *weight.facts.mma;
   const dispatch::MmaLaunch& launch = chosen.mma;
+  // The tiled kernel reads the mma layout, the streamed one whichever order its launch names.
+  const bool wgmma_order = launch.order == layout::FragmentOrder::Wgmma;
+  const layout::MmaWeight& w = *weight.facts.in_order(launch.order);
+  const runtime::DeviceBuffer& words = wgmma_order ? weight.wgmma_words : weight.words;
+  const runtime::DeviceBuffer& scales = wgmma_order ? weight.wgmma_scales : weight.scales;
+  const runtime::DeviceBuffer& zeros = wgmma_order ? weight.wgmma_zeros : weight.zeros;
   kernels::DenseGemmParams params{};
   params.a = operand.data;
-  params.b = weight.words.as<const unsigned>();
-  params.scales = weight.scales.as<const float>();
-  params.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+  params.b = words.as<const unsigned>();
+  params.scales = scales.as<const float>();
+  params.zeros = zeros.bytes() ? zeros.as<const float>() : nullptr;
   params.c = c.data;
   params.bias = bias;
   params.row_factors = row_factors;

@@ -149,20 +149,15 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
     prepared->wgmma_words = runtime::DeviceBuffer::from(words);
     prepared->wgmma_scales = runtime::DeviceBuffer::from(scales);
     if (!zeros.empty()) prepared->wgmma_zeros = runtime::DeviceBuffer::from(zeros);
-    facts.wgmma = meta_of_one;
-    facts.mma.reset();
-    facts.no_mma = "expert weights keep the wgmma order only (ExpertLayout::Wgmma)";
   } else {
     prepared->words = runtime::DeviceBuffer::from(words);
     prepared->scales = runtime::DeviceBuffer::from(scales);
     if (!zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(zeros);
-    facts.mma = meta_of_one;
-    facts.wgmma.reset();
-    facts.no_wgmma = "expert weights keep the mma layout only (ExpertLayout::Mma)";
   }
-  facts.canonical = false;
-  facts.fp8_weight_mode.reset();
-  prepared->facts = std::move(facts);
+  prepared->facts = dispatch::expert_facts(
+      std::move(facts), order, meta_of_one,
+      use_wgmma ? "expert weights keep the wgmma order only (ExpertLayout::Wgmma)"
+                : "expert weights keep the mma layout only (ExpertLayout::Mma)");
   log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", experts.size(), first.n,
       first.k, first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout",
       prepared->bytes());

@@ -69,14 +69,19 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
   }
   switch (launch.path) {
     case Path::MmaStreamed:
-    case Path::MmaTiled:
+    case Path::MmaTiled: {
+      // The tiled kernel reads the mma layout; the streamed one either order (the spec names
+      // which).
+      const layout::MmaWeight& prepared =
+          launch.path == Path::MmaStreamed ? *weight.streamed() : *weight.mma;
       // Grouped (MoE): m is the routed slots; the kernel walks the routing's token blocks.
       launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
-                                                      *weight.mma, gpu)
-                                 : mma_launch(*launch.config, m, *weight.mma, gpu);
-      launch.gemm = mma_spec(*launch.config, launch.mma, *weight.mma, launch.operand,
-                             p.scheme.output, arch);
+                                                      prepared, gpu)
+                                 : mma_launch(*launch.config, m, prepared, gpu);
+      launch.gemm =
+          mma_spec(*launch.config, launch.mma, prepared, launch.operand, p.scheme.output, arch);
       break;
+    }
     case Path::Wgmma:
       launch.wgmma_config = verdict.candidate->wgmma;
       launch.wgmma = p.experts > 0

@@ -121,6 +121,9 @@ std::optional<std::string> MmaConfig::unsupported_reason(std::int64_t m,
     std::string why;
     if (!layout::unscaled_dequant(weight, operand, &why))
       return fmt::format("no unscaled dequantization: {}", why);
+  } else if (weight.order != layout::FragmentOrder::Mma) {
+    return fmt::format("the tiled kernel reads the mma layout, not the {} order",
+                       layout::fragment_order_name(weight.order));
   } else if (const char* error = kernels::dense_tile_error(tile, group_size, operand_bytes)) {
     return fmt::format("{} (group {}, BK {})", error, group_size, tile.block_k);
   }
@@ -180,6 +183,7 @@ unsigned MmaLaunch::grid_y(const MmaConfig& config, std::int64_t m) const {
 MmaLaunch mma_launch(const MmaConfig& c, std::int64_t m, const layout::MmaWeight& weight,
                      const GpuLimits& gpu) {
   MmaLaunch launch;
+  launch.order = weight.order;
   const std::int64_t slices = weight.n_padded / 64;
   launch.rows = c.kernel == MmaKernel::Streamed ? streamed_rows(m) : c.block_m();
   launch.resident_per_sm = resident_blocks(c, weight, launch.rows, gpu);
@@ -245,6 +249,7 @@ MmaLaunch grouped_mma_launch(const MmaConfig& c, std::int64_t slots, int experts
                             c.name));
   MmaLaunch launch;
   launch.grouped = true;
+  launch.order = weight.order;
   launch.rows = grouped_decode_rows(grouped_rows_per_expert(slots, experts), route_block);
   if (launch.rows == 0)
     throw Error(ErrorCode::Unsupported,
@@ -297,6 +302,7 @@ jit::KernelSpec mma_spec(const MmaConfig& c, const MmaLaunch& launch,
         jit::SpecParam::chosen("dequant", *dequant),
         jit::SpecParam::integer("min_blocks", target_blocks(c, launch.rows)),
         jit::SpecParam::boolean("grouped", launch.grouped),
+        jit::SpecParam::chosen("order", layout::fragment_order_name(weight.order)),
     };
   } else {
     std::string dequant;

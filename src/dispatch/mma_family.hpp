@@ -68,6 +68,8 @@ struct MmaLaunch {
   // Streamed, grouped (MoE): grid.y walks the routing's token blocks of `rows` rows (rows = 8 or
   // 16, dividing the routing block), every block one expert's slice; one split.
   bool grouped = false;
+  // Which prepared weight the kernel reads: the mma layout, or (streamed only) the wgmma order.
+  layout::FragmentOrder order = layout::FragmentOrder::Mma;
   // Blocks in flight for M rows (for the cost model's occupancy).
   std::int64_t blocks(const MmaConfig& config, std::int64_t m) const;
   // Grouped: m is the routing's capacity (token blocks = capacity / rows).

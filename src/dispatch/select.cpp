@@ -115,6 +115,19 @@ WeightFacts WeightFacts::of_scheme(const Scheme& scheme, std::int64_t n, std::in
   return facts;
 }
 
+WeightFacts expert_facts(WeightFacts facts, layout::FragmentOrder order,
+                         std::optional<layout::MmaWeight> meta, std::string why) {
+  const bool wgmma = order == layout::FragmentOrder::Wgmma;
+  std::optional<layout::MmaWeight>& kept = wgmma ? facts.wgmma : facts.mma;
+  std::optional<layout::MmaWeight>& dropped = wgmma ? facts.mma : facts.wgmma;
+  if (meta) kept = std::move(meta);
+  dropped.reset();
+  (wgmma ? facts.no_mma : facts.no_wgmma) = std::move(why);
+  facts.canonical = false;
+  facts.fp8_weight_mode.reset();
+  return facts;
+}
+
 GroupedView grouped_view(const GemmProblem& problem, const WeightFacts& weight,
                          std::int64_t slots) {
   GroupedView view{problem, weight, grouped_rows_per_expert(slots, problem.experts)};
@@ -348,7 +361,12 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           }
           v.operand = quant.format;
         }
-        if (!weight.mma) {
+        // The streamed kernel reads the mma layout or the wgmma order; the tiled one the mma
+        // layout only.
+        const layout::MmaWeight* prepared =
+            candidate.path == Path::MmaStreamed ? weight.streamed() : (weight.mma ? &*weight.mma
+                                                                                  : nullptr);
+        if (!prepared) {
           reject("the weight has no mma layout: " + weight.no_mma);
           break;
         }
@@ -372,25 +390,25 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
                             p.route_block));
             break;
           }
-          if (auto why = config.unsupported_reason(rows, *weight.mma, v.operand, gpu)) {
+          if (auto why = config.unsupported_reason(rows, *prepared, v.operand, gpu)) {
             reject(*why);
             break;
           }
-          MmaLaunch launch = mma_launch(config, rows, *weight.mma, gpu);
+          MmaLaunch launch = mma_launch(config, rows, *prepared, gpu);
           launch.rows = rows;
           launch.splits = 1;
           launch.grouped = true;
-          v.cost = grouped_streamed_cost(p, m, config, launch, *weight.mma, v.operand, r);
+          v.cost = grouped_streamed_cost(p, m, config, launch, *prepared, v.operand, r);
           break;
         }
-        if (auto why = config.unsupported_reason(m, *weight.mma, v.operand, gpu)) {
+        if (auto why = config.unsupported_reason(m, *prepared, v.operand, gpu)) {
           reject(*why);
           break;
         }
-        const MmaLaunch launch = mma_launch(config, m, *weight.mma, gpu);
+        const MmaLaunch launch = mma_launch(config, m, *prepared, gpu);
         v.cost = candidate.path == Path::MmaStreamed
-                     ? streamed_cost(p, m, launch, *weight.mma, v.operand, r)
-                     : tiled_cost(p, m, config, launch, *weight.mma, v.operand, r, gpu);
+                     ? streamed_cost(p, m, launch, *prepared, v.operand, r)
+                     : tiled_cost(p, m, config, launch, *prepared, v.operand, r, gpu);
         const ActivationStep step = activation_step(p, m, v.operand, false);
         if (step.pass) v.cost.passes_us += pass_us(r, step.bytes);
         break;

@@ -64,6 +64,16 @@ struct WeightFacts {
   // with cuBLASLt's scales where cuBLASLt FP8 can multiply the scheme on `arch`.
   static WeightFacts of_scheme(const Scheme& scheme, std::int64_t n, std::int64_t k,
                                jit::Arch arch);
+  // The prepared weight the streamed decode kernel reads (it reads either fragment order,
+  // kernels/gemm/sm80_decode.cuh): the mma layout, else the wgmma order; nullptr with neither.
+  const layout::MmaWeight* streamed() const {
+    return mma ? &*mma : (wgmma ? &*wgmma : nullptr);
+  }
+  // The prepared weight in `order` (what an MmaLaunch reads); nullptr when not prepared.
+  const layout::MmaWeight* in_order(layout::FragmentOrder order) const {
+    const auto& prepared = order == layout::FragmentOrder::Wgmma ? wgmma : mma;
+    return prepared ? &*prepared : nullptr;
+  }
 };
 
 struct Verdict {
@@ -101,6 +111,12 @@ Selection select(const GemmProblem& problem, std::int64_t m, const WeightFacts& 
 // The M buckets of a problem's range: powers of two (1, 2, 4, ...), each as [low, high]
 // clipped to the range.
 std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem);
+
+// Expert weights keep one prepared order (Engine::prepare_experts): `facts` with only `order`'s
+// metadata (`meta`: the prepared one's, with the flags of the actual scales; nullopt: the
+// scheme's), no canonical codes. `why` says why the other order is absent.
+WeightFacts expert_facts(WeightFacts facts, layout::FragmentOrder order,
+                         std::optional<layout::MmaWeight> meta, std::string why);
 
 // A grouped (MoE) GEMM of `slots` routed rows as the dense GEMM whose cost it has, which the
 // selector ranks: the experts expected to get rows side by side (N times their count, the

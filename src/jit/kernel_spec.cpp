@@ -228,7 +228,9 @@ const std::vector<KernelFamily>& kernel_families() {
         {"dequant", ParamKind::Choice, {"int16", "int_f32", "float16"}},
         {"min_blocks", ParamKind::Int, {}},
         // Grouped (MoE): grid.y walks token blocks, each block's expert from the routing.
-        {"grouped", ParamKind::Bool, {}}},
+        {"grouped", ParamKind::Bool, {}},
+        // Which prepared weight it reads. Order = layout::FragmentOrder.
+        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
        false},
       // kernels/gemm/sm90_wgmma.cuh (sm_90a); configs in src/dispatch/wgmma_family.cpp. Its
       // parameter is __grid_constant__ (TMA reads the tensor map from parameter space).

@@ -44,14 +44,14 @@ GemmProblem grouped_problem(const std::string& scheme, std::int64_t tokens, int 
   return p;
 }
 
-// Expert weights as prepare_experts keeps them with ExpertLayout::Mma: the mma layout only.
+// Expert weights as prepare_experts keeps them with ExpertLayout::Mma (the mma layout only) or
+// ::Wgmma (the wgmma order only).
+WeightFacts experts_in(layout::FragmentOrder order, const GemmProblem& p, const GpuLimits& gpu) {
+  return expert_facts(WeightFacts::of_scheme(p.scheme, p.n, p.k, gpu.arch), order, std::nullopt,
+                      "expert weights keep one order");
+}
 WeightFacts mma_experts(const GemmProblem& p, const GpuLimits& gpu) {
-  WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, gpu.arch);
-  facts.wgmma.reset();
-  facts.no_wgmma = "expert weights keep the mma layout only (ExpertLayout::Mma)";
-  facts.canonical = false;
-  facts.fp8_weight_mode.reset();
-  return facts;
+  return experts_in(layout::FragmentOrder::Mma, p, gpu);
 }
 
 // The engine's selection of a grouped problem: the grouped view at the problem's slots.
@@ -103,13 +103,21 @@ TEST(GroupedDecode, ServesEveryArchWhereTheExpertsKeepTheMmaLayout) {
     EXPECT_TRUE(contains(forced.chosen().cost.note, "grouped: 8 rows a token block"))
         << forced.chosen().cost.note;
   }
-  WeightFacts wgmma_only = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
-  wgmma_only.mma.reset();
-  wgmma_only.no_mma = "expert weights keep the wgmma order only (ExpertLayout::Wgmma)";
+  // SM90's auto layout keeps the wgmma order only: the streamed kernel reads it (its spec says
+  // so), the tiled ones still name the grouped rule.
+  const WeightFacts wgmma_only = experts_in(layout::FragmentOrder::Wgmma, p, kH200);
   const Selection s = select_grouped(p, wgmma_only, kH200);
-  EXPECT_EQ(s.chosen().candidate->path, Path::Wgmma);
-  EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "no mma layout"))
-      << verdict_of(s, "decode").rejected;
+  EXPECT_EQ(s.chosen().candidate->path, Path::MmaStreamed);
+  EXPECT_TRUE(verdict_of(s, "decode").rejected.empty()) << verdict_of(s, "decode").rejected;
+  EXPECT_TRUE(contains(verdict_of(s, "medium").rejected, "streamed decode kernel"));
+  const CandidateLaunch launch = candidate_launch(p, p.m, s.chosen(), wgmma_only, kH200, 0.0);
+  ASSERT_TRUE(launch.gemm);
+  EXPECT_EQ(launch.mma.order, layout::FragmentOrder::Wgmma);
+  EXPECT_EQ(launch.gemm->param("order").choice, "wgmma");
+  const CandidateLaunch in_mma =
+      candidate_launch(p, p.m, select_grouped(p, mma_experts(p, kH200), kH200).chosen(),
+                       mma_experts(p, kH200), kH200, 0.0);
+  EXPECT_EQ(in_mma.gemm->param("order").choice, "mma");
 }
 
 // Where both kernels could serve (both layouts), the ranking follows what an H100 measured

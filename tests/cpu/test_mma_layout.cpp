@@ -78,6 +78,41 @@ TEST(WgmmaLayout, FragmentMapIsABijectionMatchingWgmmaOperands) {
       EXPECT_EQ(WgmmaWeightLayout::scale_column(n) + 1, WgmmaWeightLayout::scale_column(n + 8));
 }
 
+// The streamed decode kernel reads either order (MmaWeightLayout::decode_run and the rest): in
+// both, the pair it feeds into B register b of n8 tile j at k16 block kb must hold the two
+// elements of the mma.m16n8k16 B fragment, column j · 8 + g and k 2t + 8b (+ 1), and the scale
+// offset it reads must be that column's.
+template <class Order>
+void expect_decode_reads_the_b_fragments() {
+  constexpr int kRunsPerUnit = Order::kUnitThreads / 32;  // runs of 32 lanes in a layout unit
+  for (int kb = 0; kb < 8; ++kb)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int j = 0; j < 8; ++j)
+        for (int b = 0; b < 2; ++b) {
+          const int run = Order::decode_run(kb, j);
+          // The lane reads runs kDecodeReadBlocks at a time, each block inside its own read.
+          ASSERT_EQ(run / Order::kDecodeReadBlocks, kb / Order::kDecodeReadBlocks);
+          const int unit = run / kRunsPerUnit, thread = (run % kRunsPerUnit) * 32 + lane;
+          for (int h = 0; h < 2; ++h) {
+            const int c = 2 * Order::decode_pair(kb, j, b) + h;
+            ASSERT_TRUE(c >= 0 && c < 32);
+            EXPECT_EQ(Order::n_of(thread, c), j * 8 + g) << "kb " << kb << " j " << j;
+            EXPECT_EQ(unit * Order::kUnitK + Order::k_of(thread, c), kb * 16 + 2 * t + 8 * b + h)
+                << "kb " << kb << " j " << j << " b " << b;
+          }
+        }
+    }
+  for (int j = 0; j < 8; ++j)
+    for (int g = 0; g < 8; ++g)
+      EXPECT_EQ(Order::decode_scale_offset(j, g), Order::scale_column(j * 8 + g));
+}
+
+TEST(MmaLayout, DecodeKernelReadsBFragmentsFromEitherOrder) {
+  expect_decode_reads_the_b_fragments<MmaWeightLayout>();
+  expect_decode_reads_the_b_fragments<WgmmaWeightLayout>();
+}
+
 TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {
   const std::uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);

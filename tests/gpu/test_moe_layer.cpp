@@ -457,7 +457,8 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
 
 // The grouped decode kernel (gemm/sm80_decode.cuh, kGrouped; issue #17), forced: experts in the
 // mma layout (ExpertLayout::Mma), every token block's expert from the routing, on SM80 and
-// later (first passed on an H100 on 2026-12-06; memcheck clean). Cases: M = 1,
+// later (first passed on an H100 on 2026-12-06; memcheck clean); on SM90 every case again with
+// the experts in the wgmma order, which the kernel reads as well (kWgmmaOrder). Cases: M = 1,
 // 7, 16; Qwen3-30B-A3B's shape; an expert map; one expert taking every token (several token
 // blocks of one expert); half the experts empty; each streamed config; stored integer zeros
 // with 16-row token blocks; mxfp4 with I = 360 (partial groups, K not a multiple of a stage),
@@ -519,7 +520,14 @@ TEST(MoeLayerGpu, GroupedDecodeMatchesReference) {
     cases.push_back(decode(c));
   }
   std::uint32_t salt = 400;
-  for (const LayerCase& c : cases) check_layer(c, ++salt);
+  for (const LayerCase& c : cases) {
+    check_layer(c, ++salt);
+    if (test::device_arch() == jit::Arch::sm_90a) {
+      LayerCase in_wgmma_order = c;
+      in_wgmma_order.layout = ExpertLayout::Wgmma;
+      check_layer(in_wgmma_order, salt + 1000);
+    }
+  }
 }
 
 // The grouped decode GEMM alone in routing blocks twice its token block (blocks_per_route = 2:
@@ -549,6 +557,19 @@ TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
   const std::string kernel = engine.plan(unforced, layer.gate_up_prepared).choice_for(slots).kernel;
   EXPECT_NE(kernel.find("grouped=true"), std::string::npos) << kernel;
   EXPECT_NE(kernel.find("dense_decode"), std::string::npos) << kernel;
+  if (test::device_arch() != jit::Arch::sm_90a) return;
+  // SM90's auto layout keeps the experts in the wgmma order only; the decode kernel reads it,
+  // forced and unforced.
+  c.layout = ExpertLayout::Auto;
+  const Layer in_wgmma_order = make_layer(engine, c, rng);
+  const GemmPlan forced = engine.plan(problem, in_wgmma_order.gate_up_prepared);
+  EXPECT_NE(forced.choice_for(slots).kernel.find("order=wgmma"), std::string::npos)
+      << forced.choice_for(slots).kernel;
+  check_grouped_gemm_alone(engine, c, in_wgmma_order, in, forced);
+  const std::string auto_kernel =
+      engine.plan(unforced, in_wgmma_order.gate_up_prepared).choice_for(slots).kernel;
+  EXPECT_NE(auto_kernel.find("dense_decode"), std::string::npos) << auto_kernel;
+  EXPECT_NE(auto_kernel.find("order=wgmma"), std::string::npos) << auto_kernel;
 }
 
 }  // namespace

@@ -78,8 +78,15 @@ int run(const ExplainOptions& options) {
   if (options.sms > 0) context.gpu.sm_count = options.sms;
   context.rates = dispatch::GpuRates::of(context.gpu);
   context.table = table.get();
-  const dispatch::WeightFacts weight =
+  dispatch::WeightFacts weight =
       dispatch::WeightFacts::of_scheme(problem.scheme, problem.n, problem.k, context.gpu.arch);
+  // Experts keep one order, as Engine::prepare_experts' auto layout: the wgmma order where the
+  // SM90 family takes the weight, else the mma layout.
+  if (problem.experts > 0) {
+    const auto order = weight.wgmma ? layout::FragmentOrder::Wgmma : layout::FragmentOrder::Mma;
+    weight = dispatch::expert_facts(std::move(weight), order, std::nullopt,
+                                    "experts keep one order (prepare_experts' auto layout)");
+  }
 
   nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
   if (!options.json)
