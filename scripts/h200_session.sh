@@ -11,7 +11,8 @@
 #   scripts/h200_session.sh sanitize    memcheck, racecheck, synccheck over one test of every
 #                                   kernel family (sampled matrices; issue #19)
 #   scripts/h200_session.sh moe-decode   the grouped decode kernel: its GPU tests, memcheck
-#                                   over them, its bench and the wgmma baseline on the same card
+#                                   over them, its bench (experts in the mma layout, then Qwen3
+#                                   in the wgmma order) and the wgmma baseline on the same card
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (on one GPU where it has one)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -100,6 +101,11 @@ moe-decode)
   echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/decode_memcheck.log")"
   timeout 150 build-gpu/bench/qgemm_moe_bench --decode > "$out/moe_decode_bench.txt" 2>&1
   echo "decode bench rc=$? at ${SECONDS}s"; cat "$out/moe_decode_bench.txt"
+  # The same kernel reading the experts in the wgmma order (SM90's auto layout).
+  for m in 1 4 16 64; do
+    timeout 40 build-gpu/bench/qgemm_moe_bench --decode --layout wgmma \
+      --case qwen3-30b-a3b:w4a16:$m 2>&1 | tail -1
+  done
   for m in 1 4 16 64; do
     timeout 40 build-gpu/bench/qgemm_moe_bench --case qwen3-30b-a3b:w4a16:$m 2>&1 | tail -1
   done
