@@ -179,7 +179,9 @@ def test_multi_gpu_script_runs_on_two_gloo_ranks(tmp_path):
          "--master-port", str(port), os.path.join(root, "scripts", "multi_gpu.py"), "--tiny",
          "--decode-batch", "8", "--prefill-batch", "1", "--prefill-len", "32", "--repeats", "2",
          "--json", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        capture_output=True, text=True, timeout=600,
+        # CPUs even where a GPU is (NCCL takes one GPU per rank; this machine may have one).
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert [f["rank"] for f in figures] == [0, 1]
