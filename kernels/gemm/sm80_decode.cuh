@@ -298,6 +298,20 @@ struct DecodeGemm {
     }
   };
 
+  // The words of a lane's run that hold the pairs block i feeds the mma (a pair may run into the
+  // next word).
+  static constexpr int block_pair(int i, bool last) {
+    int pair = last ? 0 : 31;
+    for (int j = 0; j < 8; ++j)
+      for (int b = 0; b < 2; ++b) {
+        const int p = Order::decode_pair(i, j, b);
+        pair = last ? (p > pair ? p : pair) : (p < pair ? p : pair);
+      }
+    return pair;
+  }
+  static constexpr int first_word(int i) { return block_pair(i, false) * kBits / 16; }
+  static constexpr int last_word(int i) { return ((block_pair(i, true) + 1) * kBits - 1) / 16; }
+
   // The lane's 8 values (columns j · 8 + lane / 4, j = 0..7) of a scale or zero row of the stage:
   // 8 consecutive floats in the mma order, four adjacent pairs in the wgmma order.
   __device__ static void lane_columns(const float* row, int lane, float (&v)[8]) {
@@ -400,7 +414,7 @@ struct DecodeGemm {
     const float* s_stage = reinterpret_cast<const float*>(stage + Shape::kWBytes + Shape::kABytes);
     const float* z_stage = s_stage + Shape::kScaleRows * 64;
     constexpr unsigned kOnes = kBf16 ? 0x3f803f80u : 0x3c003c00u;
-    unsigned words[kReadBlocks][kBits];  // the lane's words of the runs of one read
+    unsigned words[kReadBlocks][kBits];  // the lane's words of the runs block i reads
 #pragma unroll
     for (int i = 0; i < kStageBlocks; ++i) {
       const int kb = kb0 + i;
@@ -410,14 +424,15 @@ struct DecodeGemm {
         if (kb == kb_begin || kb % kGroupBlocks == 0)
           group_offsets(z_stage + scale_row * 64, lane, off);
       }
-      if (i % kReadBlocks == 0) {
+      // Only the words holding block i's pairs: all of its run's in the mma order, a quarter of
+      // each of the chunk's 4 runs' in the wgmma order (so that a chunk's 4 · bits words are not
+      // live at once: 16-row instantiations with stored zeros spilled).
 #pragma unroll
-        for (int run = 0; run < kReadBlocks; ++run) {
-          const unsigned* lane_words =
-              reinterpret_cast<const unsigned*>(w_lane + (i + run) * 32 * kBits * 4);
+      for (int run = 0; run < kReadBlocks; ++run) {
+        const unsigned* lane_words = reinterpret_cast<const unsigned*>(
+            w_lane + ((i / kReadBlocks) * kReadBlocks + run) * 32 * kBits * 4);
 #pragma unroll
-          for (int w = 0; w < kBits; ++w) words[run][w] = lane_words[w];
-        }
+        for (int w = first_word(i); w <= last_word(i); ++w) words[run][w] = lane_words[w];
       }
       // B register r of n8 tile j: a pair of one of the read's runs, where the order puts it.
       unsigned b[8][2];
