@@ -99,10 +99,11 @@ class Engine {
   // how gemm() quantizes bf16/fp16 activations for it (the scheme's activation part; default:
   // not at all). StaticTensor takes `static_activation_scale` (the calibrated scale; <= 0: each
   // call's tensor absmax, as quantize_activation does). `max_rows`: the most rows a call will
-  // have; the weight keeps the layouts the selector picks for M up to it, so that a deployment
-  // that only decodes (say 16) holds one layout where the whole range may need two (on SM90 the
-  // mma.sync layout for decode and the wgmma order from M ≈ 16 on: twice the weight's bytes).
-  // A later call with more rows is still served, by the candidates the kept layouts allow.
+  // have; the weight keeps the layouts the selector picks for M up to it. On SM90 the decode
+  // kernel and dequantize + cuBLAS read the wgmma order too, so a range that reaches the wgmma
+  // family holds the weight once (a second layout only where a tiled mma.sync kernel or
+  // cuBLASLt's codes win some M). A later call with more rows is still served, by the
+  // candidates the kept layouts allow.
   QuantWeight prepare_weight(const PackedWeight& weight, const ActivationQuant& activation = {},
                              double static_activation_scale = 0.0,
                              std::int64_t max_rows = 65536);
@@ -135,8 +136,9 @@ class Engine {
             void* stream, const GemmOptions& options = {});
 
   // The weight dequantized into `out` (N x K, bf16 or fp16; its row stride a multiple of 8
-  // elements, or K for a weight kept canonical), by the kernel dequantize + cuBLAS uses. Error(Unsupported) for a weight with a global scale held in the
-  // mma layout (NVFP4: the GEMM applies it).
+  // elements, or K for a weight kept canonical), by the kernel dequantize + cuBLAS uses.
+  // Error(Unsupported) for a weight with a global scale held in a prepared layout (NVFP4: the
+  // GEMM applies it).
   void dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream);
 
   // For deployments: compiles every kernel `problem` can select over its M range (all M

@@ -152,23 +152,51 @@ __device__ __forceinline__ float dequantize_value(unsigned code, float scale, fl
   }
 }
 
+// Pair p (codes 2p, 2p + 1) of a lane's words, scaled, in both halves of a 16-bit register.
+template <unsigned long long kFormat, int kZeroMode, bool kBf16, int kRounding = kRoundFp32>
+__device__ __forceinline__ unsigned dequantize_pair(
+    const unsigned (&words)[FormatCode::unpack(kFormat).bits], int p, float scale, float zero) {
+  constexpr int kBits = FormatCode::unpack(kFormat).bits;
+  const float first = dequantize_value<kFormat, kZeroMode, kRounding>(
+      extract_code<kBits>(words, 2 * p), scale, zero);
+  const float second = dequantize_value<kFormat, kZeroMode, kRounding>(
+      extract_code<kBits>(words, 2 * p + 1), scale, zero);
+  return ptx::pack_pair<kBf16>(first, second);
+}
+
 // words: the lane's codes; scales/zeros: the lane's 8 column values (j = 0..7).
 // out[j][0] = (k 2t, 2t+1) and out[j][1] = (k 2t+8, 2t+9) of column j · 8 + lane / 4.
 template <unsigned long long kFormat, int kZeroMode, bool kBf16, int kRounding = kRoundFp32>
 __device__ __forceinline__ void dequantize_lane(
     const unsigned (&words)[FormatCode::unpack(kFormat).bits], const float (&scales)[8],
     const float (&zeros)[8], unsigned (&out)[8][2]) {
-  constexpr int kBits = FormatCode::unpack(kFormat).bits;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float v[4];
+  for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const unsigned code = extract_code<kBits>(words, j * 4 + t);
-      v[t] = dequantize_value<kFormat, kZeroMode, kRounding>(code, scales[j], zeros[j]);
+    for (int h = 0; h < 2; ++h)
+      out[j][h] = dequantize_pair<kFormat, kZeroMode, kBf16, kRounding>(words, 2 * j + h,
+                                                                         scales[j], zeros[j]);
+}
+
+// The 8 values of a lane's columns j · 8 + g (j = 0..7) in a scale or zero row of one 64-column
+// slice (tile), in `Order`'s column permutation (Order::decode_scale_offset): 8 consecutive
+// floats in the mma order, four adjacent pairs in the wgmma order. Shared or global memory.
+template <class Order>
+__device__ __forceinline__ void load_lane_columns(const float* slice_row, int g, float (&v)[8]) {
+  if constexpr (Order::decode_scale_offset(3, 0) == 3) {  // 8 consecutive (mma)
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+      const float4 four =
+          *reinterpret_cast<const float4*>(slice_row + Order::decode_scale_offset(j, g));
+      v[j] = four.x, v[j + 1] = four.y, v[j + 2] = four.z, v[j + 3] = four.w;
     }
-    out[j][0] = ptx::pack_pair<kBf16>(v[0], v[1]);
-    out[j][1] = ptx::pack_pair<kBf16>(v[2], v[3]);
+  } else {  // pairs (wgmma)
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      const float2 pair =
+          *reinterpret_cast<const float2*>(slice_row + Order::decode_scale_offset(j, g));
+      v[j] = pair.x, v[j + 1] = pair.y;
+    }
   }
 }
 

@@ -24,6 +24,12 @@
 //   4. store      16-byte chunks, 4 rows × 128 bytes per warp instruction (whole lines);
 //                 columns in [k, round_up(k, 8)) as zero, rows past the chunk not at all
 //
+// Either fragment order (kOrder, = layout::FragmentOrder): a warp tile is one k64 chunk of the
+// wgmma order, the same 4 runs of 32 lanes × bits words at the same address; block b's pair
+// (j, h) comes from run decode_run(b, j) at decode_pair(b, j, h), its scales at
+// decode_scale_offset (gemm/mma_weight_layout.cuh, wgmma_weight_layout.cuh), as the decode
+// kernel reads them.
+//
 // Warps never wait for each other (each has its own region; __syncwarp orders a tile's staging
 // and reading); 24 resident warps per SM keep about 48 KiB (4-bit) of loads in flight.
 #pragma once
@@ -33,6 +39,7 @@
 #include "gemm/dequant_cublas_args.cuh"
 #include "gemm/mma_dequantize_shape.cuh"
 #include "gemm/mma_weight_layout.cuh"
+#include "gemm/wgmma_weight_layout.cuh"
 
 namespace qgemm::kernels {
 
@@ -88,7 +95,7 @@ __device__ __forceinline__ uint4 first_values_mask(unsigned valid) {
 
 // kGroup: K values per scale row (a multiple of 16), 0 for one row for all of K.
 template <unsigned long long kWeightFormat, int kZeroMode, int kGroup, int kValue, int kScale,
-          int kOutput, int kThreads, int kDynamicSmemBytes>
+          int kOutput, int kOrder, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(
     kThreads,
     MmaDequantizeShape::blocks_per_sm(FormatCode::unpack(kWeightFormat).bits,
@@ -96,6 +103,8 @@ __global__ void __launch_bounds__(
                                       kZeroMode == kZeroFloat, kGroup))
     mma_dequantize_kernel(MmaDequantizeArgs args) {
   using Shape = MmaDequantizeShape;
+  using Order = typename FragmentOrderLayout<kOrder>::Layout;
+  static_assert(Shape::kTileBlocks % Order::kDecodeReadBlocks == 0, "a tile holds whole chunks");
   constexpr FormatCode kFormat = FormatCode::unpack(kWeightFormat);
   constexpr int kBits = kFormat.bits;
   constexpr bool kBf16 = kOutput == kOutBf16;
@@ -144,7 +153,17 @@ __global__ void __launch_bounds__(
       for (int w = 0; w < kBits; ++w) words[b][w] = 0u;
       if (b < blocks) load_lane_words<kBits>(tile_words + b * 32 * kBits, words[b]);
     }
-    const long long tile_column = static_cast<long long>(slice) * Shape::kTileRows + q * 8;
+    const long long slice_column = static_cast<long long>(slice) * Shape::kTileRows;
+    // The scale row of k16 block kb: the wgmma order pads K to whole chunks of 64, whose blocks
+    // past the last group take its row (the columns past K are stored as zero anyway; the mma
+    // order's last block already lies in the last group).
+    auto group_of_block = [&](unsigned kb) {
+      if constexpr (kGroup == 0) {
+        return 0u;
+      } else {
+        return min(kb * MmaWeightLayout::kBlockK / kGroup, (k - 1) / kGroup);
+      }
+    };
     float scales[kScaleRows][8], zeros[kScaleRows][8];
 #pragma unroll
     for (int s = 0; s < kScaleRows; ++s) {
@@ -152,15 +171,17 @@ __global__ void __launch_bounds__(
       for (int j = 0; j < 8; ++j) scales[s][j] = zeros[s][j] = 0.0f;
       const int b = Shape::first_block_of_scale_row(kGroup, s);
       if (b < blocks) {
-        const unsigned group = kGroup == 0 ? 0u : (kb0 + b) * MmaWeightLayout::kBlockK / kGroup;
-        const long long at = static_cast<long long>(group) * args.n_padded + tile_column;
-        load_eight(args.scales + at, scales[s]);
-        if constexpr (kStoredZeros) load_eight(args.zeros + at, zeros[s]);
+        const unsigned group = group_of_block(kb0 + b);
+        const long long at = static_cast<long long>(group) * args.n_padded + slice_column;
+        load_lane_columns<Order>(args.scales + at, q, scales[s]);
+        if constexpr (kStoredZeros) load_lane_columns<Order>(args.zeros + at, q, zeros[s]);
       }
     }
 
     // 2-3. Dequantize each k16 block and stage its pairs: pair h of n8 block j is word
-    // 8b + 4h + t of row 8j + q (k = 16b + 8h + 2t, 2t + 1).
+    // 8b + 4h + t of row 8j + q (k = 16b + 8h + 2t, 2t + 1). Its codes: pair decode_pair(b, j, h)
+    // of the tile's run decode_run(b, j).
+    auto run_of = [](int b, int j) { return Order::decode_run(b, j) % kBlocks; };
     auto stage = [&](const unsigned(&pairs)[8][2], unsigned b) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -185,14 +206,16 @@ __global__ void __launch_bounds__(
         if (b >= blocks) break;  // past K: those columns are never stored
         const int s = Shape::scale_row_of_block(kGroup, b);
         unsigned pairs[8][2];
-        dequantize_lane_unscaled<kWeightFormat, kUnscaled, kBf16>(words[b], offsets[s], pairs);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h) {
+            const unsigned exact = dequantize_pair_unscaled<kWeightFormat, kUnscaled, kBf16>(
+                words[run_of(b, j)], Order::decode_pair(b, j, h), offsets[s][j]);
             pairs[j][h] = kScale == kScaleHalf
-                              ? scale_pair_exact<kBf16>(pairs[j][h], scale_pairs[s][j])
-                              : scale_pair_to_odd<kBf16>(pairs[j][h], scales[s][j]);
+                              ? scale_pair_exact<kBf16>(exact, scale_pairs[s][j])
+                              : scale_pair_to_odd<kBf16>(exact, scales[s][j]);
+          }
         stage(pairs, b);
       }
     } else {
@@ -213,23 +236,39 @@ __global__ void __launch_bounds__(
           if (b >= blocks) break;
           const int s = Shape::scale_row_of_block(kGroup, b);
           unsigned pairs[8][2];
-          dequantize_lane<kWeightFormat, kZeroMode, kBf16, kRoundOnce>(words[b], scales[s],
-                                                                       zeros[s], pairs);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              pairs[j][h] = dequantize_pair<kWeightFormat, kZeroMode, kBf16, kRoundOnce>(
+                  words[run_of(b, j)], Order::decode_pair(b, j, h), scales[s][j], zeros[s][j]);
           stage(pairs, b);
         }
       } else if constexpr (kZeroMode == kZeroFloat) {
-#pragma unroll 1
-        for (unsigned b = 0; b < blocks; ++b) {
-          unsigned block_words[kBits];
-          load_lane_words<kBits>(tile_words + b * 32 * kBits, block_words);
-          const unsigned group = kGroup == 0 ? 0u : (kb0 + b) * MmaWeightLayout::kBlockK / kGroup;
-          const long long at = static_cast<long long>(group) * args.n_padded + tile_column;
+        // Unrolled (block b a constant) so that the wgmma order's pair indices stay constants.
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          if (b >= static_cast<int>(blocks)) break;
+          // The read block b's pairs come from: its own run (mma), the tile's 4 runs (wgmma).
+          constexpr int kRead = Order::kDecodeReadBlocks;
+          unsigned block_words[kRead][kBits];
+#pragma unroll
+          for (int run = 0; run < kRead; ++run)
+            load_lane_words<kBits>(tile_words + ((b / kRead) * kRead + run) * 32 * kBits,
+                                   block_words[run]);
+          const unsigned group = group_of_block(kb0 + b);
+          const long long at = static_cast<long long>(group) * args.n_padded + slice_column;
           float block_scales[8], block_zeros[8];
-          load_eight(args.scales + at, block_scales);
-          load_eight(args.zeros + at, block_zeros);
+          load_lane_columns<Order>(args.scales + at, q, block_scales);
+          load_lane_columns<Order>(args.zeros + at, q, block_zeros);
           unsigned pairs[8][2];
-          dequantize_lane<kWeightFormat, kZeroMode, kBf16, kRoundOnceDouble>(
-              block_words, block_scales, block_zeros, pairs);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              pairs[j][h] = dequantize_pair<kWeightFormat, kZeroMode, kBf16, kRoundOnceDouble>(
+                  block_words[Order::decode_run(b, j) % kRead], Order::decode_pair(b, j, h),
+                  block_scales[j], block_zeros[j]);
           stage(pairs, b);
         }
       }

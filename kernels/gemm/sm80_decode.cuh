@@ -104,22 +104,12 @@ struct DecodeBlockWork {
   int rows;          // rows multiplied: kRows
 };
 
-// The weight order the decode kernel reads (above).
-template <bool kWgmmaOrder>
-struct DecodeWeightOrder {
-  using Layout = MmaWeightLayout;
-};
-template <>
-struct DecodeWeightOrder<true> {
-  using Layout = WgmmaWeightLayout;
-};
-
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant,
           bool kGrouped = false, bool kWgmmaOrder = false>
 struct DecodeGemm {
   static_assert(!(kGrouped && kSplitK), "the grouped decode GEMM takes one K split");
-  using Order = typename DecodeWeightOrder<kWgmmaOrder>::Layout;
+  using Order = typename FragmentOrderLayout<kWgmmaOrder ? 1 : 0>::Layout;
   static constexpr int kReadBlocks = Order::kDecodeReadBlocks;
   static_assert(kStageBlocks % kReadBlocks == 0, "a stage holds whole reads of the weight order");
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
@@ -312,23 +302,9 @@ struct DecodeGemm {
   static constexpr int first_word(int i) { return block_pair(i, false) * kBits / 16; }
   static constexpr int last_word(int i) { return ((block_pair(i, true) + 1) * kBits - 1) / 16; }
 
-  // The lane's 8 values (columns j · 8 + lane / 4, j = 0..7) of a scale or zero row of the stage:
-  // 8 consecutive floats in the mma order, four adjacent pairs in the wgmma order.
+  // The lane's 8 values (columns j · 8 + lane / 4) of a scale or zero row of the stage.
   __device__ static void lane_columns(const float* row, int lane, float (&v)[8]) {
-    const int g = lane / 4;
-    if constexpr (kWgmmaOrder) {
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const float2 pair = *reinterpret_cast<const float2*>(row + Order::decode_scale_offset(j, g));
-        v[j] = pair.x, v[j + 1] = pair.y;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; j += 4) {
-        const float4 four = *reinterpret_cast<const float4*>(row + Order::decode_scale_offset(j, g));
-        v[j] = four.x, v[j + 1] = four.y, v[j + 2] = four.z, v[j + 3] = four.w;
-      }
-    }
+    load_lane_columns<Order>(row, lane / 4, v);
   }
 
   // The B-side offsets of a group for this lane's columns j · 8 + lane / 4 (see

@@ -165,10 +165,11 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   }
 
   // Which layouts: the mma layout and the wgmma order where some M would run on their
-  // families; the canonical codes where the mma layout cannot hold the weight (dequantize +
-  // cuBLAS reads them) or where cuBLASLt FP8 would serve some M. Dequantize + cuBLAS reads the
-  // mma layout when there are no canonical codes. The selector is asked over the powers of two
-  // up to max_rows (and max_rows itself) with the scheme the weight was prepared for.
+  // families (the streamed decode kernel reads either); the canonical codes where the mma layout
+  // cannot hold the weight (dequantize + cuBLAS reads them) or where cuBLASLt FP8 would serve
+  // some M. Dequantize + cuBLAS reads a prepared layout when there are no canonical codes. The
+  // selector is asked over the powers of two up to max_rows (and max_rows itself) with the
+  // scheme the weight was prepared for.
   Scheme prepared_scheme;
   prepared_scheme.weight = weight.quant;
   prepared_scheme.activation = prepared->activation;
@@ -182,7 +183,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     probe.scheme.weight = weight.quant;
     probe.scheme.activation = prepared->activation;
     want_mma = false;
-    bool want_qdq = false;
+    bool want_qdq = false, want_streamed = false;
     const dispatch::SelectionContext context = impl_->selection_context(probe);
     std::vector<std::int64_t> probed_rows;
     for (std::int64_t rows = 1; rows < max_rows; rows *= 2) probed_rows.push_back(rows);
@@ -192,14 +193,18 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
       const dispatch::Selection s = dispatch::select(probe, rows, facts, context);
       switch (s.chosen().candidate->path) {
         case dispatch::Path::CublasLtFp8: want_canonical = true; break;
-        case dispatch::Path::MmaStreamed:
+        case dispatch::Path::MmaStreamed: want_streamed = true; break;
         case dispatch::Path::MmaTiled: want_mma = true; break;
         case dispatch::Path::Wgmma: want_wgmma = true; break;
         case dispatch::Path::Qdq: want_qdq = true; break;
       }
     }
     if (facts.wgmma && dispatch::wgmma_order_on_every_weight()) want_wgmma = true;
-    if (want_qdq && !want_canonical) want_mma = true;
+    // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
+    // order is kept anyway they take it, and the weight is held once (issue #15: two layouts
+    // only when the M range needs both families).
+    if (want_streamed && !want_wgmma) want_mma = true;
+    if (want_qdq && !want_canonical && !want_wgmma) want_mma = true;
     if (!want_mma && !want_canonical && !want_wgmma) want_mma = true;  // qdq alone
   }
   log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,
@@ -233,7 +238,9 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     prepared->scales = std::move(device.scales);
     prepared->zeros = std::move(device.zeros);
   } else {
-    if (facts.mma) facts.no_mma = "prepared without it (no M would run on it)";
+    if (facts.mma)
+      facts.no_mma = "prepared without it (no M would run on it; the decode kernel and qdq read "
+                     "the wgmma order)";
     facts.mma.reset();
   }
   if (want_wgmma) {
@@ -471,18 +478,18 @@ void Engine::dequantize(const QuantWeight& weight, const DeviceMatrix& out, void
   if (!(out.dtype == formats::bf16 || out.dtype == formats::fp16))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("dequantize: out is {} (rule: bf16 or fp16)", out.dtype.name()));
-  // The mma layout's kernel stores whole 16-byte pieces; the canonical one dense rows.
-  const bool dense = !w.facts.mma;
+  // The prepared layouts' kernel stores whole 16-byte pieces; the canonical one dense rows.
+  const bool dense = !w.facts.either_order();
   if (dense ? out.stride != w.k : out.stride % 8 != 0)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("dequantize: out's stride {} (rule: {})", out.stride,
                             dense ? fmt::format("K = {} for a weight kept canonical", w.k)
                                   : std::string("a multiple of 8 elements")));
   const std::int64_t ld = out.stride;
-  if (w.facts.mma && w.global_scale != 1.0)
+  if (!dense && w.global_scale != 1.0)
     throw Error(ErrorCode::Unsupported,
-                "dequantize: the mma layout leaves the global scale to the GEMM (NVFP4): not "
-                "applied here");
+                "dequantize: the prepared layouts leave the global scale to the GEMM (NVFP4): "
+                "not applied here");
   const jit::KernelSpec spec = dispatch::qdq_dequantize_spec(w.facts, out.dtype, impl_->arch);
   const runtime::LoadedKernel kernel = impl_->kernel(spec);
   impl_->make_current();
@@ -708,16 +715,13 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   }
   const dispatch::MmaLaunch& launch = chosen.mma;
   // The tiled kernel reads the mma layout, the streamed one whichever order its launch names.
-  const bool wgmma_order = launch.order == layout::FragmentOrder::Wgmma;
   const layout::MmaWeight& w = *weight.facts.in_order(launch.order);
-  const runtime::DeviceBuffer& words = wgmma_order ? weight.wgmma_words : weight.words;
-  const runtime::DeviceBuffer& scales = wgmma_order ? weight.wgmma_scales : weight.scales;
-  const runtime::DeviceBuffer& zeros = wgmma_order ? weight.wgmma_zeros : weight.zeros;
+  const auto arrays = weight.in_order(launch.order);
   kernels::DenseGemmParams params{};
   params.a = operand.data;
-  params.b = words.as<const unsigned>();
-  params.scales = scales.as<const float>();
-  params.zeros = zeros.bytes() ? zeros.as<const float>() : nullptr;
+  params.b = arrays.words.as<const unsigned>();
+  params.scales = arrays.scales.as<const float>();
+  params.zeros = arrays.zeros.bytes() ? arrays.zeros.as<const float>() : nullptr;
   params.c = c.data;
   params.bias = bias;
   params.row_factors = row_factors;
@@ -822,7 +826,7 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
                                      const jit::KernelSpec& spec, std::int64_t n0,
                                      std::int64_t rows, unsigned short* out, std::int64_t ld,
                                      CUstream stream) {
-  if (!weight.facts.mma) {
+  if (!weight.facts.either_order()) {
     // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
     const PackedWeight& shape = weight.canonical_shape;
     const ScaleGrid grid = shape.scale_grid();
@@ -843,11 +847,13 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
     runtime::launch_dequantize_weight(kernel, args, stream);
     return;
   }
-  const layout::MmaWeight& w = *weight.facts.mma;
+  // Either fragment order (the spec names which).
+  const layout::MmaWeight& w = *weight.facts.either_order();
+  const auto arrays = weight.in_order(w.order);
   kernels::MmaDequantizeArgs d{};
-  d.words = weight.words.as<const unsigned>();
-  d.scales = weight.scales.as<const float>();
-  d.zeros = weight.zeros.bytes() ? weight.zeros.as<const float>() : nullptr;
+  d.words = arrays.words.as<const unsigned>();
+  d.scales = arrays.scales.as<const float>();
+  d.zeros = arrays.zeros.bytes() ? arrays.zeros.as<const float>() : nullptr;
   d.out = out;
   d.n_begin = n0;
   d.rows = rows;
@@ -940,7 +946,8 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
   for (std::int64_t n0 = 0; n0 < n; n0 += launch.chunk_n) {
     const std::int64_t rows = std::min(launch.chunk_n, n - n0);
     // The canonical dequantization applies the global scale itself; cuBLAS's alpha otherwise.
-    const float alpha = weight.facts.mma ? static_cast<float>(weight.global_scale) : 1.0f;
+    const float alpha =
+        weight.facts.either_order() ? static_cast<float>(weight.global_scale) : 1.0f;
     launch_dequantize(weight, step.dequantize, *step.launch.dequantize, n0, rows, w16, ld, cu_stream);
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     {

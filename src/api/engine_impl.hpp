@@ -47,6 +47,14 @@ struct PreparedWeight {
   PackedWeight canonical_shape;  // the canonical metadata (vectors empty), for its dequantizer
   runtime::DeviceBuffer words, scales, zeros;                      // the mma layout
   runtime::DeviceBuffer wgmma_words, wgmma_scales, wgmma_zeros;    // the wgmma order
+  // The arrays of the weight prepared in `order` (empty buffers when it was not).
+  struct OrderArrays {
+    const runtime::DeviceBuffer &words, &scales, &zeros;
+  };
+  OrderArrays in_order(layout::FragmentOrder order) const {
+    if (order == layout::FragmentOrder::Wgmma) return {wgmma_words, wgmma_scales, wgmma_zeros};
+    return {words, scales, zeros};
+  }
   runtime::DeviceBuffer codes, canonical_scales, canonical_zeros;  // the canonical form
   runtime::DeviceBuffer fp8_scales;  // cuBLASLt's fp32 scales (facts.fp8_weight_mode's layout)
   // Expert weights (Engine::prepare_experts): `experts` wgmma orders back to back (the kernel

@@ -47,12 +47,13 @@ QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& we
 }
 
 std::int64_t qdq_weight_ld(const WeightFacts& weight) {
-  return weight.mma ? kernels::MmaDequantizeShape::ld_out(weight.k) : weight.k;
+  return weight.either_order() ? kernels::MmaDequantizeShape::ld_out(weight.k) : weight.k;
 }
 
 jit::KernelSpec qdq_dequantize_spec(const WeightFacts& weight, const Format& operand,
                                     jit::Arch arch) {
-  if (weight.mma) return jit::mma_dequantize_spec(*weight.mma, operand, arch);
+  if (const layout::MmaWeight* prepared = weight.either_order())
+    return jit::mma_dequantize_spec(*prepared, operand, arch);
   return jit::dequantize_weight_spec(weight.quant, operand, arch);
 }
 

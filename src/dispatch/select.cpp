@@ -363,9 +363,9 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         // The streamed kernel reads the mma layout or the wgmma order; the tiled one the mma
         // layout only.
-        const layout::MmaWeight* prepared =
-            candidate.path == Path::MmaStreamed ? weight.streamed() : (weight.mma ? &*weight.mma
-                                                                                  : nullptr);
+        const layout::MmaWeight* prepared = candidate.path == Path::MmaStreamed
+                                                 ? weight.either_order()
+                                                 : weight.in_order(layout::FragmentOrder::Mma);
         if (!prepared) {
           reject("the weight has no mma layout: " + weight.no_mma);
           break;
@@ -463,13 +463,15 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("bf16 GEMMs need SM80 or later");
           break;
         }
-        if (!weight.mma && !weight.canonical) {
-          reject("the weight has neither the mma layout nor its canonical codes on the device");
+        // The dequantization reads either fragment order, else the canonical codes.
+        const layout::MmaWeight* prepared = weight.either_order();
+        if (!prepared && !weight.canonical) {
+          reject("the weight has neither a prepared layout nor its canonical codes on the device");
           break;
         }
         const QdqLaunch launch = qdq_launch(p, m, weight);
-        const double stored = weight.mma ? mma_weight_bytes(*weight.mma)
-                                         : canonical_weight_bytes(weight.quant, p.n, p.k);
+        const double stored = prepared ? mma_weight_bytes(*prepared)
+                                       : canonical_weight_bytes(weight.quant, p.n, p.k);
         const double wide = 2.0 * p.n * p.k;  // the 16-bit weight
         v.cost.passes_us = launch.chunks * r.launch_us +
                            gbps_us(stored + wide, r.copy_gbps * r.dequant_stream);

@@ -209,7 +209,8 @@ KernelSpec mma_dequantize_spec(const layout::MmaWeight& weight, const Format& ou
       {SpecParam::number_format("weight", weight.format),
        SpecParam::chosen("zero", layout::mma_zero_mode_name(weight.zero_mode)),
        SpecParam::integer("group", weight.group_size), SpecParam::chosen("dequant", value),
-       SpecParam::chosen("scale", scale), SpecParam::chosen("out", out)},
+       SpecParam::chosen("scale", scale), SpecParam::chosen("out", out),
+       SpecParam::chosen("order", layout::fragment_order_name(weight.order))},
       arch,
       {Shape::kThreads, Shape::kSmemBytes}};
   validate(spec);

@@ -273,7 +273,9 @@ const std::vector<KernelFamily>& kernel_families() {
         // or in the 16-bit type (every scale exact there).
         {"scale", ParamKind::Choice, {"fp32", "half"}},
         // Order = kernels::OutputType (16-bit only).
-        {"out", ParamKind::Choice, {"fp16", "bf16"}}},
+        {"out", ParamKind::Choice, {"fp16", "bf16"}},
+        // Which prepared weight it reads. Order = layout::FragmentOrder.
+        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
        false},
       {"finish_gemm",
        "gemm/dequant_cublas.cuh",

@@ -174,9 +174,17 @@ TEST(MmaDequantizeSpec, ChoosesTheMathTheScalesAllow) {
   for (const Case& c : cases) {
     const jit::KernelSpec spec =
         jit::mma_dequantize_spec(prepared(c.scheme), c.out, jit::Arch::sm_90a);
-    EXPECT_EQ(jit::to_string(spec), "mma_dequantize<" + c.text + ">[threads=256,smem=65536]@sm_90a")
+    EXPECT_EQ(jit::to_string(spec),
+              "mma_dequantize<" + c.text + ",order=mma>[threads=256,smem=65536]@sm_90a")
         << c.scheme;
     EXPECT_EQ(jit::parse_kernel_spec(jit::to_string(spec)), spec);
+    // The same weight kept in the wgmma order only (SM90): the spec names it.
+    layout::MmaWeight in_wgmma_order = prepared(c.scheme);
+    in_wgmma_order.order = layout::FragmentOrder::Wgmma;
+    EXPECT_EQ(jit::mma_dequantize_spec(in_wgmma_order, c.out, jit::Arch::sm_90a)
+                  .param("order")
+                  .choice,
+              "wgmma");
   }
   try {
     jit::mma_dequantize_spec(prepared("w4a16"), formats::fp32, jit::Arch::sm_90a);
@@ -187,17 +195,17 @@ TEST(MmaDequantizeSpec, ChoosesTheMathTheScalesAllow) {
   }
   try {
     jit::parse_kernel_spec(
-        "mma_dequantize<weight=uint4,zero=constant,group=40,dequant=fp32,scale=fp32,out=bf16>"
-        "[threads=256,smem=65536]@sm_90a");
+        "mma_dequantize<weight=uint4,zero=constant,group=40,dequant=fp32,scale=fp32,out=bf16,"
+        "order=mma>[threads=256,smem=65536]@sm_90a");
     ADD_FAILURE() << "group 40 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("group = 40"), std::string::npos) << e.what();
   }
   for (const char* text :
-       {"mma_dequantize<weight=uint4,zero=constant,group=0,dequant=fp32,scale=half,out=bf16>"
-        "[threads=256,smem=65536]@sm_90a",
-        "mma_dequantize<weight=uint4,zero=float,group=0,dequant=int16,scale=fp32,out=bf16>"
-        "[threads=256,smem=65536]@sm_90a"}) {
+       {"mma_dequantize<weight=uint4,zero=constant,group=0,dequant=fp32,scale=half,out=bf16,"
+        "order=mma>[threads=256,smem=65536]@sm_90a",
+        "mma_dequantize<weight=uint4,zero=float,group=0,dequant=int16,scale=fp32,out=bf16,"
+        "order=mma>[threads=256,smem=65536]@sm_90a"}) {
     try {
       jit::parse_kernel_spec(text);
       ADD_FAILURE() << "accepted " << text;

@@ -187,30 +187,34 @@ TEST(MmaDequantizeGpu, EveryElementMatchesTheHostTwinBitForBit) {
         std::printf("skipped %s: %s\n", label.c_str(), e.what());  // a partial group, refused
         continue;
       }
-      const layout::MmaWeight host = layout::repack_for_mma(packed);
-      const DeviceMma device(host, out);
-      // ld_out one chunk wider than needed: those columns must stay untouched.
-      const std::int64_t ld_out = Shape::ld_out(k) + Shape::kLdOutMultiple;
-      for (const std::int64_t chunk : {std::int64_t{128}, c.n}) {
-        DeviceBuffer buffer(static_cast<std::size_t>((chunk + 2) * ld_out) * 2);
-        for (std::int64_t n_begin = 0; n_begin < c.n; n_begin += chunk) {
-          const std::int64_t rows = std::min(chunk, c.n - n_begin);
-          buffer.fill_bytes(0xFF);
-          runtime::launch_mma_dequantize(
-              device.kernel, device.spec,
-              device.args(host, n_begin, rows, ld_out, buffer.as<unsigned short>() + ld_out),
-              sm_count, nullptr);
-          synchronize();
-          const auto got =
-              buffer.to_vector<std::uint16_t>(static_cast<std::size_t>((chunk + 2) * ld_out));
-          const std::size_t bad = chunk_mismatches(
-              host, out, got, n_begin, rows, chunk, ld_out,
-              label + " chunk " + std::to_string(n_begin) + "+" + std::to_string(rows));
-          EXPECT_EQ(bad, 0u) << jit::to_string(device.spec);
+      // Both fragment orders (the kernel reads either; SM90 may keep only the wgmma order).
+      for (const layout::FragmentOrder order :
+           {layout::FragmentOrder::Mma, layout::FragmentOrder::Wgmma}) {
+        const layout::MmaWeight host = layout::repack_for_mma(packed, order);
+        const DeviceMma device(host, out);
+        // ld_out one chunk wider than needed: those columns must stay untouched.
+        const std::int64_t ld_out = Shape::ld_out(k) + Shape::kLdOutMultiple;
+        for (const std::int64_t chunk : {std::int64_t{128}, c.n}) {
+          DeviceBuffer buffer(static_cast<std::size_t>((chunk + 2) * ld_out) * 2);
+          for (std::int64_t n_begin = 0; n_begin < c.n; n_begin += chunk) {
+            const std::int64_t rows = std::min(chunk, c.n - n_begin);
+            buffer.fill_bytes(0xFF);
+            runtime::launch_mma_dequantize(
+                device.kernel, device.spec,
+                device.args(host, n_begin, rows, ld_out, buffer.as<unsigned short>() + ld_out),
+                sm_count, nullptr);
+            synchronize();
+            const auto got =
+                buffer.to_vector<std::uint16_t>(static_cast<std::size_t>((chunk + 2) * ld_out));
+            const std::size_t bad = chunk_mismatches(
+                host, out, got, n_begin, rows, chunk, ld_out,
+                label + " chunk " + std::to_string(n_begin) + "+" + std::to_string(rows));
+            EXPECT_EQ(bad, 0u) << jit::to_string(device.spec);
+          }
         }
+        std::printf("ok %-44s N=%-4lld K=%-5lld %s\n", c.scheme.c_str(), static_cast<long long>(c.n),
+                    static_cast<long long>(k), jit::to_string(device.spec).c_str());
       }
-      std::printf("ok %-44s N=%-4lld K=%-5lld %s\n", c.scheme.c_str(), static_cast<long long>(c.n),
-                  static_cast<long long>(k), jit::to_string(device.spec).c_str());
     }
   }
 }

@@ -334,6 +334,53 @@ TEST(PlanGpu, RangePlansServeEveryBucket) {
   }
 }
 
+// SM90 holds a weight once where the M range reaches the wgmma family: the decode kernel and
+// dequantize + cuBLAS read the wgmma order (its memory is the mma layout's, one copy), the
+// decode plan says so, and both paths and Engine::dequantize give the right values (the latter
+// bit for bit: each value rounded once to bf16).
+TEST(PlanGpu, Sm90KeepsOneLayoutForDecodeAndPrefill) {
+  QGEMM_REQUIRE_GPU();
+  if (test::device_arch() != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma order is SM90's";
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed + 7);
+  Engine engine(0);
+  Stream stream;
+  const std::int64_t n = 1280, k = 2048;
+  const Weight w = make_weight(engine, "w4a16", n, k, rng);  // max_rows 65536
+  const QuantWeight decode_only = engine.prepare_weight(w.packed, w.scheme.activation, 0.0, 8);
+  EXPECT_EQ(w.prepared.device_bytes(), decode_only.device_bytes())
+      << "the whole range holds one layout, as a decode-only weight does";
+  for (const auto& [m, candidate] : std::vector<std::pair<std::int64_t, std::string>>{
+           {1, ""}, {5, ""}, {16, "decode"}, {64, "qdq"}, {256, ""}}) {
+    SCOPED_TRACE("M=" + std::to_string(m) + " " + candidate + " seed " + std::to_string(seed));
+    GemmProblem problem = gemm_problem(w.prepared, m, formats::bf16, formats::bf16);
+    problem.candidate = candidate;
+    const GemmPlan plan = engine.plan(problem, w.prepared, stream.stream);
+    const std::string kernel = plan.choice_for(m).kernel;
+    if (kernel.find("dense_decode") != std::string::npos || candidate == "qdq")
+      EXPECT_NE(kernel.find("order=wgmma"), std::string::npos) << kernel;
+    if (m == 1) EXPECT_NE(kernel.find("dense_decode"), std::string::npos) << kernel;
+    Call call = make_call(w, m, rng);
+    runtime::DeviceBuffer out(static_cast<std::size_t>(m * n) * 2);
+    out.fill_bytes(0xFF);
+    engine.run(plan, {call.a.as<void>(), m, k, k, formats::bf16}, w.prepared,
+               {out.as<void>(), m, n, n, formats::bf16}, stream.stream);
+    stream.synchronize();
+    const test::OutputCheck check = check_c(out, w, call);
+    EXPECT_TRUE(check.ok()) << check.describe() << " (" << kernel << ")";
+  }
+  runtime::DeviceBuffer dense(static_cast<std::size_t>(n * k) * 2);
+  dense.fill_bytes(0xFF);
+  engine.dequantize(w.prepared, {dense.as<void>(), n, k, k, formats::bf16}, stream.stream);
+  stream.synchronize();
+  const auto got = dense.to_vector<std::uint16_t>(static_cast<std::size_t>(n * k));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != static_cast<std::uint16_t>(encode(formats::bf16, w.values[i])) && ++wrong <= 4)
+      ADD_FAILURE() << "dequantize: element " << i << " is 0x" << std::hex << got[i];
+  EXPECT_EQ(wrong, 0u);
+}
+
 // Run checks its arguments against the plan, and a caller's workspace serves.
 TEST(PlanGpu, RunRefusesWhatThePlanDoesNotDescribe) {
   QGEMM_REQUIRE_GPU();
