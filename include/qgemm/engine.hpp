@@ -85,6 +85,9 @@ class QuantWeight {
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output);
 
+// prepare_weight's default max_rows: layouts for every M a call may bring.
+inline constexpr std::int64_t kPrepareMaxRows = 65536;
+
 class Engine {
  public:
   explicit Engine(int device = 0);  // Error(NoDevice) when there is no such GPU
@@ -106,7 +109,7 @@ class Engine {
   // candidates the kept layouts allow.
   QuantWeight prepare_weight(const PackedWeight& weight, const ActivationQuant& activation = {},
                              double static_activation_scale = 0.0,
-                             std::int64_t max_rows = 65536);
+                             std::int64_t max_rows = kPrepareMaxRows);
 
   // The plan for `problem` against `weight`: the selector's choice per M bucket, every kernel
   // compiled and loaded, and the workspace of `stream` sized for it. Error(Unsupported) when

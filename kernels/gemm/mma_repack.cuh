@@ -22,15 +22,6 @@
 
 namespace qgemm::kernels {
 
-template <int kOrder>
-struct RepackLayout {
-  using type = MmaWeightLayout;
-};
-template <>
-struct RepackLayout<1> {
-  using type = WgmmaWeightLayout;
-};
-
 // kZero: 0 none (or an implied constant), 1 stored integer zeros, 2 stored float zeros.
 // kOrder: 0 the mma order, 1 the wgmma order (layout::FragmentOrder).
 template <unsigned long long kWeight, unsigned long long kScale, int kZero, int kOrder,
@@ -42,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   constexpr int kBits = weight.bits;
   constexpr int kScaleBytes = scale_format.bits <= 8 ? 1 : scale_format.bits <= 16 ? 2 : 4;
   constexpr unsigned kSignFlip = !weight.is_float() && weight.is_signed ? 1u << (kBits - 1) : 0u;
-  using Layout = typename RepackLayout<kOrder>::type;
+  using Layout = typename FragmentOrderLayout<kOrder>::Layout;
   const long long units = a.k_blocks * 16 / Layout::kUnitK;
   const long long lanes = a.n_padded / 64 * a.k_blocks * 32;
   const long long total = lanes + static_cast<long long>(a.groups) * a.n;

@@ -113,7 +113,8 @@ struct WgmmaWeightLayout {
 };
 
 // The layout struct of a fragment order, by the JIT families' "order" (= layout::FragmentOrder:
-// 0 mma, 1 wgmma), for the kernels that read either (the streamed decode GEMM, mma_dequantize).
+// 0 mma, 1 wgmma), for the kernels that write or read either (mma_repack, the streamed decode
+// GEMM, mma_dequantize).
 template <int kOrder>
 struct FragmentOrderLayout {
   using Layout = MmaWeightLayout;

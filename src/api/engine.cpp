@@ -164,49 +164,19 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
         activation.scaling == ActivationScaling::StaticTensor ? static_activation_scale : 0.0;
   }
 
-  // Which layouts: the mma layout and the wgmma order where some M would run on their
-  // families (the streamed decode kernel reads either); the canonical codes where the mma layout
-  // cannot hold the weight (dequantize + cuBLAS reads them) or where cuBLASLt FP8 would serve
-  // some M. Dequantize + cuBLAS reads a prepared layout when there are no canonical codes. The
-  // selector is asked over the powers of two up to max_rows (and max_rows itself) with the
-  // scheme the weight was prepared for.
-  Scheme prepared_scheme;
-  prepared_scheme.weight = weight.quant;
-  prepared_scheme.activation = prepared->activation;
-  dispatch::WeightFacts facts =
-      dispatch::WeightFacts::of_scheme(prepared_scheme, weight.n, weight.k, impl_->arch);
-  bool want_mma = facts.mma.has_value(), want_canonical = !facts.mma, want_wgmma = false;
-  if (facts.mma && (facts.canonical || facts.wgmma)) {
-    GemmProblem probe;
-    probe.n = weight.n;
-    probe.k = weight.k;
-    probe.scheme.weight = weight.quant;
-    probe.scheme.activation = prepared->activation;
-    want_mma = false;
-    bool want_qdq = false, want_streamed = false;
-    const dispatch::SelectionContext context = impl_->selection_context(probe);
-    std::vector<std::int64_t> probed_rows;
-    for (std::int64_t rows = 1; rows < max_rows; rows *= 2) probed_rows.push_back(rows);
-    probed_rows.push_back(max_rows);
-    for (const std::int64_t rows : probed_rows) {
-      probe.m = rows;  // gemm()'s plans are of one exact M
-      const dispatch::Selection s = dispatch::select(probe, rows, facts, context);
-      switch (s.chosen().candidate->path) {
-        case dispatch::Path::CublasLtFp8: want_canonical = true; break;
-        case dispatch::Path::MmaStreamed: want_streamed = true; break;
-        case dispatch::Path::MmaTiled: want_mma = true; break;
-        case dispatch::Path::Wgmma: want_wgmma = true; break;
-        case dispatch::Path::Qdq: want_qdq = true; break;
-      }
-    }
-    if (facts.wgmma && dispatch::wgmma_order_on_every_weight()) want_wgmma = true;
-    // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
-    // order is kept anyway they take it, and the weight is held once (issue #15: two layouts
-    // only when the M range needs both families).
-    if (want_streamed && !want_wgmma) want_mma = true;
-    if (want_qdq && !want_canonical && !want_wgmma) want_mma = true;
-    if (!want_mma && !want_canonical && !want_wgmma) want_mma = true;  // qdq alone
-  }
+  // Which layouts (dispatch::kept_layouts): those the selector runs some M up to max_rows on,
+  // judged with the scheme the weight was prepared for.
+  GemmProblem probe;
+  probe.n = weight.n;
+  probe.k = weight.k;
+  probe.scheme.weight = weight.quant;
+  probe.scheme.activation = prepared->activation;
+  const dispatch::WeightFacts of_scheme =
+      dispatch::WeightFacts::of_scheme(probe.scheme, weight.n, weight.k, impl_->arch);
+  const dispatch::KeptLayouts kept =
+      dispatch::kept_layouts(probe, of_scheme, max_rows, impl_->selection_context(probe));
+  dispatch::WeightFacts facts = dispatch::keep_layouts(of_scheme, kept);
+  const bool want_mma = kept.mma, want_wgmma = kept.wgmma, want_canonical = kept.canonical;
   log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,
       weight.k,
       fmt::format("{}{}{}", want_mma ? "mma layout " : "", want_wgmma ? "wgmma order " : "",
@@ -224,10 +194,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     if (facts.fp8_weight_mode)
       prepared->fp8_scales = runtime::DeviceBuffer::from(
           runtime::fp8_weight_scales(weight, *facts.fp8_weight_mode));
-  } else {
-    facts.fp8_weight_mode.reset();
   }
-  facts.canonical = want_canonical;
   if (want_mma) {
     // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the
     // tests compare it with): the canonical weight goes up once and is reordered there.
@@ -237,11 +204,6 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     prepared->words = std::move(device.words);
     prepared->scales = std::move(device.scales);
     prepared->zeros = std::move(device.zeros);
-  } else {
-    if (facts.mma)
-      facts.no_mma = "prepared without it (no M would run on it; the decode kernel and qdq read "
-                     "the wgmma order)";
-    facts.mma.reset();
   }
   if (want_wgmma) {
     layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(
@@ -250,9 +212,6 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
     prepared->wgmma_words = std::move(device.words);
     prepared->wgmma_scales = std::move(device.scales);
     prepared->wgmma_zeros = std::move(device.zeros);
-  } else {
-    if (facts.wgmma) facts.no_wgmma = "prepared without it (no M would run on it)";
-    facts.wgmma.reset();
   }
   prepared->facts = std::move(facts);
   QuantWeight out;

@@ -156,7 +156,11 @@ std::vector<jit::KernelSpec> kernel_catalog(const GpuLimits& gpu) {
                                                             : preset.scheme.activation.format;
     // A target a preset cannot run on (bf16 on sm_75) leaves it out.
     try {
-      const WeightFacts weight = WeightFacts::of_scheme(problem.scheme, 4096, 4096, gpu.arch);
+      // The layouts prepare_weight would keep for the range (on SM90 the decode kernel then
+      // reads the wgmma order).
+      const WeightFacts of_scheme = WeightFacts::of_scheme(problem.scheme, 4096, 4096, gpu.arch);
+      const WeightFacts weight = keep_layouts(
+          of_scheme, kept_layouts(problem, of_scheme, problem.max_rows(), context));
       for (jit::KernelSpec& spec : problem_specs(problem, weight, context))
         if (std::find(specs.begin(), specs.end(), spec) == specs.end())
           specs.push_back(std::move(spec));

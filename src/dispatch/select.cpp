@@ -115,6 +115,54 @@ WeightFacts WeightFacts::of_scheme(const Scheme& scheme, std::int64_t n, std::in
   return facts;
 }
 
+KeptLayouts kept_layouts(const GemmProblem& probe_problem, const WeightFacts& facts,
+                         std::int64_t max_rows, const SelectionContext& context) {
+  KeptLayouts kept;
+  kept.mma = facts.mma.has_value();
+  kept.canonical = !facts.mma;
+  if (!facts.mma || !(facts.canonical || facts.wgmma)) return kept;  // one layout can serve
+  kept.mma = false;
+  bool qdq = false, streamed = false;
+  GemmProblem probe = probe_problem;
+  std::vector<std::int64_t> probed_rows;
+  for (std::int64_t rows = 1; rows < max_rows; rows *= 2) probed_rows.push_back(rows);
+  probed_rows.push_back(max_rows);
+  for (const std::int64_t rows : probed_rows) {
+    probe.m = rows;  // gemm()'s plans are of one exact M
+    probe.m_max = 0;
+    switch (select(probe, rows, facts, context).chosen().candidate->path) {
+      case Path::CublasLtFp8: kept.canonical = true; break;
+      case Path::MmaStreamed: streamed = true; break;
+      case Path::MmaTiled: kept.mma = true; break;
+      case Path::Wgmma: kept.wgmma = true; break;
+      case Path::Qdq: qdq = true; break;
+    }
+  }
+  if (facts.wgmma && wgmma_order_on_every_weight()) kept.wgmma = true;
+  // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
+  // order is kept anyway they take it.
+  if (streamed && !kept.wgmma) kept.mma = true;
+  if (qdq && !kept.canonical && !kept.wgmma) kept.mma = true;
+  if (!kept.mma && !kept.canonical && !kept.wgmma) kept.mma = true;  // qdq alone
+  return kept;
+}
+
+WeightFacts keep_layouts(WeightFacts facts, const KeptLayouts& kept) {
+  if (!kept.canonical) facts.fp8_weight_mode.reset();
+  facts.canonical = kept.canonical;
+  if (!kept.mma && facts.mma) {
+    facts.no_mma =
+        "prepared without it (no M would run on it; the decode kernel and qdq read the wgmma "
+        "order)";
+    facts.mma.reset();
+  }
+  if (!kept.wgmma && facts.wgmma) {
+    facts.no_wgmma = "prepared without it (no M would run on it)";
+    facts.wgmma.reset();
+  }
+  return facts;
+}
+
 WeightFacts expert_facts(WeightFacts facts, layout::FragmentOrder order,
                          std::optional<layout::MmaWeight> meta, std::string why) {
   const bool wgmma = order == layout::FragmentOrder::Wgmma;

@@ -113,6 +113,20 @@ Selection select(const GemmProblem& problem, std::int64_t m, const WeightFacts& 
 // clipped to the range.
 std::vector<std::pair<std::int64_t, std::int64_t>> m_buckets(const GemmProblem& problem);
 
+// The layouts Engine::prepare_weight keeps for calls of up to `max_rows` rows of `probe` (its
+// scheme, N and K; facts: WeightFacts::of_scheme): the mma layout and the wgmma order where the
+// selector runs some M on their families (the streamed decode kernel and qdq's dequantization
+// read the wgmma order where it is kept: SM90 then holds the weight once, issue #15), the
+// canonical codes where the mma layout cannot hold the weight or cuBLASLt FP8 serves some M.
+// The selector is asked at the powers of two below max_rows and at max_rows.
+struct KeptLayouts {
+  bool mma = false, wgmma = false, canonical = false;
+};
+KeptLayouts kept_layouts(const GemmProblem& probe, const WeightFacts& facts,
+                         std::int64_t max_rows, const SelectionContext& context);
+// `facts` with only the kept layouts' metadata (each dropped one says why).
+WeightFacts keep_layouts(WeightFacts facts, const KeptLayouts& kept);
+
 // Expert weights keep one prepared order (Engine::prepare_experts): `facts` with only `order`'s
 // metadata (`meta`: the prepared one's, with the flags of the actual scales; nullopt: the
 // scheme's), no canonical codes. `why` says why the other order is absent.

@@ -383,6 +383,48 @@ TEST(Select, UnalignedActivationsAreServedByCublas) {
 }
 
 // M ranges are cut into power-of-two buckets clipped to the range.
+// The layouts prepare_weight keeps (kept_layouts): on SM90 a range that reaches the wgmma
+// family holds the weight once, in the wgmma order, which the decode kernel (M = 1) and qdq
+// read; a decode-only range holds the mma layout; off SM90 the mma layout. The catalog that
+// `qgemm compile --all` builds follows it (its decode kernels read the wgmma order on SM90).
+TEST(Select, Sm90KeepsOneLayoutWhereTheRangeReachesWgmma) {
+  const GemmProblem p = problem_of("w4a16", 1, 8192, 8192);
+  const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+  const KeptLayouts whole = kept_layouts(p, facts, 65536, context_of(kH200));
+  EXPECT_TRUE(whole.wgmma);
+  EXPECT_FALSE(whole.mma);
+  EXPECT_FALSE(whole.canonical);
+  const WeightFacts kept = keep_layouts(facts, whole);
+  ASSERT_FALSE(kept.mma);
+  EXPECT_TRUE(contains(kept.no_mma, "wgmma order")) << kept.no_mma;
+  const Selection decode = select(p, 1, kept, context_of(kH200));
+  EXPECT_EQ(decode.chosen().candidate->path, Path::MmaStreamed);
+  const CandidateLaunch launch = candidate_launch(p, 1, decode.chosen(), kept, kH200, 0.0);
+  EXPECT_EQ(launch.gemm->param("order").choice, "wgmma");
+  SelectionContext forced = context_of(kH200);
+  forced.forced = "qdq";
+  const Selection qdq = select(p, 64, kept, forced);
+  ASSERT_EQ(qdq.chosen().candidate->path, Path::Qdq);
+  const CandidateLaunch qdq_launch = candidate_launch(p, 64, qdq.chosen(), kept, kH200, 0.0);
+  EXPECT_EQ(qdq_launch.dequantize->param("order").choice, "wgmma");
+  EXPECT_TRUE(contains(verdict_of(select(p, 64, kept, context_of(kH200)), "medium").rejected,
+                       "no mma layout"));
+
+  const KeptLayouts decode_only = kept_layouts(p, facts, 8, context_of(kH200));
+  EXPECT_TRUE(decode_only.mma);
+  EXPECT_FALSE(decode_only.wgmma);
+  const WeightFacts on_ada = WeightFacts::of_scheme(p.scheme, p.n, p.k, kAda.arch);
+  const KeptLayouts ada = kept_layouts(p, on_ada, 65536, context_of(kAda));
+  EXPECT_TRUE(ada.mma);
+  EXPECT_FALSE(ada.wgmma);
+
+  bool decode_reads_wgmma = false;
+  for (const jit::KernelSpec& spec : kernel_catalog(kH200))
+    if (spec.family == "dense_decode_sm80" && spec.param("order").choice == "wgmma")
+      decode_reads_wgmma = true;
+  EXPECT_TRUE(decode_reads_wgmma);
+}
+
 TEST(Select, BucketsCoverTheRange) {
   GemmProblem p = problem_of("w4a16", 3, 64, 64);
   p.m_max = 40;

@@ -19,6 +19,7 @@
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/prewarm.hpp"
+#include "qgemm/engine.hpp"
 #include "bench/recipe.hpp"
 #include "dispatch/candidate_launch.hpp"
 #include "qgemm/error.hpp"
@@ -146,8 +147,11 @@ int cache_prewarm(const CacheCommandOptions& options) {
       problem.k = c.k;
       problem.input = c.scheme.activation.is_quantized() ? formats::bf16
                                                          : c.scheme.activation.format;
-      const dispatch::WeightFacts weight =
+      // The layouts `qgemm bench` runs on: prepare_weight's, with its default max_rows.
+      const dispatch::WeightFacts of_scheme =
           dispatch::WeightFacts::of_scheme(c.scheme, c.n, c.k, gpu.arch);
+      const dispatch::WeightFacts weight = dispatch::keep_layouts(
+          of_scheme, dispatch::kept_layouts(problem, of_scheme, kPrepareMaxRows, context));
       for (jit::KernelSpec& spec : dispatch::problem_specs(problem, weight, context))
         if (std::find(specs.begin(), specs.end(), spec) == specs.end())
           specs.push_back(std::move(spec));
