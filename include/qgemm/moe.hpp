@@ -69,15 +69,15 @@ struct GluActivation {
 const char* glu_kind_name(GluKind kind);  // "silu", "gelu", "clamped-swiglu"
 
 // The one layout Engine::prepare_experts keeps an expert set in (one copy of the experts'
-// bytes: a deployment that wants both kernels prepares the set twice, knowingly).
-//   Auto    the wgmma order on SM90, the mma layout on SM80-SM89 (their only grouped kernel)
-//   Wgmma   SM90 only: the grouped wgmma tiles (8-256 tokens; every M is served)
-//   Mma     the streamed mma.sync decode kernel in grouped mode (sm80_decode.cuh): a token block
-//           of 8 or 16 routed rows streams its expert's weight once, so it is the decode choice
-//           (few rows per expert; on SM90 it streams faster than the small wgmma tiles) and
-//           costs one weight pass per 16 rows beyond that: on SM90 a decode-only expert set
-//           (H100, Qwen3-30B-A3B gate_up at 1-64 tokens: 10-22 % faster than wgmma-8; gpt-oss's
-//           at 16 tokens 217 against 360 us), prefill several times slower.
+// bytes). The streamed mma.sync decode kernel in grouped mode (sm80_decode.cuh) reads either:
+// a token block of 8 or 16 routed rows streams its expert's weight once, so it is the decode
+// choice (few rows per expert; on SM90 it streams faster than the small wgmma tiles: H100,
+// Qwen3-30B-A3B gate_up at 1-64 tokens 10-22 % faster than wgmma-8) and costs one weight pass
+// per 16 rows beyond that.
+//   Auto    the wgmma order on SM90 (decode kernel and wgmma tiles), the mma layout on
+//           SM80-SM89 (their only grouped kernel)
+//   Wgmma   SM90 only: as Auto there
+//   Mma     the decode kernel only (on SM90 a decode-only expert set)
 enum class ExpertLayout { Auto, Wgmma, Mma };
 const char* expert_layout_name(ExpertLayout layout);  // "auto", "wgmma", "mma"
 
