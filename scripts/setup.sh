@@ -38,6 +38,14 @@ if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
   if "$venv/bin/python" -c "$python_modules" 2>/dev/null; then
     python_args=(-DPython_EXECUTABLE="$venv/bin/python")
   fi
+  # atheris (libFuzzer for Python, a ~35 MB wheel), for scripts/fuzz.sh's Python targets
+  # (safetensors_header, quantization_config: the checkpoint importers). Best effort, a wheel
+  # only (no source build): without it those fuzz targets fail with the reason.
+  if ! "$venv/bin/python" -c "import atheris" 2>/dev/null; then
+    timeout 300 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      --only-binary atheris atheris >/dev/null 2>&1 ||
+      echo "setup.sh: atheris not installed; scripts/fuzz.sh's Python targets will fail" >&2
+  fi
   # torch, for the torch ops and qgemm.nn tests (python/tests/test_ops*.py). The package index's
   # Linux torch is its CUDA build (~3 GB with its CUDA libraries; it runs on the CPU too): about
   # a minute to install here, so CI runs those tests (its CPU ones; the GPU ones skip) well
