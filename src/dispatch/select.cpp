@@ -140,9 +140,10 @@ KeptLayouts kept_layouts(const GemmProblem& probe_problem, const WeightFacts& fa
   }
   if (facts.wgmma && wgmma_order_on_every_weight()) kept.wgmma = true;
   // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
-  // order is kept anyway they take it.
-  if (streamed && !kept.wgmma) kept.mma = true;
-  if (qdq && !kept.canonical && !kept.wgmma) kept.mma = true;
+  // order is kept anyway they take it (once that is ranked: wgmma_order_readers_ranked).
+  const bool readers = kept.wgmma && wgmma_order_readers_ranked();
+  if (streamed && !readers) kept.mma = true;
+  if (qdq && !kept.canonical && !readers) kept.mma = true;
   if (!kept.mma && !kept.canonical && !kept.wgmma) kept.mma = true;  // qdq alone
   return kept;
 }
@@ -418,6 +419,11 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("the weight has no mma layout: " + weight.no_mma);
           break;
         }
+        if (prepared->order == layout::FragmentOrder::Wgmma && !wgmma_order_readers_ranked() &&
+            context.forced != candidate.name) {
+          reject(std::string("the weight has no mma layout, and ") + kWgmmaOrderReadersHeldBack);
+          break;
+        }
         if (!quantized && p.a_alignment < 16) {
           reject(fmt::format("A rows are {}-byte aligned; the kernel copies 16-byte pieces",
                              p.a_alignment));
@@ -515,6 +521,13 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         const layout::MmaWeight* prepared = weight.either_order();
         if (!prepared && !weight.canonical) {
           reject("the weight has neither a prepared layout nor its canonical codes on the device");
+          break;
+        }
+        if (prepared && prepared->order == layout::FragmentOrder::Wgmma && !weight.canonical &&
+            !wgmma_order_readers_ranked() && context.forced != candidate.name) {
+          reject(std::string("the weight has neither the mma layout nor its canonical codes, and "
+                             "the dequantization's ") +
+                 kWgmmaOrderReadersHeldBack);
           break;
         }
         const QdqLaunch launch = qdq_launch(p, m, weight);

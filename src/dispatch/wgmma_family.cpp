@@ -33,6 +33,11 @@ bool wgmma_fp8_ranked() {
   return value && std::string_view(value) == "1";
 }
 
+bool wgmma_order_readers_ranked() {
+  const char* value = std::getenv("QGEMM_WGMMA_ORDER_READERS");
+  return value && std::string_view(value) == "1";
+}
+
 bool wgmma_order_on_every_weight() {
   const char* value = std::getenv("QGEMM_WGMMA");
   return value && std::string_view(value) == "1";

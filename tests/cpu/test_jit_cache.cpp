@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "scoped_env.hpp"
 #include "jit/cache.hpp"
 #include "jit/catalog.hpp"
 #include "jit/compiler.hpp"
@@ -352,30 +353,7 @@ TEST(JitCache, UnwritableDirectoryDegradesToMemoryWithOneWarning) {
   EXPECT_EQ(cache.get(repack_weight_spec(2, Arch::sm_80)).source, CacheSource::Memory);
 }
 
-// Environment handling; restores what it changes.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old) old_ = old;
-    had_ = old != nullptr;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using test::ScopedEnv;
 
 TEST(JitCache, DirectoryComesFromTheEnvironmentInOrder) {
   ScopedEnv home("HOME", "/home/someone");

@@ -16,6 +16,7 @@
 #include "jit/catalog.hpp"
 #include "qgemm/error.hpp"
 #include "qgemm/scheme.hpp"
+#include "scoped_env.hpp"
 
 namespace qgemm::dispatch {
 namespace {
@@ -385,11 +386,26 @@ TEST(Select, UnalignedActivationsAreServedByCublas) {
 // M ranges are cut into power-of-two buckets clipped to the range.
 // The layouts prepare_weight keeps (kept_layouts): on SM90 a range that reaches the wgmma
 // family holds the weight once, in the wgmma order, which the decode kernel (M = 1) and qdq
-// read; a decode-only range holds the mma layout; off SM90 the mma layout. The catalog that
-// `qgemm compile --all` builds follows it (its decode kernels read the wgmma order on SM90).
+// read (once QGEMM_WGMMA_ORDER_READERS ranks them); a decode-only range holds the mma layout;
+// off SM90 the mma layout. The catalog that `qgemm compile --all` builds follows it (its decode
+// kernels then read the wgmma order on SM90).
 TEST(Select, Sm90KeepsOneLayoutWhereTheRangeReachesWgmma) {
   const GemmProblem p = problem_of("w4a16", 1, 8192, 8192);
   const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+  {
+    // Held back until its GPU tests pass: both layouts kept, and a weight in the wgmma order
+    // alone is not decoded unforced.
+    test::ScopedEnv held("QGEMM_WGMMA_ORDER_READERS", nullptr);
+    const KeptLayouts both = kept_layouts(p, facts, 65536, context_of(kH200));
+    EXPECT_TRUE(both.mma && both.wgmma);
+    const WeightFacts wgmma_only = keep_layouts(facts, {false, true, false});
+    const Selection s = select(p, 1, wgmma_only, context_of(kH200));
+    EXPECT_EQ(s.chosen().candidate->path, Path::Wgmma);
+    EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "has not run on a GPU"))
+        << verdict_of(s, "decode").rejected;
+    EXPECT_TRUE(contains(verdict_of(s, "qdq").rejected, "has not run on a GPU"));
+  }
+  test::ScopedEnv ranked("QGEMM_WGMMA_ORDER_READERS", "1");
   const KeptLayouts whole = kept_layouts(p, facts, 65536, context_of(kH200));
   EXPECT_TRUE(whole.wgmma);
   EXPECT_FALSE(whole.mma);

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "scoped_env.hpp"
 #include "dequant/wgmma_e4m3.cuh"
 #include "dispatch/candidate_launch.hpp"
 #include "dispatch/select.hpp"
@@ -56,27 +57,6 @@ layout::MmaWeight wgmma_weight(const std::string& scheme, std::int64_t n, std::i
   return *WeightFacts::of_scheme(parse_scheme(scheme), n, k, jit::Arch::sm_90a).wgmma;
 }
 
-// Sets QGEMM_WGMMA for one scope and restores it.
-class ScopedWgmmaSwitch {
- public:
-  explicit ScopedWgmmaSwitch(const char* value) {
-    if (const char* old = std::getenv("QGEMM_WGMMA")) old_ = old;
-    if (value)
-      setenv("QGEMM_WGMMA", value, 1);
-    else
-      unsetenv("QGEMM_WGMMA");
-  }
-  ~ScopedWgmmaSwitch() {
-    if (old_)
-      setenv("QGEMM_WGMMA", old_->c_str(), 1);
-    else
-      unsetenv("QGEMM_WGMMA");
-  }
-
- private:
-  std::optional<std::string> old_;
-};
-
 // The selector ranks the family on sm_90a unless QGEMM_WGMMA=0, and takes it where it measured
 // fastest (H100, bench/NOTES.md, SM90 wgmma, second session: w4a16 M = 64 and 256 on
 // 28672×8192 at 89.8 / 186 µs against 227 / 865 for mma.sync and 170 / 189 for cuBLAS); the
@@ -84,7 +64,7 @@ class ScopedWgmmaSwitch {
 TEST(WgmmaFamily, IsRankedOnSm90UnlessSwitchedOff) {
   const GemmProblem p = problem_of("w4a16", 64, 28672, 8192);
   {
-    ScopedWgmmaSwitch unset(nullptr);
+    test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
     for (std::int64_t m : {64, 256}) {
       const Selection s = select_on(problem_of("w4a16", m, 28672, 8192), kH200);
       EXPECT_EQ(s.chosen().candidate->path, Path::Wgmma) << "M = " << m;
@@ -104,7 +84,7 @@ TEST(WgmmaFamily, IsRankedOnSm90UnlessSwitchedOff) {
     EXPECT_NE(ada.chosen().candidate->path, Path::Wgmma);
   }
   {
-    ScopedWgmmaSwitch off("0");
+    test::ScopedEnv off("QGEMM_WGMMA", "0");
     const Selection s = select_on(p, kH200);
     for (const WgmmaConfig& config : wgmma_configs())
       EXPECT_EQ(verdict_of(s, config.name).rejected, kWgmmaSwitchedOff) << config.name;
@@ -336,7 +316,7 @@ TEST(WgmmaFp8, RulesNameWhatTheFp8TilesCannotHold) {
 // spec names act=e4m3 (act=e4m3_g128 for group scales), dequant=e4m3. Until they have run on a
 // GPU they are held back: served when forced, never the model's choice.
 TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
-  ScopedWgmmaSwitch unset(nullptr);
+  test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
   for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "fp8-block"}) {
     const bool groups = std::string_view(scheme) == "fp8-block";
     GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
