@@ -14,7 +14,7 @@
 #                                   over them, its bench (experts in the mma layout, then Qwen3
 #                                   in the wgmma order) and the wgmma baseline on the same card
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
-#                                   world 1, then 2 processes where it has two GPUs
+#                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,9 +112,8 @@ moe-decode)
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)
-  # NCCL takes a GPU per rank: world 2 where there are two.
-  worlds=1; [ "$gpus" -ge 2 ] && worlds="1 2"
-  for world in $worlds; do
+  # World 2 on one GPU shares it through gloo (NCCL takes a GPU per rank).
+  for world in 1 2; do
     PYTHONPATH=build-gpu/python timeout 280 python3 -m torch.distributed.run \
       --nproc-per-node $world scripts/multi_gpu.py --json "$out/multi_$world.json" \
       > "$out/multi_$world.txt" 2>&1

@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node 2 scripts/multi_gpu.py [--scheme w4a16] [--json OUT]
     torchrun --nproc-per-node 1 scripts/multi_gpu.py            # the same on one GPU (world 1)
-    torchrun --nproc-per-node 2 scripts/multi_gpu.py --tiny      # small shapes; CPUs and gloo
-                                                                 # where there is no GPU per rank
+    torchrun --nproc-per-node 2 scripts/multi_gpu.py --tiny      # small shapes; gloo where
+                                                                 # there is no GPU per rank
 
 Each rank quantizes the same random full weights (one seed), keeps its part, and runs
   - a Llama-3-8B-shaped MLP with tensor parallelism: gate and up column-parallel (their rows cut
@@ -108,15 +108,18 @@ def main():
     p.add_argument("--json", help="rank 0 writes the figures here")
     args = p.parse_args()
 
-    # NCCL takes one GPU per rank: with more ranks than GPUs the run stays on the CPUs (gloo).
+    # NCCL takes one GPU per rank: more ranks than GPUs share them through gloo, whose
+    # collectives qgemm.parallel runs on host copies.
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cuda = 0 < int(os.environ.get("WORLD_SIZE", 1)) <= gpus
-    if gpus and not cuda:
-        print(f"multi_gpu: {os.environ.get('WORLD_SIZE')} ranks on {gpus} GPU(s): NCCL needs a "
-              "GPU per rank, so this run is on the CPUs (gloo)", flush=True)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    cuda = gpus > 0
+    nccl = cuda and int(os.environ.get("WORLD_SIZE", 1)) <= gpus
+    if cuda and not nccl:
+        print(f"multi_gpu: {os.environ.get('WORLD_SIZE')} ranks on {gpus} GPU(s): NCCL takes a "
+              "GPU per rank, so the ranks share them through gloo (collectives in host memory)",
+              flush=True)
+    dist.init_process_group("nccl" if nccl else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda \
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus) if cuda \
         else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

@@ -160,6 +160,41 @@ def _group():
     return dist.get_world_size(), dist.get_rank()
 
 
+def _through_host(*tensors: torch.Tensor) -> bool:
+    """gloo moves CPU tensors only: where the group is gloo and the tensors live on a GPU (ranks
+    sharing one GPU, which NCCL refuses), a collective runs on host copies."""
+    return dist.get_backend() == "gloo" and any(t.is_cuda for t in tensors)
+
+
+def _all_reduce(tensor: torch.Tensor) -> None:
+    if _through_host(tensor):
+        host = tensor.cpu()
+        dist.all_reduce(host)
+        tensor.copy_(host)
+    else:
+        dist.all_reduce(tensor)
+
+
+def _all_gather(parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    if _through_host(tensor):
+        host = [p.cpu() for p in parts]
+        dist.all_gather(host, tensor.cpu())
+        for part, h in zip(parts, host):
+            part.copy_(h)
+    else:
+        dist.all_gather(parts, tensor)
+
+
+def _all_to_all_single(out: torch.Tensor, tensor: torch.Tensor, out_splits=None,
+                       in_splits=None) -> None:
+    if _through_host(out, tensor):
+        host = out.cpu()
+        dist.all_to_all_single(host, tensor.cpu(), out_splits, in_splits)
+        out.copy_(host)
+    else:
+        dist.all_to_all_single(out, tensor, out_splits, in_splits)
+
+
 class ColumnParallelQuantLinear(torch.nn.Module):
     """y[:, this rank's rows] = x · W[rows]ᵀ (+ bias[rows]); gather_output: the whole y."""
 
@@ -195,7 +230,7 @@ class ColumnParallelQuantLinear(torch.nn.Module):
         widest = max(e - b for b, e in sizes)
         padded = torch.nn.functional.pad(y, (0, widest - y.shape[-1]))
         parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded.contiguous())
+        _all_gather(parts, padded.contiguous())
         return torch.cat([p[..., :e - b] for p, (b, e) in zip(parts, sizes)], dim=-1)
 
 
@@ -228,7 +263,7 @@ class RowParallelQuantLinear(torch.nn.Module):
         # accumulation would be; the bias once, after the sum.
         partial = torch.ops.qgemm.gemm(x.contiguous(), self.local.qweight.handle,
                                        self.local.out_features, None, torch.float32)
-        dist.all_reduce(partial)
+        _all_reduce(partial)
         if self.bias is not None:
             partial = partial + self.bias.to(torch.float32)
         return partial.to(x.dtype)
@@ -240,7 +275,7 @@ def _exchange(tensor: torch.Tensor, send: list[int], receive: list[int]) -> torc
     data = tensor.contiguous()
     rows = data.reshape(data.shape[0], -1).view(torch.uint8)
     out = rows.new_empty((sum(receive), rows.shape[1]))
-    dist.all_to_all_single(out, rows, receive, send)
+    _all_to_all_single(out, rows, receive, send)
     return out.view(tensor.dtype).reshape((sum(receive),) + tuple(tensor.shape[1:]))
 
 
@@ -300,7 +335,7 @@ class ExpertParallelQuantMoE(torch.nn.Module):
         order = torch.argsort(owner, stable=True)
         send = torch.bincount(owner, minlength=world)
         receive = torch.empty_like(send)
-        dist.all_to_all_single(receive, send)
+        _all_to_all_single(receive, send)
         send_list, receive_list = send.tolist(), receive.tolist()
         rows = _exchange(x[order // top_k], send_list, receive_list)
         local_ids = _exchange((slots[order] - firsts[owner[order]]).to(torch.int32).unsqueeze(1),
