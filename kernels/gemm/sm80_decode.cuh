@@ -44,7 +44,7 @@
 //
 // Grouped (MoE, kGrouped; issue #17): A holds the routed rows in expert order (moe.hpp: each
 // expert's run padded to whole routing blocks), and the experts' prepared weights lie back to
-// back (Engine::prepare_experts in the mma layout):
+// back (Engine::prepare_experts, in either order):
 //
 //   grid   x: 64-column slices of ONE expert, y: token blocks of kRows rows, z: 1 (no split-K:
 //          a split's partial sums would cover every token block of the capacity)

@@ -438,7 +438,7 @@ void Engine::dequantize(const QuantWeight& weight, const DeviceMatrix& out, void
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("dequantize: out is {} (rule: bf16 or fp16)", out.dtype.name()));
   // The prepared layouts' kernel stores whole 16-byte pieces; the canonical one dense rows.
-  const bool dense = !w.facts.either_order();
+  const bool dense = !dispatch::qdq_prepared_weight(w.facts);
   if (dense ? out.stride != w.k : out.stride % 8 != 0)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("dequantize: out's stride {} (rule: {})", out.stride,
@@ -785,7 +785,7 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
                                      const jit::KernelSpec& spec, std::int64_t n0,
                                      std::int64_t rows, unsigned short* out, std::int64_t ld,
                                      CUstream stream) {
-  if (!weight.facts.either_order()) {
+  if (!dispatch::qdq_prepared_weight(weight.facts)) {
     // Rows [n0, n0 + rows) of the canonical arrays, as a weight of `rows` rows.
     const PackedWeight& shape = weight.canonical_shape;
     const ScaleGrid grid = shape.scale_grid();
@@ -807,7 +807,7 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
     return;
   }
   // Either fragment order (the spec names which).
-  const layout::MmaWeight& w = *weight.facts.either_order();
+  const layout::MmaWeight& w = *dispatch::qdq_prepared_weight(weight.facts);
   const auto arrays = weight.in_order(w.order);
   kernels::MmaDequantizeArgs d{};
   d.words = arrays.words.as<const unsigned>();
@@ -906,7 +906,8 @@ void Engine::Impl::run_qdq(const detail::PlanStep& step, const detail::PreparedW
     const std::int64_t rows = std::min(launch.chunk_n, n - n0);
     // The canonical dequantization applies the global scale itself; cuBLAS's alpha otherwise.
     const float alpha =
-        weight.facts.either_order() ? static_cast<float>(weight.global_scale) : 1.0f;
+        dispatch::qdq_prepared_weight(weight.facts) ? static_cast<float>(weight.global_scale)
+                                                    : 1.0f;
     launch_dequantize(weight, step.dequantize, *step.launch.dequantize, n0, rows, w16, ld, cu_stream);
     void* c_chunk = static_cast<unsigned char*>(c.data) + n0 * c.dtype.storage_bytes();
     {

@@ -46,13 +46,19 @@ QdqLaunch qdq_launch(const GemmProblem& p, std::int64_t m, const WeightFacts& we
   return launch;
 }
 
+const layout::MmaWeight* qdq_prepared_weight(const WeightFacts& weight) {
+  if (weight.mma) return &*weight.mma;
+  if (weight.canonical) return nullptr;
+  return weight.wgmma ? &*weight.wgmma : nullptr;
+}
+
 std::int64_t qdq_weight_ld(const WeightFacts& weight) {
-  return weight.either_order() ? kernels::MmaDequantizeShape::ld_out(weight.k) : weight.k;
+  return qdq_prepared_weight(weight) ? kernels::MmaDequantizeShape::ld_out(weight.k) : weight.k;
 }
 
 jit::KernelSpec qdq_dequantize_spec(const WeightFacts& weight, const Format& operand,
                                     jit::Arch arch) {
-  if (const layout::MmaWeight* prepared = weight.either_order())
+  if (const layout::MmaWeight* prepared = qdq_prepared_weight(weight))
     return jit::mma_dequantize_spec(*prepared, operand, arch);
   return jit::dequantize_weight_spec(weight.quant, operand, arch);
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
 #include "qgemm/plan.hpp"
 
 namespace qgemm::dispatch {
@@ -42,6 +43,11 @@ Format qdq_operand(const GemmProblem& problem);
 // that rounding (2^-9 relative) is the output's own. For fp16 (whose range could not hold every
 // folded value) and fp32 outputs the operands stay exact and the finish applies the factors.
 bool qdq_folds_row_factors(const GemmProblem& problem);
+
+// The prepared weight dequantize + cuBLAS reads (mma_dequantize.cuh reads either order): the
+// mma layout, else none where the canonical codes are on the device (their own dequantizer),
+// else the wgmma order.
+const layout::MmaWeight* qdq_prepared_weight(const WeightFacts& weight);
 
 // The row stride of the dequantized 16-bit weight: K rounded up to 8 from the mma layout (whole
 // 16-byte stores, kernels/gemm/mma_dequantize_shape.cuh), K from the canonical form.

@@ -517,13 +517,13 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("bf16 GEMMs need SM80 or later");
           break;
         }
-        // The dequantization reads either fragment order, else the canonical codes.
-        const layout::MmaWeight* prepared = weight.either_order();
+        // The mma layout, the canonical codes, or the wgmma order (qdq_prepared_weight).
+        const layout::MmaWeight* prepared = qdq_prepared_weight(weight);
         if (!prepared && !weight.canonical) {
           reject("the weight has neither a prepared layout nor its canonical codes on the device");
           break;
         }
-        if (prepared && prepared->order == layout::FragmentOrder::Wgmma && !weight.canonical &&
+        if (prepared && prepared->order == layout::FragmentOrder::Wgmma &&
             !wgmma_order_readers_ranked() && context.forced != candidate.name) {
           reject(std::string("the weight has neither the mma layout nor its canonical codes, and "
                              "the dequantization's ") +

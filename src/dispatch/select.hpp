@@ -64,9 +64,8 @@ struct WeightFacts {
   // with cuBLASLt's scales where cuBLASLt FP8 can multiply the scheme on `arch`.
   static WeightFacts of_scheme(const Scheme& scheme, std::int64_t n, std::int64_t k,
                                jit::Arch arch);
-  // The prepared weight in either fragment order, the mma layout first: what the kernels that
-  // read both orders take (the streamed decode GEMM, kernels/gemm/sm80_decode.cuh, and the
-  // dequantization of dequantize + cuBLAS, mma_dequantize.cuh); nullptr with neither.
+  // The prepared weight in either fragment order, the mma layout first: what the streamed
+  // decode GEMM (kernels/gemm/sm80_decode.cuh) reads; nullptr with neither.
   const layout::MmaWeight* either_order() const {
     return mma ? &*mma : (wgmma ? &*wgmma : nullptr);
   }

@@ -404,6 +404,10 @@ TEST(Select, Sm90KeepsOneLayoutWhereTheRangeReachesWgmma) {
     EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "has not run on a GPU"))
         << verdict_of(s, "decode").rejected;
     EXPECT_TRUE(contains(verdict_of(s, "qdq").rejected, "has not run on a GPU"));
+    // Beside canonical codes, qdq reads those (their own dequantizer), not the wgmma order.
+    EXPECT_EQ(qdq_prepared_weight(keep_layouts(facts, {false, true, true})), nullptr);
+    EXPECT_EQ(qdq_prepared_weight(keep_layouts(facts, {true, true, true}))->order,
+              layout::FragmentOrder::Mma);
   }
   test::ScopedEnv ranked("QGEMM_WGMMA_ORDER_READERS", "1");
   const KeptLayouts whole = kept_layouts(p, facts, 65536, context_of(kH200));
