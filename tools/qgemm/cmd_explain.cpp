@@ -21,6 +21,7 @@
 #include "command.hpp"
 #include "dispatch/candidate_launch.hpp"
 #include "dispatch/select.hpp"
+#include "qgemm/engine.hpp"
 #include "dispatch/tuned_config.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/driver.hpp"
@@ -80,9 +81,13 @@ int run(const ExplainOptions& options) {
   context.table = table.get();
   dispatch::WeightFacts weight =
       dispatch::WeightFacts::of_scheme(problem.scheme, problem.n, problem.k, context.gpu.arch);
-  // Experts keep one order, as Engine::prepare_experts' auto layout: the wgmma order where the
-  // SM90 family takes the weight, else the mma layout.
-  if (problem.experts > 0) {
+  // The layouts a prepared weight holds: prepare_weight's with its default max_rows; experts
+  // keep one order, as Engine::prepare_experts' auto layout (the wgmma order where the SM90
+  // family takes the weight, else the mma layout).
+  if (problem.experts == 0) {
+    weight = dispatch::keep_layouts(
+        weight, dispatch::kept_layouts(problem, weight, kPrepareMaxRows, context));
+  } else {
     const auto order = weight.wgmma ? layout::FragmentOrder::Wgmma : layout::FragmentOrder::Mma;
     weight = dispatch::expert_facts(std::move(weight), order, std::nullopt,
                                     "experts keep one order (prepare_experts' auto layout)");
