@@ -149,6 +149,48 @@ def _require(condition: bool, message: str) -> None:
         raise Error(message)
 
 
+_INT_LIMIT = 1 << 31  # config numbers (bits, group and block sizes) are C++ ints in the scheme
+
+
+def _as_int(value, field: str) -> int:
+    """A quantization_config number as an int: an integer (or a float of integral value, as a
+    JSON writer may give it) in [-2^31, 2^31), else qgemm.Error naming the field."""
+    integral = isinstance(value, int) and not isinstance(value, bool) or (
+        isinstance(value, float) and value.is_integer())
+    _require(integral and -_INT_LIMIT <= value < _INT_LIMIT,
+             f"{field} is {value!r} (rule: an integer in [-2^31, 2^31))")
+    return int(value)
+
+
+def _int_field(config: Mapping, key: str, where: str, default=None) -> int:
+    """config[key] as an int (_as_int); a missing or null field is `default`, or qgemm.Error
+    naming the field where there is no default."""
+    value = config.get(key)
+    if value is None:
+        _require(default is not None, f"{where}: the quantization_config has no {key} (rule: "
+                 f"{where} needs it)")
+        return default
+    return _as_int(value, f"{where}: quantization_config {key}")
+
+
+def _mapping(value, field: str, optional: bool = False) -> Mapping:
+    """A quantization_config object (a JSON object), else qgemm.Error naming the field; an
+    optional one may be null (then {})."""
+    if value is None and optional:
+        return {}
+    _require(isinstance(value, Mapping), f"{field} is {value!r} (rule: a JSON object)")
+    return value
+
+
+def _names(value, field: str) -> list:
+    """A quantization_config list of names (targets, ignore), null as none."""
+    if value is None:
+        return []
+    _require(isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value),
+             f"{field} is {value!r} (rule: a list of names)")
+    return list(value)
+
+
 def _build(bits, group, codes_nk, zeros_gn, scales_gn, activation, permutation):
     """PackedWeight and scheme from unsigned codes [n, k], zeros [groups, n] and fp16 scales
     [groups, n]; zero points that are all 2^(bits − 1) become the implied midpoint."""
@@ -174,6 +216,10 @@ def import_gptq(qweight, qzeros, scales, g_idx=None, *, bits: int, group_size: i
     scales = np.asarray(scales, dtype=np.float16)
     _require(qweight.dtype == np.int32 and qzeros.dtype == np.int32,
              "import_gptq: qweight and qzeros must be int32")
+    _require(qweight.ndim == 2 and qzeros.ndim == 2 and scales.ndim == 2 and qweight.size > 0,
+             f"import_gptq: qweight {list(qweight.shape)}, qzeros {list(qzeros.shape)} and scales "
+             f"{list(scales.shape)} (rule: matrices, [k / {32 // bits}, n], "
+             f"[groups, n / {32 // bits}] and [groups, n], n and k positive)")
     codes_kn = _unpack_words(qweight, bits, axis=0)
     k, n = codes_kn.shape
     zeros = _unpack_words(qzeros, bits, axis=1)
@@ -208,6 +254,9 @@ def import_awq(qweight, qzeros, scales, *, group_size: int, bits: int = 4,
     _require(qweight.dtype == np.int32 and qzeros.dtype == np.int32,
              "import_awq: qweight and qzeros must be int32")
     scales = np.asarray(scales, dtype=np.float16)
+    _require(qweight.ndim == 2 and qzeros.ndim == 2 and qweight.size > 0,
+             f"import_awq: qweight {list(qweight.shape)} and qzeros {list(qzeros.shape)} (rule: "
+             "matrices, [k, n / 8] and [groups, n / 8], n and k positive)")
     codes_kn = _unpack_words(qweight, 4, axis=1, order=AWQ_ORDER)
     zeros = _unpack_words(qzeros, 4, axis=1, order=AWQ_ORDER)
     k, n = codes_kn.shape
@@ -355,20 +404,28 @@ def _ct_target_rank(prefix: str, target: str) -> Optional[int]:
     if target == prefix:
         return 0
     if target.startswith("re:"):
-        return 1 if re.match(target[3:], prefix) else None
+        try:
+            return 1 if re.match(target[3:], prefix) else None
+        except (re.error, RecursionError, OverflowError) as error:
+            raise Error(f"import_compressed_tensors: the quantization_config's target or ignore "
+                        f"entry {target!r} is no regular expression ({error}) (rule: \"re:\" "
+                        "then a Python regular expression)") from None
     if target.endswith("Linear") and "." not in target:
         return 2
     return None
 
 
 def _ct_group(config: Mapping, prefix: str, layer: _Layer) -> Mapping:
-    for pattern in config.get("ignore") or ():
+    where = "import_compressed_tensors: quantization_config"
+    for pattern in _names(config.get("ignore"), f"{where} ignore"):
         if _ct_target_rank(prefix, pattern) in (0, 1):
             layer.fail(f"{prefix} is in the quantization_config's ignore list (stored "
                        "unquantized, not a quantized layer)")
     best = None
-    for group_name, group in (config.get("config_groups") or {}).items():
-        for target in group.get("targets") or ():
+    groups = _mapping(config.get("config_groups"), f"{where} config_groups", optional=True)
+    for group_name, group in groups.items():
+        group = _mapping(group, f"{where} config_groups.{group_name}")
+        for target in _names(group.get("targets"), f"{where} config_groups.{group_name}.targets"):
             rank = _ct_target_rank(prefix, target)
             if rank is not None and (best is None or rank < best[0]):
                 best = (rank, group_name, group)
@@ -379,27 +436,36 @@ def _ct_group(config: Mapping, prefix: str, layer: _Layer) -> Mapping:
 
 def _ct_strategy(args: Mapping) -> str:
     strategy = args.get("strategy")
-    group = args.get("group_size")
     if strategy is None:  # QuantizationArgs' inference (quant_args.py, validate_model_after)
-        strategy = "tensor" if group is None else "group" if group > 0 else "channel"
+        group = args.get("group_size")
+        strategy = "tensor" if group is None else "group" if _ct_int(
+            args, "group_size", 0) > 0 else "channel"
     return str(strategy).lower()
+
+
+def _ct_int(args: Mapping, key: str, default: int) -> int:
+    """A number of a compressed-tensors QuantizationArgs (num_bits, group_size); missing or
+    null: `default`."""
+    return _int_field(args, key, "import_compressed_tensors", default)
 
 
 def _ct_activation(args: Optional[Mapping]) -> Optional[str]:
     """qgemm's activation quantization for a compressed-tensors `input_activations`, or None
     (16-bit activations) where qgemm has no counterpart. qgemm quantizes activations
     dynamically: a static (calibrated) per-tensor scale becomes a per-token one."""
+    args = _mapping(args, "import_compressed_tensors: quantization_config input_activations",
+                    optional=True)
     if not args:
         return None
-    bits, kind = int(args.get("num_bits", 8)), str(args.get("type", "int")).lower()
+    bits, kind = _ct_int(args, "num_bits", 8), str(args.get("type", "int")).lower()
     strategy = _ct_strategy(args)
     if kind == "float" and bits == 4 and strategy == "tensor_group":
         return "e2m1:nv"
     element = {("float", 8): "e4m3", ("int", 8): "int8"}.get((kind, bits))
     if element is None:
         return None
-    if strategy == "group" and int(args.get("group_size") or 0) > 0:
-        return f"{element}:g{int(args['group_size'])}"
+    if strategy == "group" and _ct_int(args, "group_size", 0) > 0:
+        return f"{element}:g{_ct_int(args, 'group_size', 0)}"
     return f"{element}:tok"
 
 
@@ -412,6 +478,8 @@ def import_compressed_tensors(tensors: Mapping, prefix: str, config: Mapping,
     group = _ct_group(config, prefix, layer)
     args = group.get("weights")
     layer.require(bool(args), f"the config_group targeting {prefix} quantizes no weights")
+    args = _mapping(args, f"import_compressed_tensors: the weights of the config_group "
+                    f"targeting {prefix}")
     fmt = group.get("format") or config.get("format")
     if fmt in (None, "mixed-precision"):  # per-layer formats: read them off the tensors
         packed = layer.opt(".weight_packed")
@@ -436,16 +504,22 @@ def _ct_grid(layer: _Layer, args: Mapping, n: int, k: int) -> Tuple[str, int, in
     if strategy == "channel":
         return "ch", n, 1
     if strategy == "group":
-        group = int(args.get("group_size") or 0)
+        group = _ct_int(args, "group_size", 0)
         layer.require(group > 0, f"strategy group needs a positive group_size ({group} given)")
         return f"g{group}", n, -(-k // group)
     if strategy == "block":
-        block = args.get("block_structure")
-        if isinstance(block, str):
-            block = [int(v) for v in block.split("x")]
-        layer.require(isinstance(block, (list, tuple)) and len(block) == 2,
-                      f"strategy block needs block_structure [rows, cols] ({block!r} given)")
-        bn, bk = int(block[0]), int(block[1])
+        given = block = args.get("block_structure")
+        if isinstance(block, str):  # "128x128"
+            try:
+                block = [int(v) for v in block.split("x")]
+            except ValueError:
+                pass
+        layer.require(isinstance(block, (list, tuple)) and len(block) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v < _INT_LIMIT
+            for v in block),
+            f"strategy block needs block_structure [rows, cols] of two positive integers "
+            f"below 2^31 ({given!r} given)")
+        bn, bk = block
         return f"b{bn}x{bk}", -(-n // bn), -(-k // bk)
     layer.fail(f"weight strategy {strategy!r} is not supported (tensor, channel, group, block)")
 
@@ -457,7 +531,8 @@ def _ct_zero_points(layer: _Layer, bits: int, rows: int, cols: int, rule: str) -
     z = layer.get(".weight_zero_point", rule)
     offset = 1 << (bits - 1)
     if z.dtype == "I32":
-        words = np.ascontiguousarray(z.data).reshape(-1, cols) if z.data.ndim < 2 else z.data
+        words = z.data if z.data.ndim == 2 or z.data.size % cols else \
+            np.ascontiguousarray(z.data).reshape(-1, cols)
         layer.require(words.shape == (-(-rows * bits // 32), cols),
                       f"{layer.name('.weight_zero_point')} has shape {list(z.shape)}; packed "
                       f"along N it needs [ceil(n · {bits} / 32), groups] = "
@@ -477,7 +552,7 @@ def _ct_pack_quantized(layer: _Layer, args: Mapping, act: Optional[str],
                        activation: str) -> "ImportedLinear":
     rule = "pack-quantized stores weight_packed, weight_scale, weight_shape (and " \
            "weight_zero_point when asymmetric)"
-    bits = int(args.get("num_bits", 8))
+    bits = _ct_int(args, "num_bits", 8)
     layer.require(str(args.get("type", "int")).lower() == "int",
                   f"pack-quantized weights are integers (type {args.get('type')!r} given)")
     layer.require(bits in (2, 4, 8),
@@ -486,13 +561,16 @@ def _ct_pack_quantized(layer: _Layer, args: Mapping, act: Optional[str],
                   "compressed-tensors versions)")
     packed = layer.get(".weight_packed", rule)
     layer.dtype(packed, ".weight_packed", ("I32",))
-    layer.require(packed.data.ndim == 2, f"{layer.name('.weight_packed')} has shape "
-                  f"{list(packed.shape)}; a linear layer's is [n, ceil(k · bits / 32)]")
+    layer.require(packed.data.ndim == 2 and packed.data.size > 0,
+                  f"{layer.name('.weight_packed')} has shape {list(packed.shape)}; a linear "
+                  "layer's is [n, ceil(k · bits / 32)], not empty")
     shape = layer.get(".weight_shape", rule)
     layer.require(shape.data.size == 2 and shape.dtype in INT_TYPES,
                   f"{layer.name('.weight_shape')} must hold the two integers [n, k] "
                   f"({shape.dtype} {list(shape.shape)} given)")
     n, k = (int(v) for v in shape.data.reshape(-1))
+    layer.require(n > 0 and k > 0, f"{layer.name('.weight_shape')} is [{n}, {k}] (rule: n and k "
+                  "positive)")
     words = -(-k * bits // 32)
     layer.require(packed.shape == (n, words),
                   f"{layer.name('.weight_packed')} has shape {list(packed.shape)}; weight_shape "
@@ -508,7 +586,7 @@ def _ct_pack_quantized(layer: _Layer, args: Mapping, act: Optional[str],
     permutation = None
     if granularity.startswith("g"):
         permutation = _group_permutation(layer, layer.opt(".weight_g_idx"), k,
-                                         int(args["group_size"]))
+                                         _ct_int(args, "group_size", 0))
         if permutation is not None:
             codes = pack_canonical(_permute_columns(_unpack_dense(codes, k, bits), permutation),
                                    bits)
@@ -520,11 +598,12 @@ def _ct_pack_quantized(layer: _Layer, args: Mapping, act: Optional[str],
 def _ct_naive_quantized(layer: _Layer, args: Mapping, act: Optional[str], activation: str,
                         fmt: str) -> "ImportedLinear":
     rule = f"{fmt} stores weight (in the quantized type) and weight_scale"
-    bits = int(args.get("num_bits", 8))
+    bits = _ct_int(args, "num_bits", 8)
     kind = str(args.get("type", "int")).lower()
     weight = layer.get(".weight", rule)
-    layer.require(weight.data.ndim == 2, f"{layer.name('.weight')} has shape "
-                  f"{list(weight.shape)}; a linear layer's is [n, k]")
+    layer.require(weight.data.ndim == 2 and weight.data.size > 0,
+                  f"{layer.name('.weight')} has shape {list(weight.shape)}; a linear layer's "
+                  "is [n, k], n and k positive")
     n, k = weight.shape
     granularity, rows, cols = _ct_grid(layer, args, n, k)
     sf, scales = layer.scales(layer.get(".weight_scale", rule), ".weight_scale", rows, cols,
@@ -570,8 +649,9 @@ def _nvfp4(layer: _Layer, packed_suffix: str, rule: str, group: int, act: Option
     layer.require(group == 16, f"NVFP4 blocks are 16 values along K (group_size {group} given)")
     weight = layer.get(packed_suffix, rule)
     layer.dtype(weight, packed_suffix, ("U8",))
-    layer.require(weight.data.ndim == 2, f"{layer.name(packed_suffix)} has shape "
-                  f"{list(weight.shape)}; it is [n, k / 2] (two e2m1 codes a byte)")
+    layer.require(weight.data.ndim == 2 and weight.data.size > 0,
+                  f"{layer.name(packed_suffix)} has shape {list(weight.shape)}; it is "
+                  "[n, k / 2] (two e2m1 codes a byte), not empty")
     n, k = weight.shape[0], 2 * weight.shape[1]
     scale = layer.get(".weight_scale", rule)
     layer.dtype(scale, ".weight_scale", ("F8_E4M3",))
@@ -591,7 +671,7 @@ def _ct_nvfp4(layer: _Layer, args: Mapping, act: Optional[str],
     # compressed-tensors divides by its global scale (w = q · s / g); qgemm multiplies by
     # the reciprocal, rounded to fp32 (relative error ≤ 2^-24 against the division).
     reciprocal = float(np.float32(1.0 / global_scale))
-    return _nvfp4(layer, ".weight_packed", rule, int(args.get("group_size") or 16), act,
+    return _nvfp4(layer, ".weight_packed", rule, _ct_int(args, "group_size", 16) or 16, act,
                   activation, reciprocal)
 
 
@@ -609,14 +689,15 @@ def import_modelopt(tensors: Mapping, prefix: str, config: Mapping, activation: 
         rule = "NVFP4 stores weight, weight_scale, weight_scale_2 and input_scale"
         global_scale = layer.scalar(layer.get(".weight_scale_2", rule), ".weight_scale_2")
         act = "e2m1:nv" if quantize_activations else None
-        return _nvfp4(layer, ".weight", rule, int(config.get("group_size") or 16), act,
-                      activation, global_scale, input_value)
+        group = _int_field(config, "group_size", "import_modelopt", 16) or 16
+        return _nvfp4(layer, ".weight", rule, group, act, activation, global_scale, input_value)
     if algo in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN"):
         rule = f"{algo} stores weight (e4m3) and weight_scale"
         weight = layer.get(".weight", rule)
         layer.dtype(weight, ".weight", ("F8_E4M3",))
-        layer.require(weight.data.ndim == 2, f"{layer.name('.weight')} has shape "
-                      f"{list(weight.shape)}; a linear layer's is [n, k]")
+        layer.require(weight.data.ndim == 2 and weight.data.size > 0,
+                      f"{layer.name('.weight')} has shape {list(weight.shape)}; a linear "
+                      "layer's is [n, k], n and k positive")
         layer.require(not bool(np.any((weight.data & 0x7F) == 0x7F)),
                       f"{layer.name('.weight')} holds NaN codes (rule: finite e4m3)")
         n, k = weight.shape
@@ -660,6 +741,8 @@ def import_mxfp4(blocks, scales, *, expert: Optional[int] = None, activation: st
     layer.require(bd.ndim == 3 and bd.shape[2] == 16,
                   f"{name}_blocks has shape {list(b.shape)}; it is [(experts,) n, k / 32, 16]")
     n, blocks_k = bd.shape[:2]
+    layer.require(n > 0 and blocks_k > 0, f"{name}_blocks has shape {list(b.shape)} (rule: n "
+                  "and k / 32 positive)")
     layer.require(sd.shape == (n, blocks_k),
                   f"{name}_scales has shape {list(s.shape)}; one e8m0 scale per 32 values "
                   f"needs [(experts,) n, k / 32] = [{n}, {blocks_k}]")
@@ -831,8 +914,8 @@ def import_fp8_block(weight, weight_scale_inv, *, block_size=(128, 128), activat
                    name, "import_fp8_block", "FP8 (quant_method fp8)")
     w = layer.get(".weight", "stores weight and weight_scale_inv")
     layer.dtype(w, ".weight", ("F8_E4M3",))
-    layer.require(w.data.ndim == 2, f"{name}.weight has shape {list(w.shape)}; a linear "
-                  "layer's is [n, k]")
+    layer.require(w.data.ndim == 2 and w.data.size > 0, f"{name}.weight has shape "
+                  f"{list(w.shape)}; a linear layer's is [n, k], n and k positive")
     layer.require(not bool(np.any((w.data & 0x7F) == 0x7F)),
                   f"{name}.weight holds NaN codes (rule: finite e4m3)")
     n, k = w.shape
@@ -840,8 +923,12 @@ def import_fp8_block(weight, weight_scale_inv, *, block_size=(128, 128), activat
     if block_size is None:
         granularity, rows, cols, act = "t", 1, 1, "e4m3:tok"
     else:
-        layer.require(len(block_size) == 2 and all(int(v) > 0 for v in block_size),
-                      f"weight_block_size must be two positive integers ({block_size!r})")
+        layer.require(isinstance(block_size, (list, tuple)) and len(block_size) == 2 and all(
+            (isinstance(v, (int, np.integer)) and not isinstance(v, bool) or
+             isinstance(v, float) and v.is_integer()) and 0 < v < _INT_LIMIT
+            for v in block_size),
+            f"weight_block_size must be two positive integers below 2^31 ({block_size!r} "
+            "given)")
         bn, bk = (int(v) for v in block_size)
         granularity, rows, cols = f"b{bn}x{bk}", -(-n // bn), -(-k // bk)
         act = f"e4m3:g{bk}"
@@ -886,8 +973,9 @@ def import_bitnet(weight, weight_scale, *, linear_class: str = "bitlinear",
              f"import_bitnet: linear_class must be 'bitlinear' or 'autobitlinear' "
              f"({linear_class!r})")
     w = layer.get(".weight", "stores weight and weight_scale")
-    layer.require(w.data.ndim == 2, f"{name}.weight has shape {list(w.shape)}; it is "
-                  "[ceil(n / 4), k] packed (or [n, k] ternary values)")
+    layer.require(w.data.ndim == 2 and w.data.size > 0, f"{name}.weight has shape "
+                  f"{list(w.shape)}; it is [ceil(n / 4), k] packed (or [n, k] ternary values), "
+                  "not empty")
     if w.dtype == "U8":
         rows, k = w.shape
         n = rows * BITNET_VALUES_PER_BYTE if out_features is None else int(out_features)
@@ -922,6 +1010,24 @@ def import_bitnet(weight, weight_scale, *, linear_class: str = "bitlinear",
 
 # --- configs, dispatch, files --------------------------------------------------------------
 
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _read_json_object(path: str) -> dict:
+    """A JSON file holding an object (config.json, hf_quant_config.json), else qgemm.Error
+    naming the file and the rule."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise Error(f"{path} is not JSON ({type(error).__name__}: {error})") from None
+    _require(isinstance(value, dict), f"{path} holds a JSON {_json_type(value)} (rule: a JSON "
+             "object)")
+    return value
+
+
 def quantization_config(model_dir: str) -> dict:
     """The `quantization_config` of a model directory's config.json; for modelopt exports
     that keep it in hf_quant_config.json ({"producer", "quantization": {"quant_algo", ...}}),
@@ -929,17 +1035,18 @@ def quantization_config(model_dir: str) -> dict:
     config = {}
     path = os.path.join(model_dir, "config.json")
     if os.path.exists(path):
-        with open(path) as f:
-            config = json.load(f)
+        config = _read_json_object(path)
     if "quantization_config" in config:
-        q = dict(config["quantization_config"])
+        q = config["quantization_config"]
+        _require(isinstance(q, dict), f"{path}: quantization_config is a JSON "
+                 f"{_json_type(q)} (rule: a JSON object)")
+        q = dict(q)
         if q.get("quant_method") == "modelopt" and isinstance(q.get("quantization"), dict):
             q = {**q.pop("quantization"), **q}
         return q
     modelopt = os.path.join(model_dir, "hf_quant_config.json")
     if os.path.exists(modelopt):
-        with open(modelopt) as f:
-            q = json.load(f)
+        q = _read_json_object(modelopt)
         _require(isinstance(q.get("quantization"), dict),
                  f"{modelopt} has no 'quantization' object")
         return {"quant_method": "modelopt", **q["quantization"]}
@@ -960,18 +1067,24 @@ def import_linear(tensors: Mapping, prefix: str, config: Mapping, activation: st
     activations (FP8 W8A8, NVFP4 W4A4, BitNet's int8, DeepSeek's 1x128 FP8) the scheme does too,
     dynamically; False keeps them 16-bit. expert: gpt-oss MXFP4 experts' index."""
     method = config.get("quant_method")
-    get = lambda name: as_stored(tensors[f"{prefix}.{name}"], f"{prefix}.{name}").values()
+    if method in ("gptq", "awq"):
+        layer = _Layer(tensors, prefix + ".", "import_linear", method.upper())
+        rule = "stores qweight, qzeros and scales"
+        get = lambda name: layer.get(name, rule).values()
     if method == "gptq":
-        g_idx = tensors.get(f"{prefix}.g_idx")
+        g_idx = layer.opt("g_idx")
         return import_gptq(get("qweight"), get("qzeros"), get("scales"),
-                           None if g_idx is None else as_stored(g_idx).values(),
-                           bits=int(config["bits"]), group_size=int(config["group_size"]),
+                           None if g_idx is None else g_idx.values(),
+                           bits=_int_field(config, "bits", "import_linear (GPTQ)"),
+                           group_size=_int_field(config, "group_size", "import_linear (GPTQ)"),
                            checkpoint_format=config.get("checkpoint_format", "gptq"),
                            activation=activation)
     if method == "awq":
-        group = config.get("group_size", config.get("q_group_size"))
-        return import_awq(get("qweight"), get("qzeros"), get("scales"), group_size=int(group),
-                          bits=int(config.get("bits", config.get("w_bit", 4))),
+        group_key = "group_size" if config.get("group_size") is not None else "q_group_size"
+        bits_key = "bits" if config.get("bits") is not None else "w_bit"
+        return import_awq(get("qweight"), get("qzeros"), get("scales"),
+                          group_size=_int_field(config, group_key, "import_linear (AWQ)"),
+                          bits=_int_field(config, bits_key, "import_linear (AWQ)", 4),
                           activation=activation)
     if method == "compressed-tensors":
         return import_compressed_tensors(tensors, prefix, config, activation,

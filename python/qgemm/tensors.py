@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import struct
 from typing import Dict, Iterable, Optional
 
@@ -124,29 +126,78 @@ def as_stored(x, name: str = "tensor") -> StoredTensor:
     return StoredTensor(dtype, array)
 
 
+MAX_DIMS = 32  # numpy's limit before 2.0 (64 since); checkpoints' tensors have a few
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SafetensorsFile:
-    """One .safetensors file, read lazily: `keys()`, `get(name)` (a StoredTensor, copied)."""
+    """One .safetensors file, read lazily: `keys()`, `get(name)` (a StoredTensor, copied).
+
+    The header is checked when the file is opened: a JSON object whose entries (but
+    "__metadata__") are {"dtype": a name, "shape": [non-negative integers], "data_offsets":
+    [begin, end]} with 0 <= begin <= end <= the size of the data after the header. A file that
+    breaks a rule raises qgemm.Error naming the tensor and the rule; a dtype qgemm does not
+    read, or a size that does not match the shape, raises it when that tensor is read."""
 
     def __init__(self, path: str):
         self.path = path
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) != 8:
                 raise Error(f"{path}: not a safetensors file (shorter than its 8-byte header "
                             "length)")
             (length,) = struct.unpack("<Q", head)
-            try:
-                header = json.loads(f.read(length))
-            except ValueError as error:
-                raise Error(f"{path}: the safetensors header is not JSON ({error})") from None
+            if length > size - 8:
+                raise Error(f"{path}: the safetensors header length {length} runs past the end "
+                            f"of the file (rule: 8 + header length <= the file's {size} bytes)")
+            text = f.read(length)
+        try:
+            header = json.loads(text)
+        except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+            raise Error(f"{path}: the safetensors header is not JSON ({type(error).__name__}: "
+                        f"{error})") from None
+        if not isinstance(header, dict):
+            raise Error(f"{path}: the safetensors header is a JSON {type(header).__name__} "
+                        "(rule: an object mapping tensor names to {dtype, shape, data_offsets})")
         header.pop("__metadata__", None)
+        data_size = size - 8 - length
+        for name, entry in header.items():
+            self._check_entry(name, entry, data_size)
         self.header: Dict[str, dict] = header
         self.data_start = 8 + length
+
+    def _check_entry(self, name: str, entry, data_size: int) -> None:
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(entry, dict):
+            raise Error(f"{where} is a JSON {type(entry).__name__} (rule: an object "
+                        "{dtype, shape, data_offsets})")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in entry:
+                raise Error(f"{where} has no {key} (rule: every tensor has dtype, shape and "
+                            "data_offsets)")
+        if not isinstance(entry["dtype"], str):
+            raise Error(f"{where} has dtype {entry['dtype']!r} (rule: a dtype name, e.g. F32)")
+        shape = entry["shape"]
+        if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and
+                all(_is_count(d) for d in shape)):
+            raise Error(f"{where} has shape {shape!r} (rule: a list of at most {MAX_DIMS} "
+                        "non-negative integers)")
+        offsets = entry["data_offsets"]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and
+                all(_is_count(v) for v in offsets) and offsets[0] <= offsets[1] <= data_size):
+            raise Error(f"{where} has data_offsets {offsets!r} (rule: [begin, end], 0 <= begin "
+                        f"<= end <= {data_size}, the bytes of data after the header)")
 
     def keys(self) -> Iterable[str]:
         return self.header.keys()
 
     def get(self, name: str) -> StoredTensor:
+        if name not in self.header:
+            raise Error(f"{self.path}: no tensor named {name!r}")
         entry = self.header[name]
         dtype = entry["dtype"]
         if dtype not in STORAGE:
@@ -154,13 +205,16 @@ class SafetensorsFile:
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         storage = STORAGE[dtype]
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if end - begin != count * storage.itemsize:
             raise Error(f"{self.path}: tensor {name} holds {end - begin} bytes; its shape "
                         f"{list(shape)} of {dtype} needs {count * storage.itemsize}")
         with open(self.path, "rb") as f:
             f.seek(self.data_start + begin)
             raw = f.read(end - begin)
+        if len(raw) != end - begin:
+            raise Error(f"{self.path}: tensor {name}: the file ends {end - begin - len(raw)} "
+                        "bytes before its data does")
         return StoredTensor(dtype, np.frombuffer(raw, dtype=storage).reshape(shape).copy())
 
 

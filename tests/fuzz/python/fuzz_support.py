@@ -53,6 +53,25 @@ def check(condition, message: str) -> None:
         raise Finding(f"check failed: {message}")
 
 
+# Triage: QGEMM_FUZZ_KEEP_GOING=DIR records each distinct finding (its exception type and the
+# innermost qgemm line) as DIR/<signature> holding the first input that gave it, and fuzzing
+# goes on, so that one run lists them all.
+KEEP_GOING = os.environ.get("QGEMM_FUZZ_KEEP_GOING")
+current_input = [b""]
+
+
+def _keep(error: BaseException) -> None:
+    import traceback
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "qgemm" in f.filename]
+    where = f"{os.path.basename(frames[-1].filename)}_{frames[-1].lineno}" if frames else "harness"
+    path = os.path.join(KEEP_GOING, f"{type(error).__name__}-{where}")
+    if not os.path.exists(path):
+        os.makedirs(KEEP_GOING, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(current_input[0])
+        sys.stderr.write(f"==qgemm-fuzz== kept {path}: {str(error)[:200]}\n")
+
+
 def expect_result_or_error(body) -> None:
     """Runs `body`; qgemm.Error is the expected rejection, anything else a finding (re-raised,
     so that libFuzzer writes the input)."""
@@ -61,11 +80,15 @@ def expect_result_or_error(body) -> None:
     except qgemm.Error:
         pass  # rejected with qgemm's error: the contract holds
     except Finding as error:
+        if KEEP_GOING:
+            return _keep(error)
         finding(str(error))
         raise
     except BaseException as error:  # noqa: BLE001 (RecursionError, MemoryError: findings too)
         if isinstance(error, KeyboardInterrupt):
             raise
+        if KEEP_GOING:
+            return _keep(error)
         text = str(error)
         finding(f"exception other than qgemm.Error: {type(error).__name__}: "
                 f"{text[:500]}{'...' if len(text) > 500 else ''}")
@@ -118,9 +141,13 @@ class Scratch:
 def main(test_one_input, custom_mutator=None) -> None:
     """libFuzzer through atheris (argv: libFuzzer's flags, corpus directories, or files to
     replay); without atheris, replays the files and directories named."""
+    def run(data: bytes) -> None:
+        current_input[0] = data
+        test_one_input(data)
+
     if atheris is not None:
         kwargs = {} if custom_mutator is None else {"custom_mutator": custom_mutator}
-        atheris.Setup(sys.argv, test_one_input, **kwargs)
+        atheris.Setup(sys.argv, run if KEEP_GOING else test_one_input, **kwargs)
         atheris.Fuzz()
         return
     paths = [a for a in sys.argv[1:] if not a.startswith("-")]
