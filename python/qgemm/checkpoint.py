@@ -561,9 +561,8 @@ def _ct_pack_quantized(layer: _Layer, args: Mapping, act: Optional[str],
                   "compressed-tensors versions)")
     packed = layer.get(".weight_packed", rule)
     layer.dtype(packed, ".weight_packed", ("I32",))
-    layer.require(packed.data.ndim == 2 and packed.data.size > 0,
-                  f"{layer.name('.weight_packed')} has shape {list(packed.shape)}; a linear "
-                  "layer's is [n, ceil(k · bits / 32)], not empty")
+    layer.require(packed.data.ndim == 2, f"{layer.name('.weight_packed')} has shape "
+                  f"{list(packed.shape)}; a linear layer's is [n, ceil(k · bits / 32)]")
     shape = layer.get(".weight_shape", rule)
     layer.require(shape.data.size == 2 and shape.dtype in INT_TYPES,
                   f"{layer.name('.weight_shape')} must hold the two integers [n, k] "
@@ -601,9 +600,8 @@ def _ct_naive_quantized(layer: _Layer, args: Mapping, act: Optional[str], activa
     bits = _ct_int(args, "num_bits", 8)
     kind = str(args.get("type", "int")).lower()
     weight = layer.get(".weight", rule)
-    layer.require(weight.data.ndim == 2 and weight.data.size > 0,
-                  f"{layer.name('.weight')} has shape {list(weight.shape)}; a linear layer's "
-                  "is [n, k], n and k positive")
+    layer.require(weight.data.ndim == 2, f"{layer.name('.weight')} has shape "
+                  f"{list(weight.shape)}; a linear layer's is [n, k]")
     n, k = weight.shape
     granularity, rows, cols = _ct_grid(layer, args, n, k)
     sf, scales = layer.scales(layer.get(".weight_scale", rule), ".weight_scale", rows, cols,
@@ -695,9 +693,8 @@ def import_modelopt(tensors: Mapping, prefix: str, config: Mapping, activation: 
         rule = f"{algo} stores weight (e4m3) and weight_scale"
         weight = layer.get(".weight", rule)
         layer.dtype(weight, ".weight", ("F8_E4M3",))
-        layer.require(weight.data.ndim == 2 and weight.data.size > 0,
-                      f"{layer.name('.weight')} has shape {list(weight.shape)}; a linear "
-                      "layer's is [n, k], n and k positive")
+        layer.require(weight.data.ndim == 2, f"{layer.name('.weight')} has shape "
+                      f"{list(weight.shape)}; a linear layer's is [n, k]")
         layer.require(not bool(np.any((weight.data & 0x7F) == 0x7F)),
                       f"{layer.name('.weight')} holds NaN codes (rule: finite e4m3)")
         n, k = weight.shape
@@ -741,8 +738,6 @@ def import_mxfp4(blocks, scales, *, expert: Optional[int] = None, activation: st
     layer.require(bd.ndim == 3 and bd.shape[2] == 16,
                   f"{name}_blocks has shape {list(b.shape)}; it is [(experts,) n, k / 32, 16]")
     n, blocks_k = bd.shape[:2]
-    layer.require(n > 0 and blocks_k > 0, f"{name}_blocks has shape {list(b.shape)} (rule: n "
-                  "and k / 32 positive)")
     layer.require(sd.shape == (n, blocks_k),
                   f"{name}_scales has shape {list(s.shape)}; one e8m0 scale per 32 values "
                   f"needs [(experts,) n, k / 32] = [{n}, {blocks_k}]")
@@ -914,8 +909,8 @@ def import_fp8_block(weight, weight_scale_inv, *, block_size=(128, 128), activat
                    name, "import_fp8_block", "FP8 (quant_method fp8)")
     w = layer.get(".weight", "stores weight and weight_scale_inv")
     layer.dtype(w, ".weight", ("F8_E4M3",))
-    layer.require(w.data.ndim == 2 and w.data.size > 0, f"{name}.weight has shape "
-                  f"{list(w.shape)}; a linear layer's is [n, k], n and k positive")
+    layer.require(w.data.ndim == 2, f"{name}.weight has shape {list(w.shape)}; a linear "
+                  "layer's is [n, k]")
     layer.require(not bool(np.any((w.data & 0x7F) == 0x7F)),
                   f"{name}.weight holds NaN codes (rule: finite e4m3)")
     n, k = w.shape
@@ -973,9 +968,8 @@ def import_bitnet(weight, weight_scale, *, linear_class: str = "bitlinear",
              f"import_bitnet: linear_class must be 'bitlinear' or 'autobitlinear' "
              f"({linear_class!r})")
     w = layer.get(".weight", "stores weight and weight_scale")
-    layer.require(w.data.ndim == 2 and w.data.size > 0, f"{name}.weight has shape "
-                  f"{list(w.shape)}; it is [ceil(n / 4), k] packed (or [n, k] ternary values), "
-                  "not empty")
+    layer.require(w.data.ndim == 2, f"{name}.weight has shape {list(w.shape)}; it is "
+                  "[ceil(n / 4), k] packed (or [n, k] ternary values)")
     if w.dtype == "U8":
         rows, k = w.shape
         n = rows * BITNET_VALUES_PER_BYTE if out_features is None else int(out_features)
