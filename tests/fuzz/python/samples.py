@@ -7,7 +7,7 @@ seeds: a mutated config then starts from a layer that loads)."""
 
 import numpy as np
 
-from fuzz_support import tensors as qt
+from qgemm import tensors as qt  # (the fuzz targets import qgemm first: fuzz_support)
 
 PREFIX = "model.layers.0.mlp.down_proj"
 EXPERTS = "model.layers.0.mlp.experts"
