@@ -117,6 +117,9 @@ for t in "${targets[@]}"; do
             "tests/fuzz/python/fuzz_$t.py")
     extra=(-dict="tests/fuzz/python/$t.dict")
     seeds="tests/fuzz/python/$t"
+    # The files each input becomes (a .safetensors file, config.json): on tmpfs where there is one.
+    shm=/dev/shm; [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
+    export QGEMM_FUZZ_SCRATCH; QGEMM_FUZZ_SCRATCH=$(mktemp -d "$shm/qgemm-fuzz-$t.XXXXXX")
   else
     runner=("$build_dir/tests/fuzz/fuzz_$t")
     extra=()
@@ -126,6 +129,7 @@ for t in "${targets[@]}"; do
   "${runner[@]}" -max_total_time="$seconds" -max_len="$(max_len "$t")" \
     -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$artifacts/" \
     "${extra[@]}" "$corpus" "$seeds" >"$log" 2>&1 || status=$?
+  if is_python "$t"; then rm -rf "$QGEMM_FUZZ_SCRATCH"; unset QGEMM_FUZZ_SCRATCH; fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 || true)
   if [ "$status" = 0 ]; then

@@ -10,7 +10,8 @@ FP8 block sizes, BitNet's options), with 16-bit and quantized activations, and
 checkpoint.quantized_prefixes / quantized_experts on their tensors' names. Contract: each call
 returns a valid result (fuzz_support.check_layer) or raises qgemm.Error.
 
-    PYTHONPATH=build/python python tests/fuzz/python/fuzz_quantization_config.py [libFuzzer flags] CORPUS...
+    PYTHONPATH=build/python python tests/fuzz/python/fuzz_quantization_config.py \
+        [libFuzzer flags] CORPUS_DIR... | FILE...
 """
 
 import os

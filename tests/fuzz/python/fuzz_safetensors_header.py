@@ -10,7 +10,8 @@ mutations reach the header's contents; now and then it mutates the raw bytes, le
 Contract: every call returns a valid result (tensors of the declared dtype and shape; imported
 layers that pass fuzz_support.check_layer) or raises qgemm.Error.
 
-    PYTHONPATH=build/python python tests/fuzz/python/fuzz_safetensors_header.py [libFuzzer flags] CORPUS...
+    PYTHONPATH=build/python python tests/fuzz/python/fuzz_safetensors_header.py \
+        [libFuzzer flags] CORPUS_DIR... | FILE...
 """
 
 import json
@@ -21,8 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fuzz_support import (atheris, check, check_layer, checkpoint, expect_result_or_error,  # noqa: E402
-                          main, Scratch, tensors)
+from fuzz_support import (atheris, check, check_layer, checkpoint,  # noqa: E402
+                          expect_result_or_error, main, Scratch, tensors)
 import samples  # noqa: E402
 
 CONFIGS = {config["quant_method"] + ("-" + config.get("quant_algo", "") if "quant_algo" in config

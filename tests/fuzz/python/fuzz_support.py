@@ -117,10 +117,15 @@ def check_layer(layer, what: str) -> None:
 
 
 class Scratch:
-    """A directory for the files an input becomes (on tmpfs where there is one), removed at
-    exit."""
+    """A directory for the files an input becomes: $QGEMM_FUZZ_SCRATCH (scripts/fuzz.sh makes
+    it, on tmpfs where there is one, and removes it after the run: libFuzzer ends the process
+    without Python's exit handlers), else a new one removed at a normal exit (a replay)."""
 
     def __init__(self):
+        self.path = os.environ.get("QGEMM_FUZZ_SCRATCH")
+        if self.path:
+            os.makedirs(self.path, exist_ok=True)
+            return
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.path = tempfile.mkdtemp(prefix="qgemm-fuzz-", dir=base)
         import atexit

@@ -26,7 +26,8 @@ def _pack_along(codes, bits, axis):
 
 
 def _awq_pack(codes):
-    """AWQ's GEMM packing along N: nibble t of word i holds column 8i + (0, 2, 4, 6, 1, 3, 5, 7)[t]."""
+    """AWQ's GEMM packing along N: nibble t of word i holds column
+    8i + (0, 2, 4, 6, 1, 3, 5, 7)[t]."""
     order = (0, 2, 4, 6, 1, 3, 5, 7)
     codes = np.asarray(codes, np.uint32)
     words = np.zeros((codes.shape[0], codes.shape[1] // 8), np.uint32)
@@ -127,7 +128,8 @@ def layers():
     hidden, inter = 32, 32
     e = EXPERTS
     out["mxfp4"] = (f"{e}.down_proj", {
-        f"{e}.gate_up_proj_blocks": _st("U8", rng.integers(0, 256, (1, 2 * inter, hidden // 32, 16))),
+        f"{e}.gate_up_proj_blocks": _st("U8", rng.integers(0, 256,
+                                                          (1, 2 * inter, hidden // 32, 16))),
         f"{e}.gate_up_proj_scales": _st("U8", rng.integers(120, 130, (1, 2 * inter, hidden // 32))),
         f"{e}.gate_up_proj_bias": _st("BF16", _bf16(rng.uniform(-1, 1, (1, 2 * inter)))),
         f"{e}.down_proj_blocks": _st("U8", rng.integers(0, 256, (1, hidden, inter // 32, 16))),
