@@ -44,7 +44,7 @@
 namespace qgemm::kernels {
 
 // How the exact value of a code is made (the JIT family's "dequant" choice): fp32 math
-// (dequantize_lane), or an unscaled 16-bit dequantization of the decode kernel, kUnscaled + 1.
+// (dequantize_pair), or an unscaled 16-bit dequantization of the decode kernel, kUnscaled + 1.
 enum MmaDequantizeValue {
   kValueFp32 = 0,
   kValueInt16 = 1 + kDequantInt16,
@@ -74,14 +74,6 @@ __device__ __forceinline__ void load_lane_words(const unsigned* from, unsigned (
 #pragma unroll
     for (int w = 0; w < kBits; ++w) words[w] = from[w];
   }
-}
-
-// 8 consecutive floats, 32-byte aligned.
-__device__ __forceinline__ void load_eight(const float* from, float (&values)[8]) {
-  const float4 low = reinterpret_cast<const float4*>(from)[0];
-  const float4 high = reinterpret_cast<const float4*>(from)[1];
-  values[0] = low.x, values[1] = low.y, values[2] = low.z, values[3] = low.w;
-  values[4] = high.x, values[5] = high.y, values[6] = high.z, values[7] = high.w;
 }
 
 // The mask that keeps the first `valid` (1..8) of a chunk's 8 16-bit values and zeroes the rest.

@@ -464,8 +464,8 @@ def _ct_activation(args: Optional[Mapping]) -> Optional[str]:
     element = {("float", 8): "e4m3", ("int", 8): "int8"}.get((kind, bits))
     if element is None:
         return None
-    if strategy == "group" and _ct_int(args, "group_size", 0) > 0:
-        return f"{element}:g{_ct_int(args, 'group_size', 0)}"
+    if strategy == "group" and (group := _ct_int(args, "group_size", 0)) > 0:
+        return f"{element}:g{group}"
     return f"{element}:tok"
 
 

@@ -70,10 +70,8 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
   switch (launch.path) {
     case Path::MmaStreamed:
     case Path::MmaTiled: {
-      // The tiled kernel reads the mma layout; the streamed one either order (the spec names
-      // which).
-      const layout::MmaWeight& prepared =
-          launch.path == Path::MmaStreamed ? *weight.either_order() : *weight.mma;
+      // The streamed kernel reads either order (its spec names which).
+      const layout::MmaWeight& prepared = *weight.for_mma_sync(launch.path);
       // Grouped (MoE): m is the routed slots; the kernel walks the routing's token blocks.
       launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
                                                       prepared, gpu)

@@ -410,11 +410,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           }
           v.operand = quant.format;
         }
-        // The streamed kernel reads the mma layout or the wgmma order; the tiled one the mma
-        // layout only.
-        const layout::MmaWeight* prepared = candidate.path == Path::MmaStreamed
-                                                 ? weight.either_order()
-                                                 : weight.in_order(layout::FragmentOrder::Mma);
+        const layout::MmaWeight* prepared = weight.for_mma_sync(candidate.path);
         if (!prepared) {
           reject("the weight has no mma layout: " + weight.no_mma);
           break;

@@ -69,6 +69,11 @@ struct WeightFacts {
   const layout::MmaWeight* either_order() const {
     return mma ? &*mma : (wgmma ? &*wgmma : nullptr);
   }
+  // The prepared weight the mma.sync kernel of `path` reads: the streamed one either order
+  // (either_order), the tiled one the mma layout; nullptr when it is not prepared.
+  const layout::MmaWeight* for_mma_sync(Path path) const {
+    return path == Path::MmaStreamed ? either_order() : in_order(layout::FragmentOrder::Mma);
+  }
   // The prepared weight in `order` (what an MmaLaunch reads); nullptr when not prepared.
   const layout::MmaWeight* in_order(layout::FragmentOrder order) const {
     const auto& prepared = order == layout::FragmentOrder::Wgmma ? wgmma : mma;
