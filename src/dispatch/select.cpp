@@ -140,7 +140,7 @@ KeptLayouts kept_layouts(const GemmProblem& probe_problem, const WeightFacts& fa
   }
   if (facts.wgmma && wgmma_order_on_every_weight()) kept.wgmma = true;
   // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
-  // order is kept anyway they take it (once that is ranked: wgmma_order_readers_ranked).
+  // order is kept anyway they take it (unless switched off: wgmma_order_readers_ranked).
   const bool readers = kept.wgmma && wgmma_order_readers_ranked();
   if (streamed && !readers) kept.mma = true;
   if (qdq && !kept.canonical && !readers) kept.mma = true;
@@ -417,7 +417,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         if (prepared->order == layout::FragmentOrder::Wgmma && !wgmma_order_readers_ranked() &&
             context.forced != candidate.name) {
-          reject(std::string("the weight has no mma layout, and ") + kWgmmaOrderReadersHeldBack);
+          reject(std::string("the weight has no mma layout, and ") + kWgmmaOrderReadersSwitchedOff);
           break;
         }
         if (!quantized && p.a_alignment < 16) {
@@ -521,9 +521,8 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         if (prepared && prepared->order == layout::FragmentOrder::Wgmma &&
             !wgmma_order_readers_ranked() && context.forced != candidate.name) {
-          reject(std::string("the weight has neither the mma layout nor its canonical codes, and "
-                             "the dequantization's ") +
-                 kWgmmaOrderReadersHeldBack);
+          reject(std::string("the weight has neither the mma layout nor its canonical codes, and ") +
+                 kWgmmaOrderReadersSwitchedOff);
           break;
         }
         const QdqLaunch launch = qdq_launch(p, m, weight);

@@ -35,7 +35,7 @@ bool wgmma_fp8_ranked() {
 
 bool wgmma_order_readers_ranked() {
   const char* value = std::getenv("QGEMM_WGMMA_ORDER_READERS");
-  return value && std::string_view(value) == "1";
+  return !(value && std::string_view(value) == "0");
 }
 
 bool wgmma_order_on_every_weight() {

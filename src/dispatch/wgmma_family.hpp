@@ -63,14 +63,13 @@ bool wgmma_order_on_every_weight();
 // are held back (not yet run on a GPU: WgmmaConfig::held_back), for the gates and benches that
 // judge them before the hold is lifted.
 bool wgmma_fp8_ranked();
-// QGEMM_WGMMA_ORDER_READERS=1 (read at each call): the streamed decode kernel and qdq's
-// dequantization read the wgmma order unforced, and prepare_weight keeps one layout on SM90
-// (dispatch::kept_layouts). Held back until their GPU tests have passed (written in the sixth
-// session of 2026-12-06 without a GPU run: bench/NOTES.md); a forced run takes them.
+// The streamed decode kernel and qdq's dequantization read the wgmma order unforced, so that
+// prepare_weight keeps one layout on SM90 (dispatch::kept_layouts); QGEMM_WGMMA_ORDER_READERS=0
+// (read at each call) turns that off: both layouts are kept, and a weight in the wgmma order
+// alone reaches those two paths only when forced.
 bool wgmma_order_readers_ranked();
-inline constexpr const char* kWgmmaOrderReadersHeldBack =
-    "reading the wgmma order has not run on a GPU yet (QGEMM_WGMMA_ORDER_READERS=1 or a forced "
-    "run takes it)";
+inline constexpr const char* kWgmmaOrderReadersSwitchedOff =
+    "QGEMM_WGMMA_ORDER_READERS=0 keeps the wgmma order from its readers (a forced run takes it)";
 inline constexpr const char* kWgmmaSwitchedOff =
     "QGEMM_WGMMA=0 keeps the SM90 wgmma family out of the ranking (a forced config still runs)";
 

@@ -52,6 +52,11 @@ std::int64_t scale_column(FragmentOrder order, std::int64_t n) {
   return with_layout(order, [&](auto layout) { return decltype(layout)::scale_column(n); });
 }
 
+std::int64_t stored_k_blocks(FragmentOrder order, std::int64_t k) {
+  return order == FragmentOrder::Wgmma ? 4 * WgmmaWeightLayout::k_chunks(k)
+                                       : MmaWeightLayout::k_blocks(k);
+}
+
 const char* mma_zero_mode_name(MmaZeroMode mode) {
   switch (mode) {
     case MmaZeroMode::None: return "none";
@@ -90,8 +95,7 @@ MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double
   out.n = n;
   out.k = k;
   out.n_padded = MmaWeightLayout::padded_n(n);
-  out.k_blocks = order == FragmentOrder::Wgmma ? 4 * WgmmaWeightLayout::k_chunks(k)
-                                               : MmaWeightLayout::k_blocks(k);
+  out.k_blocks = stored_k_blocks(order, k);
   out.global_scale = global_scale;
   switch (q.granularity) {
     case WeightGranularity::Group: out.group_size = q.group; break;

@@ -24,6 +24,9 @@ enum class FragmentOrder { Mma, Wgmma };
 const char* fragment_order_name(FragmentOrder order);  // "mma" "wgmma"
 // Where column n of a scale (or zero) row is stored in that order.
 std::int64_t scale_column(FragmentOrder order, std::int64_t n);
+// The k16 blocks a weight of K columns stores in that order: ceil(K / 16), rounded up to whole
+// k64 chunks in the wgmma order.
+std::int64_t stored_k_blocks(FragmentOrder order, std::int64_t k);
 
 struct MmaWeight {
   FragmentOrder order = FragmentOrder::Mma;

@@ -5,13 +5,15 @@
 #include <cstdint>
 
 #include "gemm/mma_dequantize_shape.cuh"
+#include "layout/mma_layout.hpp"
 #include "qgemm/error.hpp"
 
 namespace qgemm::runtime {
 
 using Shape = kernels::MmaDequantizeShape;
 
-void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args) {
+void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args,
+                               layout::FragmentOrder order) {
   auto fail = [](const std::string& rule) {
     throw Error(ErrorCode::InvalidArgument, "mma_dequantize: " + rule);
   };
@@ -28,9 +30,12 @@ void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args) {
   if (args.rows < 1 || args.n_begin + args.rows > args.n_padded)
     fail(fmt::format("rows = {} from n_begin = {} (rule: at least 1, within n_padded = {})",
                      args.rows, args.n_begin, args.n_padded));
-  if (args.k < 1 || args.k_blocks != (args.k + 15) / 16)
-    fail(fmt::format("k = {} with k_blocks = {} (rule: k >= 1, k_blocks = ceil(k / 16))", args.k,
-                     args.k_blocks));
+  if (args.k < 1 || args.k_blocks != layout::stored_k_blocks(order, args.k))
+    fail(fmt::format("k = {} with k_blocks = {} in the {} order (rule: k >= 1, k_blocks = "
+                     "ceil(k / 16){})",
+                     args.k, args.k_blocks, layout::fragment_order_name(order),
+                     order == layout::FragmentOrder::Wgmma ? " rounded up to a multiple of 4"
+                                                           : ""));
   if (Shape::tiles(args.rows, args.k_blocks) > 0x7fffffff)
     fail(
         fmt::format("rows = {} × k = {} make {} warp tiles (rule: at most 2^31 - 1 per launch; "
@@ -61,7 +66,9 @@ LaunchGrid mma_dequantize_grid(const jit::KernelSpec& spec, const kernels::MmaDe
 
 void launch_mma_dequantize(const LoadedKernel& kernel, const jit::KernelSpec& spec,
                            const kernels::MmaDequantizeArgs& args, int sm_count, CUstream stream) {
-  check_mma_dequantize_args(args);
+  check_mma_dequantize_args(args, spec.param("order").choice == "wgmma"
+                                      ? layout::FragmentOrder::Wgmma
+                                      : layout::FragmentOrder::Mma);
   if (kernel.launch != spec.launch || spec.launch.threads_per_block != Shape::kThreads ||
       spec.launch.dynamic_smem_bytes != Shape::kSmemBytes)
     throw Error(ErrorCode::InvalidArgument,

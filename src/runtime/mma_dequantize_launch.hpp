@@ -7,14 +7,17 @@
 
 #include "gemm/dequant_cublas_args.cuh"
 #include "jit/kernel_spec.hpp"
+#include "layout/mma_layout.hpp"
 #include "runtime/kernel_loader.hpp"
 
 namespace qgemm::runtime {
 
 // Throws Error(InvalidArgument) naming the field, its value and the rule it breaks: non-null
 // words, scales and a 16-byte aligned out; n_begin a multiple of 64; rows ≥ 1 within n_padded;
-// k_blocks = ceil(k / 16); ld_out ≥ k and a multiple of 8.
-void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args);
+// k_blocks = the k16 blocks `order` stores (layout::stored_k_blocks); ld_out ≥ k and a multiple
+// of 8.
+void check_mma_dequantize_args(const kernels::MmaDequantizeArgs& args,
+                               layout::FragmentOrder order);
 
 // The blocks per SM a jit::mma_dequantize_spec kernel is built for (MmaDequantizeShape::
 // blocks_per_sm of its weight, zero mode and group).

@@ -105,18 +105,18 @@ TEST(GroupedDecode, ServesEveryArchWhereTheExpertsKeepTheMmaLayout) {
         << forced.chosen().cost.note;
   }
   // SM90's auto layout keeps the wgmma order only: the streamed kernel reads it (its spec says
-  // so) when forced, and unforced once QGEMM_WGMMA_ORDER_READERS ranks it (held back until its
-  // GPU tests pass); the tiled ones still name the grouped rule.
+  // so), unforced unless QGEMM_WGMMA_ORDER_READERS=0 switches that off (then only forced); the
+  // tiled ones still name the grouped rule.
   const WeightFacts wgmma_only = experts_in(layout::FragmentOrder::Wgmma, p, kH200);
   {
-    test::ScopedEnv held("QGEMM_WGMMA_ORDER_READERS", nullptr);
+    test::ScopedEnv off("QGEMM_WGMMA_ORDER_READERS", "0");
     const Selection s = select_grouped(p, wgmma_only, kH200);
     EXPECT_EQ(s.chosen().candidate->path, Path::Wgmma);
-    EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "has not run on a GPU"));
+    EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "QGEMM_WGMMA_ORDER_READERS=0"));
     const Selection forced = select_grouped(p, wgmma_only, kH200, "decode");
     EXPECT_EQ(forced.chosen().candidate->name, "decode");
   }
-  test::ScopedEnv ranked("QGEMM_WGMMA_ORDER_READERS", "1");
+  test::ScopedEnv by_default("QGEMM_WGMMA_ORDER_READERS", nullptr);
   const Selection s = select_grouped(p, wgmma_only, kH200);
   EXPECT_EQ(s.chosen().candidate->path, Path::MmaStreamed);
   EXPECT_TRUE(verdict_of(s, "decode").rejected.empty()) << verdict_of(s, "decode").rejected;

@@ -231,7 +231,16 @@ kernels::MmaDequantizeArgs valid_args() {
 }
 
 TEST(MmaDequantizeLaunch, RefusesBadArgumentsByName) {
-  EXPECT_NO_THROW(runtime::check_mma_dequantize_args(valid_args()));
+  constexpr auto kMma = layout::FragmentOrder::Mma;
+  constexpr auto kWgmma = layout::FragmentOrder::Wgmma;
+  EXPECT_NO_THROW(runtime::check_mma_dequantize_args(valid_args(), kMma));
+  // The wgmma order stores K in whole k64 chunks: 1003 columns are 64 k16 blocks there, 63 in
+  // the mma order; each order refuses the other's count.
+  kernels::MmaDequantizeArgs chunked = valid_args();
+  chunked.k_blocks = 64;
+  EXPECT_NO_THROW(runtime::check_mma_dequantize_args(chunked, kWgmma));
+  EXPECT_THROW(runtime::check_mma_dequantize_args(chunked, kMma), Error);
+  EXPECT_THROW(runtime::check_mma_dequantize_args(valid_args(), kWgmma), Error);
   struct Bad {
     const char* names;  // what the message must contain
     void (*spoil)(kernels::MmaDequantizeArgs&);
@@ -253,7 +262,7 @@ TEST(MmaDequantizeLaunch, RefusesBadArgumentsByName) {
     kernels::MmaDequantizeArgs args = valid_args();
     b.spoil(args);
     try {
-      runtime::check_mma_dequantize_args(args);
+      runtime::check_mma_dequantize_args(args, kMma);
       ADD_FAILURE() << "accepted: " << b.names;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);

@@ -386,30 +386,30 @@ TEST(Select, UnalignedActivationsAreServedByCublas) {
 // M ranges are cut into power-of-two buckets clipped to the range.
 // The layouts prepare_weight keeps (kept_layouts): on SM90 a range that reaches the wgmma
 // family holds the weight once, in the wgmma order, which the decode kernel (M = 1) and qdq
-// read (once QGEMM_WGMMA_ORDER_READERS ranks them); a decode-only range holds the mma layout;
+// read (unless QGEMM_WGMMA_ORDER_READERS=0); a decode-only range holds the mma layout;
 // off SM90 the mma layout. The catalog that `qgemm compile --all` builds follows it (its decode
 // kernels then read the wgmma order on SM90).
 TEST(Select, Sm90KeepsOneLayoutWhereTheRangeReachesWgmma) {
   const GemmProblem p = problem_of("w4a16", 1, 8192, 8192);
   const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
   {
-    // Held back until its GPU tests pass: both layouts kept, and a weight in the wgmma order
-    // alone is not decoded unforced.
-    test::ScopedEnv held("QGEMM_WGMMA_ORDER_READERS", nullptr);
+    // Switched off: both layouts kept, and a weight in the wgmma order alone is not decoded
+    // unforced.
+    test::ScopedEnv off("QGEMM_WGMMA_ORDER_READERS", "0");
     const KeptLayouts both = kept_layouts(p, facts, 65536, context_of(kH200));
     EXPECT_TRUE(both.mma && both.wgmma);
     const WeightFacts wgmma_only = keep_layouts(facts, {false, true, false});
     const Selection s = select(p, 1, wgmma_only, context_of(kH200));
     EXPECT_EQ(s.chosen().candidate->path, Path::Wgmma);
-    EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "has not run on a GPU"))
+    EXPECT_TRUE(contains(verdict_of(s, "decode").rejected, "QGEMM_WGMMA_ORDER_READERS=0"))
         << verdict_of(s, "decode").rejected;
-    EXPECT_TRUE(contains(verdict_of(s, "qdq").rejected, "has not run on a GPU"));
+    EXPECT_TRUE(contains(verdict_of(s, "qdq").rejected, "QGEMM_WGMMA_ORDER_READERS=0"));
     // Beside canonical codes, qdq reads those (their own dequantizer), not the wgmma order.
     EXPECT_EQ(qdq_prepared_weight(keep_layouts(facts, {false, true, true})), nullptr);
     EXPECT_EQ(qdq_prepared_weight(keep_layouts(facts, {true, true, true}))->order,
               layout::FragmentOrder::Mma);
   }
-  test::ScopedEnv ranked("QGEMM_WGMMA_ORDER_READERS", "1");
+  test::ScopedEnv by_default("QGEMM_WGMMA_ORDER_READERS", nullptr);
   const KeptLayouts whole = kept_layouts(p, facts, 65536, context_of(kH200));
   EXPECT_TRUE(whole.wgmma);
   EXPECT_FALSE(whole.mma);

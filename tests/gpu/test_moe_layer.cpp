@@ -560,8 +560,8 @@ TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
   EXPECT_NE(kernel.find("dense_decode"), std::string::npos) << kernel;
   if (test::device_arch() != jit::Arch::sm_90a) return;
   // SM90's auto layout keeps the experts in the wgmma order only; the decode kernel reads it,
-  // forced and unforced (ranked: held back by default until this passes on a GPU).
-  const test::ScopedEnv ranked("QGEMM_WGMMA_ORDER_READERS", "1");
+  // forced and unforced (unless QGEMM_WGMMA_ORDER_READERS=0).
+  const test::ScopedEnv by_default("QGEMM_WGMMA_ORDER_READERS", nullptr);
   c.layout = ExpertLayout::Auto;
   const Layer in_wgmma_order = make_layer(engine, c, rng);
   const GemmPlan forced = engine.plan(problem, in_wgmma_order.gate_up_prepared);
