@@ -81,7 +81,9 @@ int main(int argc, char** argv) {
   // where it serves; bf16 A quantized in the same call.
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   const bool wgmma = wgmma_quick || (argc > 1 && std::strcmp(argv[1], "--wgmma") == 0);
-  if (wgmma || fp8) setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order
+  // Every weight keeps every layout, so that each config below can be forced (the selector's
+  // choice is the same: a kept layout only drops what no M would pick).
+  setenv("QGEMM_WGMMA", "1", 1);
   std::vector<Case> cases = {
       {"w4a16", 1, 28672, 8192},
       {"w4a16", 1, 8192, 28672},

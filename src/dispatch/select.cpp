@@ -121,6 +121,7 @@ KeptLayouts kept_layouts(const GemmProblem& probe_problem, const WeightFacts& fa
   kept.mma = facts.mma.has_value();
   kept.canonical = !facts.mma;
   if (!facts.mma || !(facts.canonical || facts.wgmma)) return kept;  // one layout can serve
+  if (every_layout_on_every_weight()) return {true, facts.wgmma.has_value(), facts.canonical};
   kept.mma = false;
   bool qdq = false, streamed = false;
   GemmProblem probe = probe_problem;
@@ -138,7 +139,6 @@ KeptLayouts kept_layouts(const GemmProblem& probe_problem, const WeightFacts& fa
       case Path::Qdq: qdq = true; break;
     }
   }
-  if (facts.wgmma && wgmma_order_on_every_weight()) kept.wgmma = true;
   // The streamed decode kernel and qdq's dequantization read either order: where the wgmma
   // order is kept anyway they take it (unless switched off: wgmma_order_readers_ranked).
   const bool readers = kept.wgmma && wgmma_order_readers_ranked();
@@ -154,11 +154,13 @@ WeightFacts keep_layouts(WeightFacts facts, const KeptLayouts& kept) {
   if (!kept.mma && facts.mma) {
     facts.no_mma =
         "prepared without it (no M would run on it; the decode kernel and qdq read the wgmma "
-        "order)";
+        "order; QGEMM_WGMMA=1 at prepare_weight keeps every layout)";
     facts.mma.reset();
   }
   if (!kept.wgmma && facts.wgmma) {
-    facts.no_wgmma = "prepared without it (no M would run on it)";
+    facts.no_wgmma =
+        "prepared without it (no M would run on it; QGEMM_WGMMA=1 at prepare_weight keeps every "
+        "layout)";
     facts.wgmma.reset();
   }
   return facts;

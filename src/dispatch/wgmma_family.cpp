@@ -38,7 +38,7 @@ bool wgmma_order_readers_ranked() {
   return !(value && std::string_view(value) == "0");
 }
 
-bool wgmma_order_on_every_weight() {
+bool every_layout_on_every_weight() {
   const char* value = std::getenv("QGEMM_WGMMA");
   return value && std::string_view(value) == "1";
 }

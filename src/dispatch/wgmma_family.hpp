@@ -54,11 +54,12 @@ const std::vector<WgmmaConfig>& wgmma_configs();
 // QGEMM_WGMMA, read at each call (so a test can set it):
 //   unset  the selector ranks the family; a weight keeps the wgmma order where it wins some M
 //   0      the selector leaves the family out (a switch for bisecting a deployment)
-//   1      ranked, and every weight the family can serve keeps the wgmma order, so that any
-//          config can be forced on it (benches, the tuner, the GPU tests)
-// A forced config is served whenever the weight has the order.
+//   1      ranked, and every weight keeps every layout it can hold (the wgmma order, the mma
+//          layout, cuBLASLt's canonical codes), so that any config can be forced on it (benches,
+//          the tuner, the GPU tests)
+// A forced config is served whenever the weight has its layout.
 bool wgmma_ranked_by_default();
-bool wgmma_order_on_every_weight();
+bool every_layout_on_every_weight();
 // QGEMM_WGMMA_FP8=1 (read at each call): the FP8 configs are ranked like the rest although they
 // are held back (not yet run on a GPU: WgmmaConfig::held_back), for the gates and benches that
 // judge them before the hold is lifted.

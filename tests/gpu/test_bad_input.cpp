@@ -25,6 +25,7 @@
 #include "qgemm/reference.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
+#include "scoped_env.hpp"
 
 namespace qgemm {
 namespace {
@@ -165,7 +166,10 @@ TEST(BadInputGpu, OddStridedAndMidWordOutputsAreServedCorrectly) {
   for (const std::int64_t m : {5, 40}) {
     Fixture f(rng, m, 255);
     Engine engine(0);
-    const QuantWeight w = engine.prepare_weight(f.packed);
+    const QuantWeight w = [&] {
+      const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any candidate can be forced
+      return engine.prepare_weight(f.packed);
+    }();
     const DeviceBuffer a = DeviceBuffer::from(f.a_bits);
     for (const Format& out : {formats::bf16, formats::fp16})
       for (const std::int64_t ldc : {f.n, f.n + 2, f.n + 3})

@@ -27,6 +27,7 @@
 #include "qgemm/reference.hpp"
 #include "runtime/device_memory.hpp"
 #include "runtime/driver.hpp"
+#include "scoped_env.hpp"
 
 namespace qgemm {
 namespace {
@@ -255,7 +256,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
   if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
-  setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (any config can be forced)
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
@@ -343,6 +344,7 @@ TEST(WgmmaGemmGpu, EveryConfigMatchesReferenceForEveryScheme) {
 // buckets of the streamed kernel (M = 1, 5, 16; the default config also 2 and 9).
 TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -415,6 +417,7 @@ TEST(DenseGemmGpu, EveryDecodeConfigMatchesReference) {
 // (groups of 8, 64x8 blocks: kept canonical, dequantized in N chunks that start on scale rows).
 TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -469,6 +472,7 @@ TEST(DenseGemmGpu, DequantCublasAndPrefillMatchReference) {
 // dequantization of both, so the GPU's quantizer must agree with the host's code for code.
 TEST(DenseGemmGpu, QuantizedActivationsMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::mt19937 rng(seed);
   Engine engine(0);
@@ -606,6 +610,7 @@ void scale_tail(std::vector<float>& x, std::int64_t rows, std::int64_t cols, std
 //   groups); int8 activations on the 8-bit mma with groups of 128 (= BK) and 64 (< BK).
 TEST(DenseGemmGpu, PartialGroupsMatchReferenceElementwise) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
@@ -849,7 +854,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
   if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
-  setenv("QGEMM_WGMMA", "1", 1);  // every weight keeps the wgmma order (any config can be forced)
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   const std::uint32_t seed = fresh_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
@@ -964,7 +969,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsRefuseWhatTheyCannotServe) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
   if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
-  setenv("QGEMM_WGMMA", "1", 1);
+  const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");  // any config can be forced
   Engine engine(0);
   std::mt19937 rng(fresh_seed());
   std::normal_distribution<float> normal(0.0f, 0.05f);

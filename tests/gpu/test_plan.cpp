@@ -184,11 +184,12 @@ TEST(PlanGpu, EveryPathCapturesIntoAGraphAndReplaysOnFreshInputs) {
       std::printf("%s: skipped (the wgmma family needs sm_90a)\n", label.c_str());
       continue;
     }
-    // QGEMM_WGMMA=1: prepare_weight keeps the wgmma order on every weight, so that any config
-    // can be forced (dispatch/wgmma_family.hpp).
-    if (wgmma) setenv("QGEMM_WGMMA", "1", 1);
-    const Weight w = make_weight(engine, c.scheme, c.n, c.k, rng);
-    if (wgmma) unsetenv("QGEMM_WGMMA");
+    // QGEMM_WGMMA=1: prepare_weight keeps every layout, so that any config can be forced
+    // (dispatch/wgmma_family.hpp).
+    const Weight w = [&] {
+      const test::ScopedEnv every_layout("QGEMM_WGMMA", "1");
+      return make_weight(engine, c.scheme, c.n, c.k, rng);
+    }();
     GemmProblem problem = gemm_problem(w.prepared, c.m, formats::bf16, w.scheme.output);
     problem.candidate = c.candidate;
     GemmPlan plan;
