@@ -173,8 +173,11 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   probe.scheme.activation = prepared->activation;
   const dispatch::WeightFacts of_scheme =
       dispatch::WeightFacts::of_scheme(probe.scheme, weight.n, weight.k, impl_->arch);
-  const dispatch::KeptLayouts kept =
-      dispatch::kept_layouts(probe, of_scheme, max_rows, impl_->selection_context(probe));
+  // With the measured table the plans follow, so that a tuned winner finds its layout.
+  dispatch::SelectionContext context = impl_->selection_context(probe);
+  const auto table = dispatch::applicable_tuning_table(impl_->info);
+  context.table = table.get();
+  const dispatch::KeptLayouts kept = dispatch::kept_layouts(probe, of_scheme, max_rows, context);
   dispatch::WeightFacts facts = dispatch::keep_layouts(of_scheme, kept);
   const bool want_mma = kept.mma, want_wgmma = kept.wgmma, want_canonical = kept.canonical;
   log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,

@@ -87,6 +87,26 @@ TEST(TunedConfig, TheTableDecidesExactlyWhenItsCandidateCanServe) {
   EXPECT_GT(refused, 0);
 }
 
+// prepare_weight judges which layouts to keep with the table its plans will follow: on SM90
+// the model keeps only the wgmma order for a full range, but a measured mma.sync winner
+// (`medium` at M bucket 64) keeps the mma layout too, so the tuned plan can run it.
+TEST(TunedConfig, ATunedWinnerKeepsItsLayout) {
+  const GemmProblem p = w4a16_problem(1, 8192, 8192);
+  const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+  SelectionContext context;
+  context.gpu = kH200;
+  context.rates = GpuRates::of(kH200);
+  const KeptLayouts model = kept_layouts(p, facts, 65536, context);
+  EXPECT_TRUE(model.wgmma);
+  EXPECT_FALSE(model.mma);
+  TuningTable table;
+  table.entries.push_back(entry_for(p.scheme, p.n, p.k, 64, "medium"));
+  context.table = &table;
+  const KeptLayouts tuned = kept_layouts(p, facts, 65536, context);
+  EXPECT_TRUE(tuned.mma);
+  EXPECT_TRUE(tuned.wgmma);
+}
+
 TEST(TunedConfig, MatchesOnlyItsOwnBucketSchemeAndShape) {
   const Scheme scheme = parse_scheme("w4a16");
   TuningTable table;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -102,6 +103,9 @@ int run(const TuneOptions& options) {
   const std::vector<bench::TuneTask> tasks = bench::plan_tuning(recipe, &left_out);
   if (options.worker_from) {
     require(options.seed.has_value(), "tune --worker-from needs --seed");
+    // Every candidate is timed: each weight keeps every layout it can hold (QGEMM_WGMMA=1), not
+    // only those the model's choices read.
+    setenv("QGEMM_WGMMA", "1", 1);
     return bench::run_tune_worker(recipe, tasks, *options.worker_from, *options.seed);
   }
   for (const std::string& line : left_out) std::fprintf(stderr, "qgemm tune: %s\n", line.c_str());
