@@ -39,7 +39,9 @@
 //            (the SM90 FP8 tiles' 1x128 groups) writes the codes so too, and the cell scales as
 //            codes mode does (no row factors).
 //
-// One block per row (grid-stride over rows). A thread takes W consecutive values at a time:
+// One block per row (grid-stride over rows); for short cells gridDim.y blocks share a row (the
+// row's warps, numbered across them, take its cells in turn). A thread takes W consecutive
+// values at a time:
 // W = 8 (one 16-byte load; 8 or 4 bytes of codes, 16 bytes of operand stored at once) where
 // args.vector8 says every row start is 16-byte aligned (k, lda, ldo and G multiples of 8; not
 // operand8), else W = 1. A row-wide cell (static, token) is walked by all threads with a block
@@ -325,10 +327,13 @@ struct ActivationQuantizer {
     const long long per_lane = runs / lanes;
     const long long step = static_cast<long long>(lanes) * kWidth;  // between a lane's runs
     const int cells_per_warp = 32 / lanes;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, sub = lane % lanes;
-    const long long cells = (args.k + group - 1) / group;
-    for (long long first = static_cast<long long>(warp) * cells_per_warp; first < cells;
-         first += static_cast<long long>(kThreads / 32) * cells_per_warp) {
+    const int lane = threadIdx.x % 32, sub = lane % lanes;
+    // Cell indices in 32 bits: k < 2^31 (quantize_activation_args).
+    const int cells = static_cast<int>((args.k + group - 1) / group);
+    // The warp's number among the row's warps (those of the gridDim.y blocks sharing it).
+    const int warp = static_cast<int>(blockIdx.y * (kThreads / 32) + threadIdx.x / 32);
+    const int cell_stride = static_cast<int>(gridDim.y * (kThreads / 32)) * cells_per_warp;
+    for (int first = warp * cells_per_warp; first < cells; first += cell_stride) {
       const long long cell = first + lane / lanes;
       const long long begin = cell * group + sub * kWidth;
       // The lane's runs begin + i · step exist (col < k; a run wholly, k being a multiple of
@@ -379,7 +384,7 @@ struct ActivationQuantizer {
         }
       }
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && blockIdx.y == 0) {
       if constexpr (kEmit == kEmitOperand) {
         args.row_factors[row] =
             args.fold_row_factors ? 1.0f
