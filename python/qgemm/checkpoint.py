@@ -152,13 +152,19 @@ def _require(condition: bool, message: str) -> None:
 _INT_LIMIT = 1 << 31  # config numbers (bits, group and block sizes) are C++ ints in the scheme
 
 
+def _is_config_int(value) -> bool:
+    """Whether a quantization_config number is an integer qgemm takes: an int (not a bool), or a
+    float of integral value as a JSON writer may give it, in [-2^31, 2^31). The one rule for
+    every such number (bits, group sizes, block shapes)."""
+    integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+        or isinstance(value, float) and value.is_integer()
+    return integral and -_INT_LIMIT <= value < _INT_LIMIT
+
+
 def _as_int(value, field: str) -> int:
-    """A quantization_config number as an int: an integer (or a float of integral value, as a
-    JSON writer may give it) in [-2^31, 2^31), else qgemm.Error naming the field."""
-    integral = isinstance(value, int) and not isinstance(value, bool) or (
-        isinstance(value, float) and value.is_integer())
-    _require(integral and -_INT_LIMIT <= value < _INT_LIMIT,
-             f"{field} is {value!r} (rule: an integer in [-2^31, 2^31))")
+    """A quantization_config number as an int (_is_config_int), else qgemm.Error naming the
+    field."""
+    _require(_is_config_int(value), f"{field} is {value!r} (rule: an integer in [-2^31, 2^31))")
     return int(value)
 
 
@@ -515,11 +521,10 @@ def _ct_grid(layer: _Layer, args: Mapping, n: int, k: int) -> Tuple[str, int, in
             except ValueError:
                 pass
         layer.require(isinstance(block, (list, tuple)) and len(block) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v < _INT_LIMIT
-            for v in block),
+            _is_config_int(v) and v > 0 for v in block),
             f"strategy block needs block_structure [rows, cols] of two positive integers "
             f"below 2^31 ({given!r} given)")
-        bn, bk = block
+        bn, bk = (int(v) for v in block)
         return f"b{bn}x{bk}", -(-n // bn), -(-k // bk)
     layer.fail(f"weight strategy {strategy!r} is not supported (tensor, channel, group, block)")
 
@@ -919,9 +924,7 @@ def import_fp8_block(weight, weight_scale_inv, *, block_size=(128, 128), activat
         granularity, rows, cols, act = "t", 1, 1, "e4m3:tok"
     else:
         layer.require(isinstance(block_size, (list, tuple)) and len(block_size) == 2 and all(
-            (isinstance(v, (int, np.integer)) and not isinstance(v, bool) or
-             isinstance(v, float) and v.is_integer()) and 0 < v < _INT_LIMIT
-            for v in block_size),
+            _is_config_int(v) and v > 0 for v in block_size),
             f"weight_block_size must be two positive integers below 2^31 ({block_size!r} "
             "given)")
         bn, bk = (int(v) for v in block_size)

@@ -213,6 +213,22 @@ def test_compressed_tensors_block_structures(block):
             fmt="float-quantized"))
 
 
+def test_block_shapes_take_integral_floats_as_every_config_number_does():
+    # One rule for config integers (checkpoint._is_config_int): 128.0 is 128 in a block shape as
+    # in a group_size; 128.5 is refused above and below.
+    weight = {f"{PREFIX}.weight": st("F8_E4M3", np.full((16, 64), 0x38)),
+              f"{PREFIX}.weight_scale": st("F32", [[0.01]])}
+    imported = checkpoint.import_linear(weight, PREFIX, ct_config(
+        {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128.0, 128.0]},
+        fmt="float-quantized"))
+    layer = {f"{PREFIX}.weight": st("F8_E4M3", np.full((16, 64), 0x38)),
+             f"{PREFIX}.weight_scale_inv": st("F32", [[0.01]])}
+    fp8 = checkpoint.import_linear(layer, PREFIX, {"quant_method": "fp8",
+                                                   "weight_block_size": [128.0, 128.0]})
+    for linear in (imported, fp8):
+        assert "b128x128" in str(linear.scheme), linear.scheme
+
+
 @pytest.mark.parametrize("block", [5, "ab", ["a", "b"], [0, 128], [128.5, 128], [2**40, 128],
                                    {"a": 1, "b": 2}])
 def test_fp8_weight_block_sizes(block):
