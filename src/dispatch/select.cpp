@@ -523,7 +523,8 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         if (prepared && prepared->order == layout::FragmentOrder::Wgmma &&
             !wgmma_order_readers_ranked() && context.forced != candidate.name) {
-          reject(std::string("the weight has neither the mma layout nor its canonical codes, and ") +
+          reject(std::string("the weight has neither the mma layout nor its canonical codes, "
+                             "and ") +
                  kWgmmaOrderReadersSwitchedOff);
           break;
         }

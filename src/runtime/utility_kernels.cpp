@@ -109,8 +109,9 @@ void launch_quantize_activation(const LoadedKernel& kernel,
   constexpr std::int64_t kQuantizeTargetBlocks = 1024;
   const std::int64_t warps = kernel.launch.threads_per_block / 32;
   const std::int64_t cells = (args.k + args.group - 1) / args.group;
-  const std::int64_t row_blocks = std::clamp<std::int64_t>(
-      std::min<std::int64_t>((cells + warps - 1) / warps, kQuantizeTargetBlocks / args.m), 1, 65535);
+  const std::int64_t wanted = std::min<std::int64_t>((cells + warps - 1) / warps,
+                                                      kQuantizeTargetBlocks / args.m);
+  const std::int64_t row_blocks = std::clamp<std::int64_t>(wanted, 1, 65535);
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535));
   launch_kernel(kernel, LaunchGrid{blocks, static_cast<unsigned>(row_blocks), 1}, launched,
                 stream);
