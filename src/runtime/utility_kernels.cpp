@@ -104,8 +104,9 @@ void launch_quantize_activation(const LoadedKernel& kernel,
   // One block per row (grid-stride over rows beyond the cap); short cells (group, MX, NV) are
   // independent, so a few rows are shared by gridDim.y blocks each, up to about
   // kQuantizeTargetBlocks in all and each warp keeping at least one cell (row-wide scalings have
-  // one cell per row: group = k). With one block per row, fp8-block 7168×18432 from bf16 ran
-  // ~20 µs behind the same GEMM on given codes at M = 1 and 256 (H100): 144 cells a block.
+  // one cell per row: group = k). fp8-block 7168×18432 from bf16 at M = 1 (144 cells a row):
+  // 19 µs behind the same GEMM on given codes with one block, 2.4 µs spread over 18 (H100,
+  // bench/NOTES.md); M = 256's 4 blocks a row still left 16.6 µs.
   constexpr std::int64_t kQuantizeTargetBlocks = 1024;
   const std::int64_t warps = kernel.launch.threads_per_block / 32;
   const std::int64_t cells = (args.k + args.group - 1) / args.group;
