@@ -393,7 +393,8 @@ TEST(BadInputGpu, WeightsPlansAndWorkspacesOfSomethingElseAreRefused) {
 }
 
 // 10,000 calls of mixed shapes after a warm-up over the same shapes: the device's free memory
-// and the process's resident memory stay where the warm-up left them.
+// does not fall below, and the process's resident memory stays near, where the warm-up left
+// them.
 TEST(BadInputGpu, TenThousandMixedCallsKeepMemoryFlat) {
   QGEMM_REQUIRE_GPU();
   std::mt19937 rng(seed() + 5);
@@ -428,7 +429,10 @@ TEST(BadInputGpu, TenThousandMixedCallsKeepMemoryFlat) {
   const long host_before = resident_bytes();
   for (int i = 0; i < 10000; ++i) call(i);
   driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
-  EXPECT_EQ(free_device(), device_before);
+  // Not below: the calls took nothing more. Free memory may rise meanwhile: the driver can
+  // still be releasing the memory of the test process that ran just before (this test runs
+  // alone under ctest, RUN_SERIAL, but a finished process's teardown is asynchronous).
+  EXPECT_GE(free_device(), device_before);
   EXPECT_LT(resident_bytes() - host_before, 4L << 20);  // allocator noise, not growth per call
 }
 
