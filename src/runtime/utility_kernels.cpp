@@ -90,6 +90,23 @@ bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale) {
          (quant.scaling == ActivationScaling::StaticTensor && !(static_scale > 0));
 }
 
+LaunchGrid quantize_activation_grid(const kernels::QuantizeActivationArgs& args,
+                                    int threads_per_block) {
+  // One block per row (grid-stride over rows beyond the cap); short cells (group, MX, NV) are
+  // independent, so a few rows are shared by gridDim.y blocks each, up to about
+  // kQuantizeTargetBlocks in all and each warp keeping at least one cell (row-wide scalings have
+  // one cell per row: group = k). fp8-block 7168×18432 from bf16 at M = 1 (144 cells a row):
+  // 19 µs behind the same GEMM on given codes with one block, 2.4 µs spread over 18 (H100,
+  // bench/NOTES.md); M = 256's 4 blocks a row still left 16.6 µs.
+  constexpr std::int64_t kQuantizeTargetBlocks = 1024;
+  const std::int64_t warps = threads_per_block / 32;
+  const std::int64_t cells = (args.k + args.group - 1) / args.group;
+  const std::int64_t wanted = std::min<std::int64_t>((cells + warps - 1) / warps,
+                                                      kQuantizeTargetBlocks / args.m);
+  return {static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535)),
+          static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 65535)), 1};
+}
+
 void launch_quantize_activation(const LoadedKernel& kernel,
                                 const kernels::QuantizeActivationArgs& args, CUstream stream) {
   // Eight values per thread where every row of every array the emission touches starts 16 bytes
@@ -101,21 +118,8 @@ void launch_quantize_activation(const LoadedKernel& kernel,
                      aligned16(args.input) && args.group % 8 == 0 &&
                      (args.codes == nullptr || aligned16(args.codes)) &&
                      (args.operand == nullptr || (aligned16(args.operand) && args.ldo % 8 == 0));
-  // One block per row (grid-stride over rows beyond the cap); short cells (group, MX, NV) are
-  // independent, so a few rows are shared by gridDim.y blocks each, up to about
-  // kQuantizeTargetBlocks in all and each warp keeping at least one cell (row-wide scalings have
-  // one cell per row: group = k). fp8-block 7168×18432 from bf16 at M = 1 (144 cells a row):
-  // 19 µs behind the same GEMM on given codes with one block, 2.4 µs spread over 18 (H100,
-  // bench/NOTES.md); M = 256's 4 blocks a row still left 16.6 µs.
-  constexpr std::int64_t kQuantizeTargetBlocks = 1024;
-  const std::int64_t warps = kernel.launch.threads_per_block / 32;
-  const std::int64_t cells = (args.k + args.group - 1) / args.group;
-  const std::int64_t wanted = std::min<std::int64_t>((cells + warps - 1) / warps,
-                                                      kQuantizeTargetBlocks / args.m);
-  const std::int64_t row_blocks = std::clamp<std::int64_t>(wanted, 1, 65535);
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535));
-  launch_kernel(kernel, LaunchGrid{blocks, static_cast<unsigned>(row_blocks), 1}, launched,
-                stream);
+  launch_kernel(kernel, quantize_activation_grid(launched, kernel.launch.threads_per_block),
+                launched, stream);
 }
 
 void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandActivationArgs& args,

@@ -31,6 +31,10 @@ kernels::QuantizeActivationArgs quantize_activation_args(const ActivationQuant& 
                                                          CUdeviceptr input, std::int64_t lda,
                                                          double static_scale);
 bool needs_tensor_absmax(const ActivationQuant& quant, double static_scale);
+// The quantizer's grid for `args` in blocks of `threads_per_block`: x over rows (at most 65535,
+// grid-stride beyond), y the blocks sharing a row (short cells only).
+LaunchGrid quantize_activation_grid(const kernels::QuantizeActivationArgs& args,
+                                    int threads_per_block);
 void launch_quantize_activation(const LoadedKernel& kernel,
                                 const kernels::QuantizeActivationArgs& args, CUstream stream);
 void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandActivationArgs& args,

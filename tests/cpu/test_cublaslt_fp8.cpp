@@ -378,6 +378,30 @@ TEST(CublasLtFp8, ActivationScalesMoveIntoCublasLtLayouts) {
                {"128x128"});
 }
 
+// The quantizer's grid: a row per block in x (capped at 65535, grid-stride beyond); rows of
+// short cells shared by y blocks while the whole stays near 1024 blocks and each of a block's 8
+// warps keeps a cell; row-wide scalings (one cell a row) one block a row.
+TEST(CublasLtFp8, QuantizerGridSpreadsShortCellsOfFewRows) {
+  auto quant = [](const char* text) {
+    return parse_scheme(std::string("w=e4m3:ch:s=fp32;") + text + ";o=bf16").activation;
+  };
+  auto grid = [&](const char* text, std::int64_t m, std::int64_t k) {
+    const runtime::LaunchGrid g = runtime::quantize_activation_grid(
+        runtime::quantize_activation_args(quant(text), m, k, 0, k, 0.0), 256);
+    EXPECT_EQ(g.z, 1u);
+    return std::pair<unsigned, unsigned>{g.x, g.y};
+  };
+  using Grid = std::pair<unsigned, unsigned>;
+  EXPECT_EQ(grid("a=e4m3:g128", 1, 18432), Grid(1, 18));     // 144 cells, 8 a block
+  EXPECT_EQ(grid("a=e4m3:g128", 256, 18432), Grid(256, 4));  // 1024 / 256
+  EXPECT_EQ(grid("a=e4m3:g128", 4096, 18432), Grid(4096, 1));
+  EXPECT_EQ(grid("a=e4m3:g128", 100000, 256), Grid(65535, 1));
+  EXPECT_EQ(grid("a=e4m3:g128", 1, 1000), Grid(1, 1));       // 8 cells: one block
+  EXPECT_EQ(grid("a=e2m1:nv:s=ue4m3", 3, 4096), Grid(3, 32));  // 256 cells of 16
+  EXPECT_EQ(grid("a=e4m3:tok", 1, 18432), Grid(1, 1));       // row-wide: one block a row
+  EXPECT_EQ(grid("a=int8:t", 2, 18432), Grid(2, 1));
+}
+
 TEST(CublasLtFp8, QuantizerArgumentsWriteCublasLtScaleLayouts) {
   const std::int64_t m = 7, k = 640, lda = 648;
   auto quant = [](const char* text) {
