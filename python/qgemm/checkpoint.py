@@ -161,6 +161,13 @@ def _is_config_int(value) -> bool:
     return integral and -_INT_LIMIT <= value < _INT_LIMIT
 
 
+def _is_block_shape(value) -> bool:
+    """Whether a quantization_config block shape ([rows, cols]: compressed-tensors'
+    block_structure, fp8's weight_block_size) is two positive config integers."""
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        _is_config_int(v) and v > 0 for v in value)
+
+
 def _as_int(value, field: str) -> int:
     """A quantization_config number as an int (_is_config_int), else qgemm.Error naming the
     field."""
@@ -520,10 +527,8 @@ def _ct_grid(layer: _Layer, args: Mapping, n: int, k: int) -> Tuple[str, int, in
                 block = [int(v) for v in block.split("x")]
             except ValueError:
                 pass
-        layer.require(isinstance(block, (list, tuple)) and len(block) == 2 and all(
-            _is_config_int(v) and v > 0 for v in block),
-            f"strategy block needs block_structure [rows, cols] of two positive integers "
-            f"below 2^31 ({given!r} given)")
+        layer.require(_is_block_shape(block), "strategy block needs block_structure [rows, cols] "
+                      f"of two positive integers below 2^31 ({given!r} given)")
         bn, bk = (int(v) for v in block)
         return f"b{bn}x{bk}", -(-n // bn), -(-k // bk)
     layer.fail(f"weight strategy {strategy!r} is not supported (tensor, channel, group, block)")
@@ -923,10 +928,8 @@ def import_fp8_block(weight, weight_scale_inv, *, block_size=(128, 128), activat
     if block_size is None:
         granularity, rows, cols, act = "t", 1, 1, "e4m3:tok"
     else:
-        layer.require(isinstance(block_size, (list, tuple)) and len(block_size) == 2 and all(
-            _is_config_int(v) and v > 0 for v in block_size),
-            f"weight_block_size must be two positive integers below 2^31 ({block_size!r} "
-            "given)")
+        layer.require(_is_block_shape(block_size), "weight_block_size must be two positive "
+                      f"integers below 2^31 ({block_size!r} given)")
         bn, bk = (int(v) for v in block_size)
         granularity, rows, cols = f"b{bn}x{bk}", -(-n // bn), -(-k // bk)
         act = f"e4m3:g{bk}"

@@ -174,10 +174,9 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   const dispatch::WeightFacts of_scheme =
       dispatch::WeightFacts::of_scheme(probe.scheme, weight.n, weight.k, impl_->arch);
   // With the measured table the plans follow, so that a tuned winner finds its layout.
-  dispatch::SelectionContext context = impl_->selection_context(probe);
-  const auto table = dispatch::applicable_tuning_table(impl_->info);
-  context.table = table.get();
-  const dispatch::KeptLayouts kept = dispatch::kept_layouts(probe, of_scheme, max_rows, context);
+  std::shared_ptr<const dispatch::TuningTable> table;
+  const dispatch::KeptLayouts kept = dispatch::kept_layouts(
+      probe, of_scheme, max_rows, impl_->selection_context(probe, table));
   dispatch::WeightFacts facts = dispatch::keep_layouts(of_scheme, kept);
   const bool want_mma = kept.mma, want_wgmma = kept.wgmma, want_canonical = kept.canonical;
   log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,
@@ -344,10 +343,8 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
   data->problem = problem;
   data->engine = this;
   data->weight = &weight;
-  dispatch::SelectionContext context = selection_context(problem);
-  const auto table = dispatch::applicable_tuning_table(info);
-  // The tables hold dense measurements.
-  if (problem.experts == 0) context.table = table.get();
+  std::shared_ptr<const dispatch::TuningTable> table;
+  dispatch::SelectionContext context = selection_context(problem, table);
   std::string description = fmt::format(
       "GemmPlan {} M {}..{} N {} K {} ({} in{}, {} out{}) on {}", to_string(problem.scheme),
       problem.m, problem.max_rows(), problem.n, problem.k, problem.input.name(),
@@ -419,9 +416,8 @@ GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, 
   const detail::PreparedWeight& w = impl_->prepared(weight);
   check_problem_against(problem, w);
   // Every kernel the buckets select, compiled in parallel first; plan() then only loads them.
-  dispatch::SelectionContext context = impl_->selection_context(problem);
-  const auto table = dispatch::applicable_tuning_table(impl_->info);
-  context.table = table.get();
+  std::shared_ptr<const dispatch::TuningTable> table;
+  const dispatch::SelectionContext context = impl_->selection_context(problem, table);
   const std::vector<jit::KernelSpec> specs =
       dispatch::problem_specs(problem, w.facts, context, w.static_activation_scale);
   const auto results = jit::prewarm(

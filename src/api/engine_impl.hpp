@@ -17,6 +17,7 @@
 
 #include "api/plan_data.hpp"
 #include "dispatch/select.hpp"
+#include "dispatch/tuned_config.hpp"
 #include "jit/cache.hpp"
 #include "jit/kernel_spec.hpp"
 #include "qgemm/engine.hpp"
@@ -247,11 +248,17 @@ struct Engine::Impl {
     return *weight.impl_;
   }
 
-  dispatch::SelectionContext selection_context(const GemmProblem& problem) const {
+  // The context the selector judges `problem` in: this GPU, and for a dense problem the measured
+  // table that applies to it (the tables hold dense measurements), which `table` keeps alive
+  // for the context's life.
+  dispatch::SelectionContext selection_context(
+      const GemmProblem& problem, std::shared_ptr<const dispatch::TuningTable>& table) const {
     dispatch::SelectionContext context;
     context.gpu = gpu;
     context.rates = rates;
     context.forced = problem.candidate;
+    table = dispatch::applicable_tuning_table(info);
+    if (problem.experts == 0) context.table = table.get();
     return context;
   }
 

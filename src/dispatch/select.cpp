@@ -371,6 +371,15 @@ double cublas_efficiency(std::int64_t m) {
   return std::min(1.0, static_cast<double>(m) / (static_cast<double>(m) + 64.0) + 0.06);
 }
 
+// Whether QGEMM_WGMMA_ORDER_READERS=0 keeps `candidate` (the streamed decode kernel, or qdq's
+// dequantization) from reading `prepared` because it is the wgmma order; a forced run still
+// reads it.
+bool wgmma_order_switched_off(const layout::MmaWeight* prepared, const Candidate& candidate,
+                              const SelectionContext& context) {
+  return prepared && prepared->order == layout::FragmentOrder::Wgmma &&
+         !wgmma_order_readers_ranked() && context.forced != candidate.name;
+}
+
 }  // namespace
 
 Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight,
@@ -417,8 +426,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("the weight has no mma layout: " + weight.no_mma);
           break;
         }
-        if (prepared->order == layout::FragmentOrder::Wgmma && !wgmma_order_readers_ranked() &&
-            context.forced != candidate.name) {
+        if (wgmma_order_switched_off(prepared, candidate, context)) {
           reject(std::string("the weight has no mma layout, and ") + kWgmmaOrderReadersSwitchedOff);
           break;
         }
@@ -521,8 +529,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("the weight has neither a prepared layout nor its canonical codes on the device");
           break;
         }
-        if (prepared && prepared->order == layout::FragmentOrder::Wgmma &&
-            !wgmma_order_readers_ranked() && context.forced != candidate.name) {
+        if (wgmma_order_switched_off(prepared, candidate, context)) {
           reject(std::string("the weight has neither the mma layout nor its canonical codes, "
                              "and ") +
                  kWgmmaOrderReadersSwitchedOff);

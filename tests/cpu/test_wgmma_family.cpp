@@ -345,12 +345,10 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
   {
     GemmProblem p = problem_of("w4a8-fp8", 1024, 8192, 8192);
     p.input = formats::bf16;
-    const char* old = std::getenv("QGEMM_WGMMA_FP8");
-    const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
-    setenv("QGEMM_WGMMA_FP8", "1", 1);
-    const Selection ranked = select_on(p, kH200);
-    if (saved) setenv("QGEMM_WGMMA_FP8", saved->c_str(), 1);
-    else unsetenv("QGEMM_WGMMA_FP8");
+    const Selection ranked = [&] {
+      const test::ScopedEnv fp8_ranked("QGEMM_WGMMA_FP8", "1");
+      return select_on(p, kH200);
+    }();
     const Verdict& v = verdict_of(ranked, "wgmma-fp8-128");
     EXPECT_TRUE(v.rejected.empty()) << v.rejected;
     EXPECT_GT(v.cost.total_us, 0.0);
