@@ -13,6 +13,8 @@
 #   scripts/h200_session.sh moe-decode   the grouped decode kernel: its GPU tests, memcheck
 #                                   over them, its bench (experts in the mma layout, then Qwen3
 #                                   in the wgmma order) and the wgmma baseline on the same card
+#   scripts/h200_session.sh quantize  the GPU weight quantizer (issue #18): its GPU tests,
+#                                   memcheck over them, its pytest cases, qgemm_quantize_bench
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -109,6 +111,21 @@ moe-decode)
   for m in 1 4 16 64; do
     timeout 40 build-gpu/bench/qgemm_moe_bench --case qwen3-30b-a3b:w4a16:$m 2>&1 | tail -1
   done
+  ;;
+quantize)
+  tests=build-gpu/tests/qgemm_tests_gpu
+  timeout 150 $tests --gtest_filter='QuantizeWeightGpu.*' > "$out/quantize_tests.log" 2>&1
+  echo "quantize tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|differ|seed" "$out/quantize_tests.log" | head -40
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
+    --gtest_filter='QuantizeWeightGpu.Grids*:QuantizeWeightGpu.BadInput*' \
+    > "$out/quantize_memcheck.log" 2>&1
+  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/quantize_memcheck.log")"
+  PYTHONPATH=build-gpu/python timeout 150 python3 -m pytest -q -rs python/tests/test_ops_cuda.py \
+    python/tests/test_engine.py -k "quantizer or quant_linear or sm90" > "$out/pytest.log" 2>&1
+  echo "pytest rc=$? at ${SECONDS}s"; tail -4 "$out/pytest.log"
+  timeout 200 build-gpu/bench/qgemm_quantize_bench "${@:2}" > "$out/quantize_bench.txt" 2>&1
+  echo "quantize bench rc=$? at ${SECONDS}s"; cat "$out/quantize_bench.txt"
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)

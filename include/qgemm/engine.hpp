@@ -111,6 +111,19 @@ class Engine {
                              double static_activation_scale = 0.0,
                              std::int64_t max_rows = kPrepareMaxRows);
 
+  // The same from a weight in device memory: `weight` [n, k] (bf16, fp16 or fp32, rows `stride`
+  // elements apart) quantized on this GPU by round to nearest as `quant` says (code for code what
+  // quantize_weight computes from the same values), then prepared there; nothing crosses to the
+  // host but the scales. On `stream`; returns when done. Error(InvalidArgument) names a bad
+  // matrix, scheme or non-finite element.
+  QuantWeight prepare_weight(const DeviceMatrix& weight, const WeightQuant& quant,
+                             const ActivationQuant& activation = {},
+                             double static_activation_scale = 0.0,
+                             std::int64_t max_rows = kPrepareMaxRows, void* stream = nullptr);
+  // The GPU quantization alone, downloaded into the canonical packed form (to save a checkpoint).
+  PackedWeight quantize_weight(const DeviceMatrix& weight, const WeightQuant& quant,
+                               void* stream = nullptr);
+
   // The plan for `problem` against `weight`: the selector's choice per M bucket, every kernel
   // compiled and loaded, and the workspace of `stream` sized for it. Error(Unsupported) when
   // nothing serves, naming every candidate's reason; Error(InvalidArgument) for a problem that

@@ -88,6 +88,37 @@ struct TensorAbsmaxArgs {
   float* absmax;  // one float, 0 before the launch
 };
 
+// quantize_weight (util/quantize_weight.cuh): the input type, and the launch's step.
+enum WeightInputCode { kWeightBf16 = 0, kWeightFp16 = 1, kWeightFp32 = 2 };
+enum WeightQuantizeStep { kWeightStats = 0, kWeightCells = 1, kWeightCodes = 2 };
+
+struct QuantizeWeightArgs {
+  const void* input;  // [n][ld] bf16, fp16 or fp32
+  long long ld, n, k;
+  // The scale grid (qgemm::ScaleGrid): cell (i, j) covers rows [i · rows_per, ...) and
+  // columns [j · cols_per, ...), the last ones partial.
+  long long grid_rows, grid_cols, rows_per, cols_per;
+  // stats -> cells: per piece (row, grid column), [n][grid_cols]; the sums for absmean only.
+  float* piece_min;
+  float* piece_max;
+  double* piece_sum_abs;
+  unsigned long long* first_bad;  // the flat index r · k + c of the first non-finite element
+                                  // (all ones before the launch: none)
+  int second_level;               // 1: a global scale under the cell scales (NVFP4)
+  double second_level_denominator;  // absmax denominator · the scale format's largest value
+  float* tensor_absmax;             // second level: 0 before the stats step
+  float* global_scale;              // cells writes it (1 without a second level); codes reads it
+  // The canonical packed outputs (include/qgemm/quant.hpp).
+  unsigned char* codes;   // [n][row_bytes]
+  long long row_bytes;
+  unsigned char* scales;  // [grid_rows][grid_cols] scale codes
+  unsigned char* zeros;   // integer: [grid_rows][zero_row_bytes]; float: like scales; else null
+  long long zero_row_bytes;
+  // codes: 1 when each unit's 8 inputs can be loaded 16 bytes at a time (k and ld multiples
+  // of 8, the input 16-byte aligned). Set by launch_quantize_weight.
+  int vector8;
+};
+
 struct RepackWeightArgs {
   const unsigned char* codes;  // [n][row_bytes] canonical packed codes
   unsigned int* words;         // [ceil(k / codes_per_word)][n] (see util/repack.cuh)

@@ -81,13 +81,14 @@ const char* granularity_name(qgemm::WeightGranularity g) {
 using CudaArray = nb::ndarray<nb::device::cuda>;
 
 // A CUDA array as a DeviceMatrix: 2-D, unit column stride, bf16 / fp16 / fp32, on `device`.
-qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int device) {
-  qgemm::require(t.ndim() == 2, "Engine.gemm: {} must be 2-D ({} dimensions given)", name,
+qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int device,
+                                  const char* function = "Engine.gemm") {
+  qgemm::require(t.ndim() == 2, "{}: {} must be 2-D ({} dimensions given)", function, name,
                  t.ndim());
   qgemm::require(t.stride(1) == 1 || t.shape(1) == 1,
-                 "Engine.gemm: {} must have unit column stride (stride {} given)", name,
+                 "{}: {} must have unit column stride (stride {} given)", function, name,
                  t.stride(1));
-  qgemm::require(t.device_id() == device, "Engine.gemm: {} is on GPU {}, the engine on GPU {}",
+  qgemm::require(t.device_id() == device, "{}: {} is on GPU {}, the engine on GPU {}", function,
                  name, t.device_id(), device);
   qgemm::DeviceMatrix m;
   const nb::dlpack::dtype dt = t.dtype();
@@ -99,7 +100,7 @@ qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int devi
     m.dtype = qgemm::formats::bf16;
   else
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("Engine.gemm: {} must be bf16, fp16 or fp32", name));
+                fmt::format("{}: {} must be bf16, fp16 or fp32", function, name));
   m.data = t.data();
   m.rows = static_cast<std::int64_t>(t.shape(0));
   m.cols = static_cast<std::int64_t>(t.shape(1));
@@ -402,6 +403,33 @@ NB_MODULE(_core, m) {
           "Uploads a packed weight in the kernel layouts the selector picks for calls of up to "
           "max_rows rows (fewer rows can mean fewer layouts, hence less memory); the scheme's "
           "activation part says how gemm() quantizes 16-bit activations for it.")
+      .def(
+          "prepare_weight",
+          [](qgemm::Engine& e, const CudaArray& w, const qgemm::Scheme& scheme,
+             std::int64_t max_rows, std::uintptr_t stream) {
+            const qgemm::DeviceMatrix m =
+                device_matrix(w, "weight", e.device(), "Engine.prepare_weight");
+            nb::gil_scoped_release release;
+            return e.prepare_weight(m, scheme.weight, scheme.activation, 0.0, max_rows,
+                                    reinterpret_cast<void*>(stream));
+          },
+          nb::arg("weight"), nb::arg("scheme"), nb::arg("max_rows") = 65536,
+          nb::arg("stream") = 0,
+          "The same from a CUDA array [n, k] (bf16, fp16 or fp32) on this engine's GPU, "
+          "quantized there (round to nearest, the codes qgemm.quantize_weight gives) and "
+          "prepared without leaving the device.")
+      .def(
+          "quantize_weight",
+          [](qgemm::Engine& e, const CudaArray& w, const qgemm::Scheme& scheme,
+             std::uintptr_t stream) {
+            const qgemm::DeviceMatrix m =
+                device_matrix(w, "weight", e.device(), "Engine.quantize_weight");
+            nb::gil_scoped_release release;
+            return e.quantize_weight(m, scheme.weight, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("weight"), nb::arg("scheme"), nb::arg("stream") = 0,
+          "Round-to-nearest quantization of a CUDA array [n, k] (bf16, fp16 or fp32) on the "
+          "GPU: the PackedWeight qgemm.quantize_weight gives for the same values.")
       .def(
           "gemm",
           [](qgemm::Engine& e, const CudaArray& a, const qgemm::QuantWeight& w,

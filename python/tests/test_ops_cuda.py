@@ -197,3 +197,32 @@ def test_quant_linear_on_cuda_matches_the_cpu_layer(rng):
     error = np.abs(got.cpu().double().reshape(-1, 640).numpy() -
                    expected.reshape(-1, 640).double().numpy())
     assert np.all(error <= bound)
+
+
+@pytest.mark.parametrize("scheme_text", ["w4a16", "awq-w4a16-g128", "nvfp4", "fp8-block", "bitnet"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_quantizer_gives_the_host_quantizers_packing(rng, scheme_text, dtype):
+    scheme = qgemm.Scheme(scheme_text)
+    w = torch.from_numpy(rng.standard_normal((384, 1024)) * 0.05).to("cuda", dtype)
+    engine = qgemm.ops.engine(torch.cuda.current_device())
+    gpu = engine.quantize_weight(w, scheme, torch.cuda.current_stream().cuda_stream)
+    host = qgemm.quantize_weight(scheme, w.float().cpu().numpy())
+    for part in ("codes", "scales", "zeros"):
+        assert np.array_equal(getattr(gpu, part), getattr(host, part)), part
+    assert gpu.global_scale == host.global_scale
+    # from_float of a layer on the GPU quantizes there, to the same weight.
+    linear = torch.nn.Linear(1024, 384, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    layer = QuantLinear.from_float(linear, scheme)
+    assert np.array_equal(layer.qweight.packed.codes, host.codes)
+
+
+def test_gpu_quantizer_names_a_non_finite_weight(rng):
+    w = torch.from_numpy(rng.standard_normal((64, 256))).to("cuda", torch.bfloat16)
+    w[3, 9] = float("inf")
+    engine = qgemm.ops.engine(torch.cuda.current_device())
+    with pytest.raises(qgemm.Error, match=r"weight\[3, 9\] = inf is not finite"):
+        engine.quantize_weight(w, qgemm.Scheme("w4a16"))
+    with pytest.raises(qgemm.Error, match="Engine.quantize_weight: weight must be 2-D"):
+        engine.quantize_weight(w[0], qgemm.Scheme("w4a16"))

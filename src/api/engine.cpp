@@ -36,6 +36,7 @@
 #include "jit/prewarm.hpp"
 #include "jit/print_configs.hpp"
 #include "layout/mma_repack_gpu.hpp"
+#include "quant/quantize_on_device.hpp"
 #include "qgemm/error.hpp"
 #include "runtime/cublas.hpp"
 #include "runtime/cublaslt.hpp"
@@ -147,8 +148,43 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
                                    double static_activation_scale, std::int64_t max_rows) {
   impl_->make_current();
   check_packed_weight(weight, "prepare_weight");
+  quant_detail::DeviceQuantizedWeight canonical;
+  canonical.codes = runtime::DeviceBuffer::from(weight.codes);
+  canonical.scales = runtime::DeviceBuffer::from(weight.scales);
+  if (!weight.zeros.empty()) canonical.zeros = runtime::DeviceBuffer::from(weight.zeros);
+  return impl_->prepare_canonical(weight, std::move(canonical), activation,
+                                  static_activation_scale, max_rows);
+}
+
+QuantWeight Engine::prepare_weight(const DeviceMatrix& weight, const WeightQuant& quant,
+                                   const ActivationQuant& activation,
+                                   double static_activation_scale, std::int64_t max_rows,
+                                   void* stream) {
+  impl_->make_current();
+  quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
+      weight, quant, impl_->arch, static_cast<CUstream>(stream));
+  const PackedWeight meta = canonical.meta;
+  return impl_->prepare_canonical(meta, std::move(canonical), activation,
+                                  static_activation_scale, max_rows);
+}
+
+PackedWeight Engine::quantize_weight(const DeviceMatrix& weight, const WeightQuant& quant,
+                                     void* stream) {
+  impl_->make_current();
+  quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
+      weight, quant, impl_->arch, static_cast<CUstream>(stream));
+  PackedWeight out = std::move(canonical.meta);
+  out.codes = canonical.codes.to_vector<std::uint8_t>(canonical.codes.bytes());
+  return out;
+}
+
+QuantWeight Engine::Impl::prepare_canonical(const PackedWeight& weight,
+                                            quant_detail::DeviceQuantizedWeight canonical,
+                                            const ActivationQuant& activation,
+                                            double static_activation_scale,
+                                            std::int64_t max_rows) {
   require(max_rows >= 1, "prepare_weight: max_rows must be at least 1 ({} given)", max_rows);
-  auto prepared = impl_->new_prepared(weight);
+  auto prepared = new_prepared(weight);
   if (activation.is_quantized()) {
     Scheme scheme;
     scheme.weight = weight.quant;
@@ -172,11 +208,11 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   probe.scheme.weight = weight.quant;
   probe.scheme.activation = prepared->activation;
   const dispatch::WeightFacts of_scheme =
-      dispatch::WeightFacts::of_scheme(probe.scheme, weight.n, weight.k, impl_->arch);
+      dispatch::WeightFacts::of_scheme(probe.scheme, weight.n, weight.k, arch);
   // With the measured table the plans follow, so that a tuned winner finds its layout.
   std::shared_ptr<const dispatch::TuningTable> table;
-  const dispatch::KeptLayouts kept = dispatch::kept_layouts(
-      probe, of_scheme, max_rows, impl_->selection_context(probe, table));
+  const dispatch::KeptLayouts kept =
+      dispatch::kept_layouts(probe, of_scheme, max_rows, selection_context(probe, table));
   dispatch::WeightFacts facts = dispatch::keep_layouts(of_scheme, kept);
   const bool want_mma = kept.mma, want_wgmma = kept.wgmma, want_canonical = kept.canonical;
   log(LogLevel::Info, "prepare_weight {} {}x{}: {}", weight.quant.format.name(), weight.n,
@@ -184,24 +220,13 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
       fmt::format("{}{}{}", want_mma ? "mma layout " : "", want_wgmma ? "wgmma order " : "",
                   want_canonical ? "canonical codes" : ""));
 
-  if (want_canonical) {
-    PackedWeight& shape = prepared->canonical_shape;
-    shape.quant = weight.quant;
-    shape.n = weight.n;
-    shape.k = weight.k;
-    shape.global_scale = weight.global_scale;
-    prepared->codes = runtime::DeviceBuffer::from(weight.codes);
-    prepared->canonical_scales = runtime::DeviceBuffer::from(weight.scales);
-    if (!weight.zeros.empty()) prepared->canonical_zeros = runtime::DeviceBuffer::from(weight.zeros);
-    if (facts.fp8_weight_mode)
-      prepared->fp8_scales = runtime::DeviceBuffer::from(
-          runtime::fp8_weight_scales(weight, *facts.fp8_weight_mode));
-  }
+  // The layouts are made on the device from the canonical arrays there (gemm/mma_repack.cuh;
+  // its host twin layout::repack_for_mma is what the tests compare it with).
+  const layout::CanonicalOnDevice source{canonical.codes.address(), canonical.scales.address(),
+                                         canonical.zeros.address()};
   if (want_mma) {
-    // On the device (gemm/mma_repack.cuh; its host twin layout::repack_for_mma is what the
-    // tests compare it with): the canonical weight goes up once and is reordered there.
     layout::MmaDeviceWeight device =
-        layout::repack_for_mma_on_device(weight, impl_->arch, nullptr);
+        layout::repack_for_mma_on_device(weight, source, arch, nullptr);
     facts.mma = device.meta;  // with the scale flags of the actual scales
     prepared->words = std::move(device.words);
     prepared->scales = std::move(device.scales);
@@ -209,11 +234,24 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
   }
   if (want_wgmma) {
     layout::MmaDeviceWeight device = layout::repack_for_mma_on_device(
-        weight, impl_->arch, nullptr, layout::FragmentOrder::Wgmma);
+        weight, source, arch, nullptr, layout::FragmentOrder::Wgmma);
     facts.wgmma = device.meta;
     prepared->wgmma_words = std::move(device.words);
     prepared->wgmma_scales = std::move(device.scales);
     prepared->wgmma_zeros = std::move(device.zeros);
+  }
+  if (want_canonical) {
+    PackedWeight& shape = prepared->canonical_shape;
+    shape.quant = weight.quant;
+    shape.n = weight.n;
+    shape.k = weight.k;
+    shape.global_scale = weight.global_scale;
+    prepared->codes = std::move(canonical.codes);
+    prepared->canonical_scales = std::move(canonical.scales);
+    prepared->canonical_zeros = std::move(canonical.zeros);
+    if (facts.fp8_weight_mode)
+      prepared->fp8_scales = runtime::DeviceBuffer::from(
+          runtime::fp8_weight_scales(weight, *facts.fp8_weight_mode));
   }
   prepared->facts = std::move(facts);
   QuantWeight out;

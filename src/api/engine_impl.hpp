@@ -22,6 +22,7 @@
 #include "jit/kernel_spec.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
+#include "quant/quantize_on_device.hpp"
 #include "runtime/cublas.hpp"
 #include "runtime/cublaslt.hpp"
 #include "runtime/device_memory.hpp"
@@ -223,6 +224,14 @@ struct Engine::Impl {
 
   // A new prepared weight of this engine with `like`'s quantization, shape and global scale
   // (its layouts still to fill).
+  // prepare_weight's body, from the canonical arrays on the device (`weight` describes them, its
+  // scales and zeros on the host too): the layouts the selector can use, repacked there; the
+  // canonical arrays are kept only where a candidate reads them.
+  QuantWeight prepare_canonical(const PackedWeight& weight,
+                                quant_detail::DeviceQuantizedWeight canonical,
+                                const ActivationQuant& activation, double static_activation_scale,
+                                std::int64_t max_rows);
+
   std::shared_ptr<detail::PreparedWeight> new_prepared(const PackedWeight& like) {
     auto prepared = std::make_shared<detail::PreparedWeight>();
     prepared->id = detail::next_weight_id++;

@@ -67,6 +67,16 @@ KernelSpec dequantize_weight_spec(const WeightQuant& weight, const Format& outpu
                        SpecParam::chosen("out", half_type_choice(output, "dequantize output"))});
 }
 
+KernelSpec quantize_weight_spec(const WeightQuant& weight, const Format& input,
+                                const std::string& step, Arch arch) {
+  const std::string in = input == formats::fp32 ? "fp32" : half_type_choice(input, "weight input");
+  return utility_spec("quantize_weight", arch,
+                      {SpecParam::number_format("weight", weight.format),
+                       SpecParam::number_format("scale", weight.scale_format),
+                       SpecParam::chosen("zero", zero_point_choice(weight.zero_point)),
+                       SpecParam::chosen("in", in), SpecParam::chosen("step", step)});
+}
+
 KernelSpec quantize_activation_spec(const ActivationQuant& quant, const Format& input,
                                     ActivationEmit emit, const Format& operand, Arch arch) {
   // One block per row of 256 threads: a decode call's few rows are spread over many threads (8
@@ -243,6 +253,9 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
     for (const Format& out : {formats::bf16, formats::fp16}) {
       specs.push_back(dequantize_weight_spec(quant, out, arch));
     }
+    // Their quantization on the GPU from bf16 checkpoints' weights.
+    for (const char* step : {"stats", "cells", "codes"})
+      specs.push_back(quantize_weight_spec(quant, formats::bf16, step, arch));
   }
   // The activation quantizations of the presets, into the GEMM operand; int8 / e4m3 with one
   // scale per row also into the 8-bit mma's operand; 8-bit float codes with fp32 scales also

@@ -38,6 +38,10 @@ bool codes_are_operand8(const ActivationQuant& quant);
 // Canonical packed activations of `quant` -> the operand (`operand` type: bf16 / fp16, or the
 // 8-bit code format itself for the 8-bit mma's operand) and row factors.
 KernelSpec expand_activation_spec(const ActivationQuant& quant, const Format& operand, Arch arch);
+// One step ("stats", "cells", "codes") of the GPU weight quantizer (kernels/util/
+// quantize_weight.cuh) for `weight` from an `input` of bf16, fp16 or fp32.
+KernelSpec quantize_weight_spec(const WeightQuant& weight, const Format& input,
+                                const std::string& step, Arch arch);
 // absmax of a bf16/fp16 tensor (NV's tensor scale, static scales taken from the tensor).
 KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // One step of the MoE routing preparation (kernels/moe/routing.cuh): "count", "offsets",

@@ -155,6 +155,20 @@ const std::vector<KernelFamily>& kernel_families() {
         // bf16 / fp16 (kernels::HalfTypeCode), or the 8-bit codes as the mma's operand.
         {"operand", ParamKind::Choice, {"bf16", "fp16", "bytes"}}},
        false},
+      // kernels/util/quantize_weight.cuh: round-to-nearest weight quantization, in three steps.
+      {"quantize_weight",
+       "util/quantize_weight.cuh",
+       "qgemm::kernels::quantize_weight_kernel",
+       "qgemm::kernels::QuantizeWeightArgs",
+       {{"weight", ParamKind::Format, {}},
+        {"scale", ParamKind::Format, {}},
+        // Order = kernels::ZeroPointCode.
+        {"zero", ParamKind::Choice, {"none", "mid", "int", "float"}},
+        // Order = kernels::WeightInputCode.
+        {"in", ParamKind::Choice, {"bf16", "fp16", "fp32"}},
+        // Order = kernels::WeightQuantizeStep.
+        {"step", ParamKind::Choice, {"stats", "cells", "codes"}}},
+       false},
       {"tensor_absmax",
        "util/quantize_activation.cuh",
        "qgemm::kernels::tensor_absmax_kernel",
@@ -417,6 +431,30 @@ void validate(const KernelSpec& spec) {
             weight.bits);
     const Format& scale = spec.param("scale").format;
     require(scale.is_float(), "kernel spec dequantize_weight: scale = {} (rule: a float format)",
+            scale.name());
+  }
+  if (spec.family == "quantize_weight") {
+    const Format& weight = spec.param("weight").format;
+    const Format& scale = spec.param("scale").format;
+    const std::string& zero = spec.param("zero").choice;
+    require(weight.bits >= 1 && weight.bits <= 8 &&
+                (weight.is_integer() ||
+                 (weight.specials != FloatSpecials::ExponentOnly && weight.mantissa_bits >= 1)),
+            "kernel spec quantize_weight: weight = {} (rule: 1..8 bits, an integer or a float "
+            "format with a mantissa)",
+            weight.name());
+    require(scale.is_float() && scale.bits <= 32 &&
+                (scale.specials == FloatSpecials::ExponentOnly || scale.mantissa_bits >= 1),
+            "kernel spec quantize_weight: scale = {} (rule: a float format with a mantissa, or "
+            "exponent-only)",
+            scale.name());
+    require(zero == "none" || weight.is_integer(),
+            "kernel spec quantize_weight: zero = {} with weight {} (rule: zero points need an "
+            "integer weight)",
+            zero, weight.name());
+    require(zero != "float" || scale.specials != FloatSpecials::ExponentOnly,
+            "kernel spec quantize_weight: zero = float with scale {} (rule: float zero points "
+            "need a scale format with a mantissa)",
             scale.name());
   }
   if (spec.family == "mma_dequantize") {

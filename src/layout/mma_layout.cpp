@@ -11,6 +11,7 @@
 #include "gemm/mma_weight_layout.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
 #include "qgemm/error.hpp"
+#include "quant/block_quant.hpp"
 #include "quant/parallel.hpp"
 
 namespace qgemm::layout {
@@ -131,7 +132,7 @@ bool packed16_scale_exact(double scale, const Format& type, int bits) {
 }
 
 MmaWeight mma_metadata(const PackedWeight& w, FragmentOrder order) {
-  check_packed_weight(w, "mma layout");
+  quant_detail::check_packed_weight_metadata(w, "mma layout");  // the codes may be on the device
   const WeightQuant& q = w.quant;
   const int bits = q.format.bits;
   MmaWeight out = mma_shape(q, w.n, w.k, w.global_scale, order);
@@ -165,6 +166,7 @@ MmaWeight mma_metadata(const PackedWeight& w, FragmentOrder order) {
 }
 
 MmaWeight repack_for_mma(const PackedWeight& w, FragmentOrder order) {
+  check_packed_weight(w, "mma layout");
   MmaWeight out = mma_metadata(w, order);
   const WeightQuant& q = w.quant;
   const int bits = q.format.bits;

@@ -38,6 +38,17 @@ jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch, Frag
 
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream,
                                          FragmentOrder order) {
+  check_packed_weight(w, "mma repack");
+  const runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(w.codes);
+  const runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(w.scales);
+  runtime::DeviceBuffer zeros;
+  if (!w.zeros.empty()) zeros = runtime::DeviceBuffer::from(w.zeros);
+  return repack_for_mma_on_device(w, {codes.address(), scales.address(), zeros.address()}, arch,
+                                  stream, order);
+}
+
+MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalOnDevice& source,
+                                         jit::Arch arch, CUstream stream, FragmentOrder order) {
   MmaDeviceWeight out;
   out.meta = mma_metadata(w, order);
   const MmaWeight& m = out.meta;
@@ -46,10 +57,6 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, 
   const std::size_t lanes = static_cast<std::size_t>(m.n_padded / 64 * m.k_blocks * 32);
   const std::size_t scale_count = static_cast<std::size_t>(m.groups) * m.n_padded;
 
-  const runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(w.codes);
-  const runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(w.scales);
-  runtime::DeviceBuffer zeros;
-  if (!w.zeros.empty()) zeros = runtime::DeviceBuffer::from(w.zeros);
   out.words = runtime::DeviceBuffer(lanes * bits * sizeof(std::uint32_t));
   out.scales = runtime::DeviceBuffer(scale_count * sizeof(float));
   out.scales.fill_bytes(0);  // padding columns stay 0 (words are all written)
@@ -60,9 +67,12 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, 
 
   const ScaleGrid grid = w.scale_grid();
   kernels::MmaRepackArgs args{};
-  args.codes = codes.as<const unsigned char>();
-  args.scales = scales.as<const unsigned char>();
-  args.zeros = zeros.bytes() ? zeros.as<const unsigned char>() : nullptr;
+  auto bytes_at = [](CUdeviceptr address) {
+    return reinterpret_cast<const unsigned char*>(static_cast<std::uintptr_t>(address));
+  };
+  args.codes = bytes_at(source.codes);
+  args.scales = bytes_at(source.scales);
+  args.zeros = source.zeros ? bytes_at(source.zeros) : nullptr;
   args.row_bytes = w.row_bytes();
   args.zero_row_bytes = (grid.cols * bits + 7) / 8;
   args.n = w.n;

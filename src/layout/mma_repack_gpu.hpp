@@ -1,5 +1,5 @@
-// The GPU twin of repack_for_mma: uploads the canonical packed weight (temporary device memory
-// of its own size, freed on return) and runs gemm/mma_repack.cuh into zero-filled outputs.
+// The GPU twin of repack_for_mma: gemm/mma_repack.cuh from the canonical packed weight on the
+// device into zero-filled outputs.
 #pragma once
 
 #include <cuda.h>
@@ -19,7 +19,20 @@ struct MmaDeviceWeight {
 jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch,
                                 FragmentOrder order = FragmentOrder::Mma);
 
-// In the current context, on `stream`; returns after the repack has finished.
+// The canonical arrays of a weight in device memory (zeros 0 when it stores none).
+struct CanonicalOnDevice {
+  CUdeviceptr codes = 0, scales = 0, zeros = 0;
+};
+
+// In the current context, on `stream`; returns after the repack has finished. `weight`
+// describes the weight, its scales and zeros on the host too (the metadata reads them; its
+// codes may be absent); `source` holds its arrays on the device.
+MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight,
+                                         const CanonicalOnDevice& source, jit::Arch arch,
+                                         CUstream stream,
+                                         FragmentOrder order = FragmentOrder::Mma);
+// The same from a whole packed weight on the host, uploaded first (temporary device memory of
+// its own size, freed on return).
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight, jit::Arch arch,
                                          CUstream stream,
                                          FragmentOrder order = FragmentOrder::Mma);

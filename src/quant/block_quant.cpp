@@ -53,15 +53,6 @@ double element_high(const Format& element) { return element.max_finite(); }
 // Distinct integer steps of an integer element: 2^b − 1 for uint b, 2 for ternary.
 double integer_levels(const Format& element) { return element.max_int - element.min_int; }
 
-// What a cell's absolute maximum is divided by to give its raw (unrounded) absmax scale:
-// the element's largest value for symmetric rules; for zero-point rules half the integer
-// levels, since [-amax, amax] then spans all of them. With a midpoint zero this is GPTQ's
-// symmetric rule: every code is used and rounding stays within half a step up to the edges.
-double absmax_denominator(const BlockRule& rule) {
-  return rule.zero_point == ZeroPoint::None ? element_high(rule.element)
-                                            : integer_levels(rule.element) / 2.0;
-}
-
 CellQuant cell_quant(const BlockRule& rule, const PieceStats& stats, double second_level) {
   const Format& element = rule.element;
   const Format& scale_format = rule.scale_format;
@@ -148,6 +139,24 @@ void require_rule(const BlockRule& rule) {
 
 }  // namespace
 
+// For zero-point rules half the integer levels, since [-amax, amax] then spans all of them.
+// With a midpoint zero this is GPTQ's symmetric rule: every code is used and rounding stays
+// within half a step up to the edges.
+double absmax_denominator(const BlockRule& rule) {
+  return rule.zero_point == ZeroPoint::None ? element_high(rule.element)
+                                            : integer_levels(rule.element) / 2.0;
+}
+
+double run_sum_abs(const float* values, std::int64_t count) {
+  // Lane i of the warp after the shuffle at `offset` holds t[i] + t[i ^ offset]; lane 0's
+  // value is t[0] below (lanes at or past `offset` only feed the lower ones).
+  double t[kSumRun];
+  for (std::int64_t i = 0; i < kSumRun; ++i) t[i] = i < count ? std::fabs(double{values[i]}) : 0.0;
+  for (std::int64_t offset = kSumRun / 2; offset > 0; offset /= 2)
+    for (std::int64_t i = 0; i < offset; ++i) t[i] = t[i] + t[i + offset];
+  return t[0];
+}
+
 double finalize_scale(const Format& scale_format, double raw) {
   if (!(raw > 0)) return round_to(scale_format, 1.0);
   if (std::isinf(raw)) return scale_format.max_finite();
@@ -229,8 +238,11 @@ QuantizedBlocks quantize_blocks(const BlockRule& rule, const ScaleGrid& grid, co
           }
           piece.min = std::min(piece.min, v);
           piece.max = std::max(piece.max, v);
-          piece.sum_abs += std::fabs(v);
         }
+        // Σ|x| in the GPU quantizer's order (run_sum_abs); only absmean reads it.
+        if (rule.scale_rule == ScaleRule::AbsMean)
+          for (std::int64_t c = j * grid.cols_per; c < c_end; c += kSumRun)
+            piece.sum_abs += run_sum_abs(row + c, std::min(kSumRun, c_end - c));
         piece.count = c_end - j * grid.cols_per;
       }
     }

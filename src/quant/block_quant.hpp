@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "qgemm/format.hpp"
+#include "qgemm/quant.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm::quant_detail {
@@ -41,6 +42,25 @@ struct QuantizedBlocks {
   std::vector<std::uint8_t> zeros;   // Integer: grid rows packed like codes; Float: like scales
   double second_level = 1.0;
 };
+
+// The rule of quantize_weight for `quant` (`function` names it in messages), and the checks
+// every weight quantizer runs first: the scheme valid for [n, k]; a packed weight's scales,
+// zeros and global scale of its scheme's sizes (its codes are checked apart: on the GPU path
+// they stay on the device).
+BlockRule weight_rule(const WeightQuant& quant, const char* function);
+void validate_weight(const WeightQuant& quant, std::int64_t n, std::int64_t k);
+void check_packed_weight_metadata(const PackedWeight& weight, const char* function);
+
+// What a cell's absolute maximum is divided by for its raw absmax scale: the element's largest
+// value, or for zero-point rules half the integer levels.
+double absmax_denominator(const BlockRule& rule);
+
+// Σ|x| of `count` (<= 32) consecutive values, in double, by the butterfly tree of a warp's xor
+// shuffles (offsets 16, 8, 4, 2, 1; absent values +0): the order the GPU quantizer adds a run
+// of 32 in (kernels/util/quantize_weight.cuh), so that the absmean scales of both agree bit
+// for bit. A piece's runs of 32 from its first column are then added in order.
+double run_sum_abs(const float* values, std::int64_t count);
+inline constexpr std::int64_t kSumRun = 32;
 
 // Rounds a raw scale into the scale format so that dequantization never meets 0, NaN or Inf:
 // an all-zero cell (raw 0) gets 1 (its codes are then 0), an underflow the smallest positive

@@ -14,10 +14,20 @@ namespace {
 
 using quant_detail::BlockRule;
 using quant_detail::ScaleRule;
+using quant_detail::validate_weight;
+using quant_detail::weight_rule;
 
 void require_size(const char* function, const char* name, std::int64_t value) {
   require(value >= 1, "{}: {} = {} is not a valid size (rule: {} >= 1)", function, name, value,
           name);
+}
+
+void require_bytes(const char* function, const char* what, const PackedWeight& weight,
+                   std::size_t actual, std::int64_t expected) {
+  require(static_cast<std::int64_t>(actual) == expected,
+          "{}: weight {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes "
+          "match the scheme's packed form)",
+          function, what, actual, weight.n, weight.k, expected);
 }
 
 // Scale rule of a scale format: e8m0 can only hold powers of two, so it takes the OCP MX
@@ -26,22 +36,6 @@ ScaleRule absmax_rule_for(const Format& scale_format) {
   return scale_format.specials == FloatSpecials::ExponentOnly && scale_format.is_float()
              ? ScaleRule::SharedExponent
              : ScaleRule::AbsMax;
-}
-
-BlockRule weight_rule(const WeightQuant& quant, const char* function) {
-  BlockRule rule;
-  rule.element = quant.format;
-  rule.scale_format = quant.scale_format;
-  rule.zero_point = quant.zero_point;
-  rule.second_level = quant.global_scale;
-  // Ternary weights follow BitNet b1.58: absmax would send most weights to 0, the mean of |w|
-  // keeps about two thirds of them at ±1.
-  rule.scale_rule = quant.format == formats::ternary() && quant.zero_point == ZeroPoint::None
-                        ? ScaleRule::AbsMean
-                        : absmax_rule_for(quant.scale_format);
-  rule.function = function;
-  rule.tensor = "weight";
-  return rule;
 }
 
 BlockRule activation_rule(const ActivationQuant& quant, double static_scale, const char* function) {
@@ -61,13 +55,6 @@ BlockRule activation_rule(const ActivationQuant& quant, double static_scale, con
 
 // The scheme's own validation (formats, groups dividing K), on a scheme that carries only
 // the part being quantized.
-void validate_weight(const WeightQuant& quant, std::int64_t n, std::int64_t k) {
-  Scheme scheme;
-  scheme.weight = quant;
-  validate(scheme);
-  validate_shape(scheme, 1, n, k);
-}
-
 void validate_activation(const ActivationQuant& quant, std::int64_t m, std::int64_t k) {
   Scheme scheme;
   scheme.weight.granularity = WeightGranularity::PerChannel;  // no constraint on K from here
@@ -77,6 +64,51 @@ void validate_activation(const ActivationQuant& quant, std::int64_t m, std::int6
 }
 
 }  // namespace
+
+namespace quant_detail {
+
+BlockRule weight_rule(const WeightQuant& quant, const char* function) {
+  BlockRule rule;
+  rule.element = quant.format;
+  rule.scale_format = quant.scale_format;
+  rule.zero_point = quant.zero_point;
+  rule.second_level = quant.global_scale;
+  // Ternary weights follow BitNet b1.58: absmax would send most weights to 0, the mean of |w|
+  // keeps about two thirds of them at ±1.
+  rule.scale_rule = quant.format == formats::ternary() && quant.zero_point == ZeroPoint::None
+                        ? ScaleRule::AbsMean
+                        : absmax_rule_for(quant.scale_format);
+  rule.function = function;
+  rule.tensor = "weight";
+  return rule;
+}
+
+void validate_weight(const WeightQuant& quant, std::int64_t n, std::int64_t k) {
+  Scheme scheme;
+  scheme.weight = quant;
+  validate(scheme);
+  validate_shape(scheme, 1, n, k);
+}
+
+void check_packed_weight_metadata(const PackedWeight& weight, const char* function) {
+  require_size(function, "n", weight.n);
+  require_size(function, "k", weight.k);
+  validate_weight(weight.quant, weight.n, weight.k);
+  const ScaleGrid grid = weight.scale_grid();
+  const int bits = weight.quant.format.bits;
+  const std::int64_t scale_bytes = weight.quant.scale_format.storage_bytes();
+  require_bytes(function, "scales", weight, weight.scales.size(), grid.count() * scale_bytes);
+  if (weight.quant.zero_point == ZeroPoint::Integer)
+    require_bytes(function, "zeros", weight, weight.zeros.size(),
+                  grid.rows * ((grid.cols * bits + 7) / 8));
+  else if (weight.quant.zero_point == ZeroPoint::Float)
+    require_bytes(function, "zeros", weight, weight.zeros.size(), grid.count() * scale_bytes);
+  require(std::isfinite(weight.global_scale) && weight.global_scale > 0,
+          "{}: weight global_scale = {} (rule: positive and finite)", function,
+          weight.global_scale);
+}
+
+}  // namespace quant_detail
 
 PackedWeight quantize_weight(const WeightQuant& quant, const float* weight, std::int64_t n,
                              std::int64_t k) {
@@ -99,27 +131,8 @@ PackedWeight quantize_weight(const WeightQuant& quant, const float* weight, std:
 }
 
 void check_packed_weight(const PackedWeight& weight, const char* function) {
-  require_size(function, "n", weight.n);
-  require_size(function, "k", weight.k);
-  validate_weight(weight.quant, weight.n, weight.k);
-  const ScaleGrid grid = weight.scale_grid();
-  const int bits = weight.quant.format.bits;
-  const std::int64_t scale_bytes = weight.quant.scale_format.storage_bytes();
-  auto require_bytes = [&](const char* what, std::size_t actual, std::int64_t expected) {
-    require(static_cast<std::int64_t>(actual) == expected,
-            "{}: weight {} holds {} bytes, the shape [{}, {}] needs {} (rule: sizes "
-            "match the scheme's packed form)",
-            function, what, actual, weight.n, weight.k, expected);
-  };
-  require_bytes("codes", weight.codes.size(), weight.n * weight.row_bytes());
-  require_bytes("scales", weight.scales.size(), grid.count() * scale_bytes);
-  if (weight.quant.zero_point == ZeroPoint::Integer)
-    require_bytes("zeros", weight.zeros.size(), grid.rows * ((grid.cols * bits + 7) / 8));
-  else if (weight.quant.zero_point == ZeroPoint::Float)
-    require_bytes("zeros", weight.zeros.size(), grid.count() * scale_bytes);
-  require(std::isfinite(weight.global_scale) && weight.global_scale > 0,
-          "{}: weight global_scale = {} (rule: positive and finite)", function,
-          weight.global_scale);
+  quant_detail::check_packed_weight_metadata(weight, function);
+  require_bytes(function, "codes", weight, weight.codes.size(), weight.n * weight.row_bytes());
 }
 
 std::vector<double> dequantize_weight(const PackedWeight& weight) {

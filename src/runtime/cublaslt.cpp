@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "qgemm/error.hpp"
+#include "quant/block_quant.hpp"
 #include "runtime/utility_kernels.hpp"
 
 namespace qgemm::runtime {
@@ -268,7 +269,7 @@ std::optional<Fp8ScaleModes> fp8_scale_modes(const Scheme& scheme, std::string* 
 }
 
 std::vector<float> fp8_weight_scales(const PackedWeight& weight, Fp8ScaleMode mode) {
-  check_packed_weight(weight, "fp8_weight_scales");
+  quant_detail::check_packed_weight_metadata(weight, "fp8_weight_scales");  // reads scales only
   require(weight.quant.zero_point == ZeroPoint::None,
           "fp8_weight_scales: weight with zero points (rule: none: cuBLASLt applies scales only)");
   return scales_in_layout(weight.scales, weight.quant.scale_format, weight.scale_grid(), weight.n,

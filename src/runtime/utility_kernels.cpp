@@ -144,6 +144,18 @@ void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::in
                 args, stream);
 }
 
+void launch_quantize_weight(const LoadedKernel& kernel, const kernels::QuantizeWeightArgs& args,
+                            kernels::WeightQuantizeStep step, CUstream stream) {
+  const int threads = kernel.launch.threads_per_block;
+  std::int64_t items = 0;
+  switch (step) {
+    case kernels::kWeightStats: items = args.n * args.grid_cols * 32; break;
+    case kernels::kWeightCells: items = args.grid_rows * ((args.grid_cols + 7) / 8); break;
+    case kernels::kWeightCodes: items = args.n * ((args.k + 7) / 8); break;
+  }
+  launch_kernel(kernel, grid_stride(items, threads), args, stream);
+}
+
 std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits) {
   const std::int64_t per_word = 32 / bits;
   return (k + per_word - 1) / per_word * n;

@@ -43,6 +43,12 @@ void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandA
 void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::int64_t m,
                           std::int64_t k, std::int64_t lda, CUdeviceptr absmax, CUstream stream);
 
+// One step of the GPU weight quantizer (args.step's kernel; util/quantize_weight.cuh): stats a
+// warp per piece, cells a thread per 8 cells of a grid row, codes a thread per 8 elements of a
+// row, grid-stride beyond a few blocks per SM's worth.
+void launch_quantize_weight(const LoadedKernel& kernel, const kernels::QuantizeWeightArgs& args,
+                            kernels::WeightQuantizeStep step, CUstream stream);
+
 // Words of the repacked layout: ceil(k / floor(32 / bits)) · n.
 std::int64_t repacked_word_count(std::int64_t n, std::int64_t k, int bits);
 kernels::RepackWeightArgs repack_weight_args(std::int64_t n, std::int64_t k, int bits,

@@ -1,0 +1,38 @@
+// Round-to-nearest weight quantization on the GPU (kernels/util/quantize_weight.cuh): a weight
+// in device memory becomes its canonical packed form in device memory, code for code what
+// quantize_weight computes on the host from the same values (tests/gpu/test_quantize_weight.cpp
+// holds them to it). Engine::prepare_weight(DeviceMatrix, ...) repacks the result where it is.
+#pragma once
+
+#include <cuda.h>
+
+#include <optional>
+#include <string>
+
+#include "jit/kernel_spec.hpp"
+#include "qgemm/engine.hpp"
+#include "runtime/device_memory.hpp"
+
+namespace qgemm::quant_detail {
+
+struct DeviceQuantizedWeight {
+  // quant, n, k, global_scale, and host copies of the scales and zeros (small; the layouts'
+  // metadata reads them); its codes are empty: they live in `codes` only.
+  PackedWeight meta;
+  runtime::DeviceBuffer codes, scales, zeros;
+};
+
+// Why the GPU quantizer cannot take `quant`, or nothing: it takes every 1..8-bit integer
+// format and every float format with a mantissa, with any scale format, zero point and grid;
+// not exponent-only or mantissa-less elements, nor float zeros in e8m0 (no checkpoint uses them).
+std::optional<std::string> device_quantizer_gap(const WeightQuant& quant);
+
+// Quantizes `weight` (bf16, fp16 or fp32 rows in device memory) in the current context on
+// `stream` and returns when done. Error(InvalidArgument) names a bad matrix or scheme, or the
+// first non-finite element as quantize_weight does. A scheme the GPU quantizer does not take
+// (device_quantizer_gap) is served by the host quantizer (logged at QGEMM_LOG_LEVEL >= 2).
+DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
+                                                const WeightQuant& quant, jit::Arch arch,
+                                                CUstream stream);
+
+}  // namespace qgemm::quant_detail
