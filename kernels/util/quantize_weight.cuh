@@ -90,6 +90,17 @@ __device__ __forceinline__ void store_code_bytes(unsigned char* base, long long 
   }
 }
 
+// Unit `unit` of a packed row (8 codes of kBits, code e at bit e · kBits of `packed`): its kBits
+// bytes, fewer where the row ends (row_bytes), whose pad bits are the 0s `packed` holds there.
+template <int kBits>
+__device__ __forceinline__ void store_unit(unsigned char* row, long long row_bytes, long long unit,
+                                           unsigned long long packed) {
+  const long long first_byte = unit * kBits;
+  const int bytes = static_cast<int>(min(static_cast<long long>(kBits), row_bytes - first_byte));
+  for (int b = 0; b < bytes; ++b)
+    row[first_byte + b] = static_cast<unsigned char>(packed >> (8 * b));
+}
+
 template <unsigned long long kWeight, unsigned long long kScale, int kZero>
 struct WeightQuantizer {
   static constexpr FormatCode element = FormatCode::unpack(kWeight);
@@ -279,14 +290,9 @@ __device__ void quantize_weight_cells(const QuantizeWeightArgs& args) {
       store_code_bytes<Q::scale_bytes>(args.scales, grid_row * args.grid_cols + cell_col,
                                        exact_code<kScale>(scale));
     }
-    if constexpr (kZero == kIntegerZero) {
-      unsigned char* out = args.zeros + grid_row * args.zero_row_bytes;
-      const long long first_byte = first_col / 8 * Q::bits;
-      const int bytes = static_cast<int>(min(static_cast<long long>(Q::bits),
-                                             args.zero_row_bytes - first_byte));
-      for (int b = 0; b < bytes; ++b)
-        out[first_byte + b] = static_cast<unsigned char>(zero_bits >> (8 * b));
-    }
+    if constexpr (kZero == kIntegerZero)
+      store_unit<Q::bits>(args.zeros + grid_row * args.zero_row_bytes, args.zero_row_bytes,
+                          first_col / 8, zero_bits);
   }
 }
 
@@ -359,12 +365,7 @@ __device__ void quantize_weight_codes(const QuantizeWeightArgs& args) {
         packed |= static_cast<unsigned long long>(Q::encode_element(q)) << (e * Q::bits);
       }
     }
-    unsigned char* out = args.codes + row * args.row_bytes;
-    const long long first_byte = first / 8 * Q::bits;
-    const int bytes =
-        static_cast<int>(min(static_cast<long long>(Q::bits), args.row_bytes - first_byte));
-    for (int b = 0; b < bytes; ++b)
-      out[first_byte + b] = static_cast<unsigned char>(packed >> (8 * b));
+    store_unit<Q::bits>(args.codes + row * args.row_bytes, args.row_bytes, first / 8, packed);
   }
 }
 
