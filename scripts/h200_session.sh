@@ -126,6 +126,9 @@ quantize)
   echo "pytest rc=$? at ${SECONDS}s"; tail -4 "$out/pytest.log"
   timeout 200 build-gpu/bench/qgemm_quantize_bench "${@:2}" > "$out/quantize_bench.txt" 2>&1
   echo "quantize bench rc=$? at ${SECONDS}s"; cat "$out/quantize_bench.txt"
+  PYTHONPATH=build-gpu/python timeout 120 python3 bench/quantize_python.py \
+    > "$out/quantize_python.txt" 2>&1
+  echo "python quantize rc=$? at ${SECONDS}s"; cat "$out/quantize_python.txt"
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)
