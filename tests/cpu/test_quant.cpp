@@ -691,6 +691,23 @@ TEST(QuantWeight, PartialLastGroupAbsmeanCountsOnlyItsValues) {
   }
 }
 
+// Absmean's Σ|x| adds a run of 32 by the warp's xor butterfly (offsets 16, 8, 4, 2, 1), the
+// order the GPU quantizer adds in: x0 = 2^53 with x1 = x17 = 1 sums to 2^53 + 2 (x1 + x17 = 2
+// meets x0 last, exactly), where adding left to right would lose both ones to rounding.
+TEST(QuantWeight, AbsmeanSumsARunByTheWarpsButterfly) {
+  std::vector<float> run(32, 0.0f);
+  run[0] = 0x1p53f;
+  run[1] = -1.0f;  // |x|
+  run[17] = 1.0f;
+  EXPECT_EQ(quant_detail::run_sum_abs(run.data(), 32), 0x1p53 + 2.0);
+  double left_to_right = 0.0;
+  for (float x : run) left_to_right += std::fabs(double{x});
+  EXPECT_EQ(left_to_right, 0x1p53);  // the order matters for these values
+  // A short run counts only its values (the absent lanes add +0).
+  EXPECT_EQ(quant_detail::run_sum_abs(run.data(), 17), 0x1p53);
+  EXPECT_EQ(quant_detail::run_sum_abs(run.data() + 1, 17), 2.0);
+}
+
 TEST(QuantWeight, BadInputIsRejectedByName) {
   SeededRandom random;
   SCOPED_TRACE(random.trace());
