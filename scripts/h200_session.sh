@@ -113,20 +113,21 @@ moe-decode)
   done
   ;;
 quantize)
+  # Most telling first: a run cut short by its limit still prints what it reached.
   tests=build-gpu/tests/qgemm_tests_gpu
   timeout 150 $tests --gtest_filter='QuantizeWeightGpu.*' > "$out/quantize_tests.log" 2>&1
   echo "quantize tests rc=$? at ${SECONDS}s"
   grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|differ|seed" "$out/quantize_tests.log" | head -40
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
-    --gtest_filter='QuantizeWeightGpu.Grids*:QuantizeWeightGpu.BadInput*' \
-    > "$out/quantize_memcheck.log" 2>&1
-  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/quantize_memcheck.log")"
+  timeout 120 build-gpu/bench/qgemm_quantize_bench "${@:2}" > "$out/quantize_bench.txt" 2>&1
+  echo "quantize bench rc=$? at ${SECONDS}s"; cat "$out/quantize_bench.txt"
   PYTHONPATH=build-gpu/python timeout 150 python3 -m pytest -q -rs python/tests/test_ops_cuda.py \
     python/tests/test_engine.py -k "quantizer or quant_linear or sm90" > "$out/pytest.log" 2>&1
   echo "pytest rc=$? at ${SECONDS}s"; tail -4 "$out/pytest.log"
-  timeout 200 build-gpu/bench/qgemm_quantize_bench "${@:2}" > "$out/quantize_bench.txt" 2>&1
-  echo "quantize bench rc=$? at ${SECONDS}s"; cat "$out/quantize_bench.txt"
-  PYTHONPATH=build-gpu/python timeout 120 python3 bench/quantize_python.py \
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
+    --gtest_filter='QuantizeWeightGpu.Grids*:QuantizeWeightGpu.BadInput*' \
+    > "$out/quantize_memcheck.log" 2>&1
+  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/quantize_memcheck.log")"
+  PYTHONPATH=build-gpu/python timeout 90 python3 bench/quantize_python.py \
     > "$out/quantize_python.txt" 2>&1
   echo "python quantize rc=$? at ${SECONDS}s"; cat "$out/quantize_python.txt"
   ;;
