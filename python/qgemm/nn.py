@@ -28,20 +28,6 @@ from ._core import Error, PackedWeight, Scheme, quantize_weight
 __all__ = ["QuantLinear", "QuantMoE", "quantize_model", "load_quantized"]
 
 
-def _quantize(weight: torch.Tensor, scheme: Scheme) -> PackedWeight:
-    """Round to nearest into the canonical packed form: on the weight's GPU (bf16, fp16 and
-    float32 as they are, after the work queued on its stream), else on the host in float32.
-    Both give the same codes."""
-    weight = weight.detach()
-    if weight.is_cuda:
-        if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            weight = weight.to(torch.float32)
-        weight = weight.contiguous()
-        stream = torch.cuda.current_stream(weight.device).cuda_stream
-        return ops.engine(weight.device.index).quantize_weight(weight, scheme, stream)
-    return quantize_weight(scheme, np.ascontiguousarray(weight.to(torch.float32).numpy()))
-
-
 def _scheme(scheme, function: str) -> Scheme:
     if isinstance(scheme, Scheme):
         return scheme
@@ -116,20 +102,20 @@ class QuantLinear(torch.nn.Module):
     @classmethod
     def from_float(cls, linear: torch.nn.Linear, scheme, *,
                    max_rows: int = 65536) -> "QuantLinear":
-        """A torch.nn.Linear quantized by round to nearest (qgemm.quantize_weight's codes): on
-        its GPU when it lives on one, else on the host. The bias is kept in the layer's dtype and
-        device."""
+        """A torch.nn.Linear quantized on the host (round to nearest, as qgemm.quantize_weight);
+        the bias is kept in the layer's dtype and device."""
         if not isinstance(linear, torch.nn.Linear):
             raise Error(f"QuantLinear.from_float: linear must be a torch.nn.Linear "
                         f"({type(linear).__name__} given)")
         scheme = _scheme(scheme, "QuantLinear.from_float")
         weight = linear.weight.detach()
+        host = np.ascontiguousarray(weight.to("cpu", torch.float32).numpy())
         module = cls(linear.in_features, linear.out_features, scheme,
                      bias=linear.bias is not None, device=weight.device, dtype=weight.dtype,
                      max_rows=max_rows)
         if linear.bias is not None:
             module.bias.data.copy_(linear.bias.detach())
-        return module.set_weight(_quantize(weight, scheme))
+        return module.set_weight(quantize_weight(scheme, host))
 
     @classmethod
     def from_packed(cls, packed: PackedWeight, scheme, bias: Optional[torch.Tensor] = None, *,
@@ -237,14 +223,15 @@ class QuantMoE(torch.nn.Module):
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme,
                    activation: str = "silu", **kwargs) -> "QuantMoE":
-        """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) where they are (GPU or
-        host)."""
+        """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) on the host."""
         scheme = _scheme(scheme, "QuantMoE.from_float")
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0]:
             raise Error(f"QuantMoE.from_float: gate_up must be [E, 2I, H] and down [E, H, I] "
                         f"({list(gate_up.shape)}, {list(down.shape)} given)")
-        experts = ops.register_experts([_quantize(w, scheme) for w in gate_up],
-                                       [_quantize(w, scheme) for w in down], scheme)
+        quantize = lambda w: quantize_weight(  # noqa: E731
+            scheme, np.ascontiguousarray(w.detach().to(torch.float32).cpu().numpy()))
+        experts = ops.register_experts([quantize(w) for w in gate_up],
+                                       [quantize(w) for w in down], scheme)
         return cls(experts, activation, **kwargs)
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
