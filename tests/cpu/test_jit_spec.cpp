@@ -10,6 +10,7 @@
 #include "jit/kernel_spec.hpp"
 #include "jit/source.hpp"
 #include "qgemm/error.hpp"
+#include "quant/quantize_on_device.hpp"
 
 namespace qgemm::jit {
 namespace {
@@ -110,6 +111,49 @@ TEST(JitSpec, BadSpecsGiveClearErrors) {
     EXPECT_NE(message.find(c.must_mention), std::string::npos)
         << "spec: " << c.text << "\nmessage: " << message;
   }
+}
+
+// The GPU weight quantizer takes every preset's weight quantization; what it cannot compute
+// (no mantissa to round into, float zeros in e8m0) its spec rejects and its caller sends to the
+// host quantizer, naming why.
+TEST(JitSpec, QuantizeWeightTakesThePresetsAndNamesWhatItCannot) {
+  for (const Preset& preset : presets()) {
+    const WeightQuant& quant = preset.scheme.weight;
+    EXPECT_FALSE(quant_detail::device_quantizer_gap(quant).has_value()) << preset.name;
+    for (const char* step : {"stats", "cells", "codes"})
+      EXPECT_NO_THROW(quantize_weight_spec(quant, formats::bf16, step, Arch::sm_90a))
+          << preset.name;
+  }
+  WeightQuant exponent_only;
+  exponent_only.format = formats::e8m0;
+  exponent_only.scale_format = formats::fp32;
+  EXPECT_NE(quant_detail::device_quantizer_gap(exponent_only).value_or("").find("no mantissa"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] {
+              quantize_weight_spec(exponent_only, formats::bf16, "codes", Arch::sm_90a);
+            }).find("a float format with a mantissa"),
+            std::string::npos);
+  WeightQuant float_zero_e8m0;
+  float_zero_e8m0.format = formats::uint4;
+  float_zero_e8m0.scale_format = formats::e8m0;
+  float_zero_e8m0.zero_point = ZeroPoint::Float;
+  EXPECT_NE(quant_detail::device_quantizer_gap(float_zero_e8m0).value_or("").find("e8m0"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] {
+              quantize_weight_spec(float_zero_e8m0, formats::bf16, "cells", Arch::sm_90a);
+            }).find("float zero points need a scale format with a mantissa"),
+            std::string::npos);
+  WeightQuant fp8;
+  fp8.format = formats::e4m3;
+  fp8.scale_format = formats::fp32;
+  EXPECT_NE(error_message([&] {
+              quantize_weight_spec(fp8, formats::int8, "stats", Arch::sm_90a);
+            }).find("weight input"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] {
+              quantize_weight_spec(fp8, formats::bf16, "pack", Arch::sm_90a);
+            }).find("stats|cells|codes"),
+            std::string::npos);
 }
 
 TEST(JitSpec, FormatConstantRoundTripsEveryNamedFormat) {
