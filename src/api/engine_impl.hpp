@@ -222,8 +222,6 @@ struct Engine::Impl {
     return *lt;
   }
 
-  // A new prepared weight of this engine with `like`'s quantization, shape and global scale
-  // (its layouts still to fill).
   // prepare_weight's body, from the canonical arrays on the device (`weight` describes them, its
   // scales and zeros on the host too): the layouts the selector can use, repacked there; the
   // canonical arrays are kept only where a candidate reads them.
@@ -232,6 +230,8 @@ struct Engine::Impl {
                                 const ActivationQuant& activation, double static_activation_scale,
                                 std::int64_t max_rows);
 
+  // A new prepared weight of this engine with `like`'s quantization, shape and global scale
+  // (its layouts still to fill).
   std::shared_ptr<detail::PreparedWeight> new_prepared(const PackedWeight& like) {
     auto prepared = std::make_shared<detail::PreparedWeight>();
     prepared->id = detail::next_weight_id++;
