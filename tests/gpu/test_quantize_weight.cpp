@@ -3,6 +3,7 @@
 // and global scale, byte for byte, for every preset's weight quantization and the grids and
 // zero points no preset uses, from bf16, fp16 and fp32 inputs of fresh random values; its
 // errors; and a GEMM on a weight prepared from the device equal to one prepared from the host.
+#include <fmt/format.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -83,22 +84,19 @@ void poison_the_next_allocation(std::size_t bytes) {
   poison.fill_bytes(0xA5);
 }
 
-// GPU against host, byte for byte; the first few differences named.
+// GPU against host, byte for byte: one failure per array that differs, naming its first few
+// differing bytes.
 void expect_same_packing(const PackedWeight& gpu, const PackedWeight& host,
                          const std::string& what) {
   auto compare = [&](const char* name, const std::vector<std::uint8_t>& a,
                      const std::vector<std::uint8_t>& b) {
     ASSERT_EQ(a.size(), b.size()) << what << ": " << name;
-    int shown = 0;
     std::size_t differing = 0;
+    std::string first;
     for (std::size_t i = 0; i < a.size(); ++i)
-      if (a[i] != b[i]) {
-        ++differing;
-        if (shown++ < 5)
-          ADD_FAILURE() << what << ": " << name << " byte " << i << ": gpu 0x" << std::hex
-                        << int{a[i]} << ", host 0x" << int{b[i]} << std::dec;
-      }
-    EXPECT_EQ(differing, 0u) << what << ": " << name << " bytes differ";
+      if (a[i] != b[i] && differing++ < 5)
+        first += fmt::format(" {} byte {}: gpu 0x{:02x}, host 0x{:02x};", name, i, a[i], b[i]);
+    EXPECT_EQ(differing, 0u) << what << ":" << first;
   };
   compare("codes", gpu.codes, host.codes);
   compare("scales", gpu.scales, host.scales);
