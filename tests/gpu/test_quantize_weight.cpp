@@ -164,7 +164,7 @@ TEST(QuantizeWeightGpu, GridsAndFormatsBeyondThePresetsMatchTheHost) {
       "w=e2m3:g16:s=e4m3;a=bf16;o=bf16",
       "w=ternary:g64:s=fp16;a=bf16;o=bf16",
       "w=uint2:g16:s=bf16:zp=int;a=bf16;o=bf16",
-      "w=int1:ch:s=fp32;a=bf16;o=bf16",
+      "w=uint1:ch:s=fp32:zp=int;a=bf16;o=bf16",
   };
   for (const char* text : schemes) {
     WeightQuant quant;
