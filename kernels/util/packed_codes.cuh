@@ -34,4 +34,18 @@ __device__ __forceinline__ unsigned int read_stored_code(const unsigned char* ba
   return code;
 }
 
+// Its inverse: `code` stored at `index` in kBytes little-endian bytes (base + index · kBytes
+// aligned to kBytes, as every scale array is).
+template <int kBytes>
+__device__ __forceinline__ void write_stored_code(unsigned char* base, long long index,
+                                                  unsigned int code) {
+  if constexpr (kBytes == 1) {
+    base[index] = static_cast<unsigned char>(code);
+  } else if constexpr (kBytes == 2) {
+    reinterpret_cast<unsigned short*>(base)[index] = static_cast<unsigned short>(code);
+  } else {
+    reinterpret_cast<unsigned int*>(base)[index] = code;
+  }
+}
+
 }  // namespace qgemm::kernels

@@ -78,18 +78,6 @@ __device__ __forceinline__ unsigned exact_code(double v) {
   }
 }
 
-template <int kBytes>
-__device__ __forceinline__ void store_code_bytes(unsigned char* base, long long index,
-                                                 unsigned code) {
-  if constexpr (kBytes == 1) {
-    base[index] = static_cast<unsigned char>(code);
-  } else if constexpr (kBytes == 2) {
-    reinterpret_cast<unsigned short*>(base)[index] = static_cast<unsigned short>(code);
-  } else {
-    reinterpret_cast<unsigned*>(base)[index] = code;
-  }
-}
-
 // Unit `unit` of a packed row (8 codes of kBits, code e at bit e · kBits of `packed`): its kBits
 // bytes, fewer where the row ends (row_bytes), whose pad bits are the 0s `packed` holds there.
 template <int kBits>
@@ -282,12 +270,12 @@ __device__ void quantize_weight_cells(const QuantizeWeightArgs& args) {
         } else {
           // Rounded to the scale format (an unsigned one keeps negatives at 0, as the host).
           constexpr double scale_max = format_max_finite<kScale>();
-          store_code_bytes<Q::scale_bytes>(
+          write_stored_code<Q::scale_bytes>(
               args.zeros, grid_row * args.grid_cols + cell_col,
               encode_double<kScale>(fmin(fmax(raw_zero, -scale_max), scale_max)));
         }
       }
-      store_code_bytes<Q::scale_bytes>(args.scales, grid_row * args.grid_cols + cell_col,
+      write_stored_code<Q::scale_bytes>(args.scales, grid_row * args.grid_cols + cell_col,
                                        exact_code<kScale>(scale));
     }
     if constexpr (kZero == kIntegerZero)

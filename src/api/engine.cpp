@@ -148,11 +148,7 @@ QuantWeight Engine::prepare_weight(const PackedWeight& weight, const ActivationQ
                                    double static_activation_scale, std::int64_t max_rows) {
   impl_->make_current();
   check_packed_weight(weight, "prepare_weight");
-  quant_detail::DeviceQuantizedWeight canonical;
-  canonical.codes = runtime::DeviceBuffer::from(weight.codes);
-  canonical.scales = runtime::DeviceBuffer::from(weight.scales);
-  if (!weight.zeros.empty()) canonical.zeros = runtime::DeviceBuffer::from(weight.zeros);
-  return impl_->prepare_canonical(weight, std::move(canonical), activation,
+  return impl_->prepare_canonical(weight, quant_detail::upload_packed_weight(weight), activation,
                                   static_activation_scale, max_rows);
 }
 

@@ -4,6 +4,7 @@
 
 #include "gemm/mma_repack_args.cuh"
 #include "jit/cache.hpp"
+#include "quant/quantize_on_device.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
 
@@ -39,12 +40,10 @@ jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch, Frag
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream,
                                          FragmentOrder order) {
   check_packed_weight(w, "mma repack");
-  const runtime::DeviceBuffer codes = runtime::DeviceBuffer::from(w.codes);
-  const runtime::DeviceBuffer scales = runtime::DeviceBuffer::from(w.scales);
-  runtime::DeviceBuffer zeros;
-  if (!w.zeros.empty()) zeros = runtime::DeviceBuffer::from(w.zeros);
-  return repack_for_mma_on_device(w, {codes.address(), scales.address(), zeros.address()}, arch,
-                                  stream, order);
+  const quant_detail::DeviceQuantizedWeight source = quant_detail::upload_packed_weight(w);
+  return repack_for_mma_on_device(
+      w, {source.codes.address(), source.scales.address(), source.zeros.address()}, arch, stream,
+      order);
 }
 
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalOnDevice& source,

@@ -100,7 +100,7 @@ void check_packed_weight_metadata(const PackedWeight& weight, const char* functi
   require_bytes(function, "scales", weight, weight.scales.size(), grid.count() * scale_bytes);
   if (weight.quant.zero_point == ZeroPoint::Integer)
     require_bytes(function, "zeros", weight, weight.zeros.size(),
-                  grid.rows * ((grid.cols * bits + 7) / 8));
+                  grid.rows * packed_bytes(grid.cols, bits));
   else if (weight.quant.zero_point == ZeroPoint::Float)
     require_bytes(function, "zeros", weight, weight.zeros.size(), grid.count() * scale_bytes);
   require(std::isfinite(weight.global_scale) && weight.global_scale > 0,

@@ -31,7 +31,17 @@ void check_matrix(const DeviceMatrix& weight) {
           "{}: weight.dtype = {} (rule: bf16, fp16 or fp32)", kFunction, weight.dtype.name());
 }
 
-// The rows of `weight` on the host as fp32 (exact from bf16 / fp16), for the host quantizer.
+// The value of one element stored in `dtype` (fp32, or a 16-bit code: exact in fp32).
+float element_value(const Format& dtype, const unsigned char* stored) {
+  float value = 0.0f;
+  if (dtype.storage_bytes() == 4)
+    std::memcpy(&value, stored, 4);
+  else
+    value = static_cast<float>(decode(dtype, stored[0] | static_cast<std::uint32_t>(stored[1]) << 8));
+  return value;
+}
+
+// The rows of `weight` on the host as fp32, for the host quantizer.
 std::vector<float> download_as_float(const DeviceMatrix& weight, CUstream stream) {
   const auto& driver = runtime::Driver::get();
   driver.check(driver.cuStreamSynchronize(stream), "quantize_weight: cuStreamSynchronize");
@@ -43,27 +53,18 @@ std::vector<float> download_as_float(const DeviceMatrix& weight, CUstream stream
                "quantize_weight: cuMemcpyDtoH");
   std::vector<float> out(static_cast<std::size_t>(weight.rows * weight.cols));
   for (std::int64_t r = 0; r < weight.rows; ++r)
-    for (std::int64_t c = 0; c < weight.cols; ++c) {
-      const std::size_t at = static_cast<std::size_t>(r * weight.stride + c) * bytes;
-      float& value = out[static_cast<std::size_t>(r * weight.cols + c)];
-      if (bytes == 4) {
-        std::memcpy(&value, raw.data() + at, 4);
-      } else {
-        const std::uint32_t code = raw[at] | static_cast<std::uint32_t>(raw[at + 1]) << 8;
-        value = static_cast<float>(decode(weight.dtype, code));
-      }
-    }
+    for (std::int64_t c = 0; c < weight.cols; ++c)
+      out[static_cast<std::size_t>(r * weight.cols + c)] = element_value(
+          weight.dtype, raw.data() + static_cast<std::size_t>(r * weight.stride + c) * bytes);
   return out;
 }
 
 DeviceQuantizedWeight on_the_host(const DeviceMatrix& weight, const WeightQuant& quant,
                                   CUstream stream) {
   const std::vector<float> values = download_as_float(weight, stream);
-  DeviceQuantizedWeight out;
-  out.meta = qgemm::quantize_weight(quant, values.data(), weight.rows, weight.cols);
-  out.codes = runtime::DeviceBuffer::from(out.meta.codes);
-  out.scales = runtime::DeviceBuffer::from(out.meta.scales);
-  if (!out.meta.zeros.empty()) out.zeros = runtime::DeviceBuffer::from(out.meta.zeros);
+  PackedWeight packed = qgemm::quantize_weight(quant, values.data(), weight.rows, weight.cols);
+  DeviceQuantizedWeight out = upload_packed_weight(packed);
+  out.meta = std::move(packed);
   out.meta.codes.clear();
   out.meta.codes.shrink_to_fit();
   return out;
@@ -84,6 +85,14 @@ struct Summary {
 };
 
 }  // namespace
+
+DeviceQuantizedWeight upload_packed_weight(const PackedWeight& weight) {
+  DeviceQuantizedWeight out;
+  out.codes = runtime::DeviceBuffer::from(weight.codes);
+  out.scales = runtime::DeviceBuffer::from(weight.scales);
+  if (!weight.zeros.empty()) out.zeros = runtime::DeviceBuffer::from(weight.zeros);
+  return out;
+}
 
 std::optional<std::string> device_quantizer_gap(const WeightQuant& quant) {
   const Format& element = quant.format;
@@ -120,7 +129,7 @@ DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
   meta.n = n;
   meta.k = k;
   const std::int64_t row_bytes = meta.row_bytes();
-  const std::int64_t zero_row_bytes = (grid.cols * bits + 7) / 8;
+  const std::int64_t zero_row_bytes = packed_bytes(grid.cols, bits);
   out.codes = runtime::DeviceBuffer(static_cast<std::size_t>(n * row_bytes));
   out.scales = runtime::DeviceBuffer(static_cast<std::size_t>(grid.count() * scale_bytes));
   if (quant.zero_point == ZeroPoint::Integer)
@@ -189,21 +198,16 @@ DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
     const auto bad = static_cast<std::int64_t>(result.first_bad);
     const std::int64_t r = bad / k, c = bad % k;
     const std::size_t bytes = weight.dtype.storage_bytes();
-    std::uint32_t code = 0;
-    driver.check(driver.cuMemcpyDtoH(&code,
+    unsigned char stored[4] = {};
+    driver.check(driver.cuMemcpyDtoH(stored,
                                      reinterpret_cast<CUdeviceptr>(weight.data) +
                                          static_cast<std::size_t>(r * weight.stride + c) * bytes,
                                      bytes),
                  "quantize_weight: cuMemcpyDtoH");
-    float value = 0.0f;
-    if (bytes == 4)
-      std::memcpy(&value, &code, 4);
-    else
-      value = static_cast<float>(decode(weight.dtype, code));
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("{}: weight[{}, {}] = {} is not finite (rule: NaN and Inf cannot be "
                             "quantized)",
-                            kFunction, r, c, value));
+                            kFunction, r, c, element_value(weight.dtype, stored)));
   }
   meta.global_scale = result.global_scale;
   meta.scales = out.scales.to_vector<std::uint8_t>(out.scales.bytes());

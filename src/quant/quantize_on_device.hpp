@@ -22,6 +22,9 @@ struct DeviceQuantizedWeight {
   runtime::DeviceBuffer codes, scales, zeros;
 };
 
+// A packed weight's arrays uploaded as they are (meta left empty: the caller holds the weight).
+DeviceQuantizedWeight upload_packed_weight(const PackedWeight& weight);
+
 // Why the GPU quantizer cannot take `quant`, or nothing: it takes every 1..8-bit integer
 // format and every float format with a mantissa, with any scale format, zero point and grid;
 // not exponent-only or mantissa-less elements, nor float zeros in e8m0 (no checkpoint uses them).
