@@ -15,6 +15,8 @@
 #                                   in the wgmma order) and the wgmma baseline on the same card
 #   scripts/h200_session.sh quantize  the GPU weight quantizer (issue #18): its GPU tests,
 #                                   memcheck over them, its pytest cases, qgemm_quantize_bench
+#   scripts/h200_session.sh actquant  the activation quantizer: its GPU tests, then the
+#                                   quantized-activation rows timed from bf16 and from codes
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -130,6 +132,29 @@ quantize)
   PYTHONPATH=build-gpu/python timeout 90 python3 bench/quantize_python.py \
     > "$out/quantize_python.txt" 2>&1
   echo "python quantize rc=$? at ${SECONDS}s"; cat "$out/quantize_python.txt"
+  ;;
+actquant)
+  # Its tests (codes and scales bit for bit against the host), then the quantized-activation
+  # rows of fallback.yaml: qgemm (bf16 in) − qgemm-codes is the quantizer's time.
+  filter='JitKernelsGpu.Quantize*:CublasLtFp8Gpu.*:DenseGemmGpu.QuantizedActivations*'
+  filter+=':BadInputGpu.OddStrided*'
+  timeout 150 build-gpu/tests/qgemm_tests_gpu --gtest_filter="$filter" \
+    > "$out/actquant_tests.log" 2>&1
+  echo "activation quantizer tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED) |Failure" "$out/actquant_tests.log" | head -20
+  cat > "$out/actquant.yaml" <<'YAML'
+name: actquant
+timing: cold-l2
+repeats: 30
+warmup: 5
+backends: [qgemm, qgemm-codes, cublaslt-fp8-exact]
+cases:
+  - {scheme: fp8-block, n: 7168, k: 18432, m: [1, 256, 4096]}
+  - {scheme: w4a8-fp8, n: 8192, k: 8192, m: [256, 4096]}
+  - {scheme: mxfp8-mxfp4, n: 14336, k: 4096, m: [4096]}
+YAML
+  timeout 150 build-gpu/qgemm bench "$out/actquant.yaml" > "$out/actquant.txt" 2>&1
+  echo "activation quantizer bench rc=$? at ${SECONDS}s"; cat "$out/actquant.txt"
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)

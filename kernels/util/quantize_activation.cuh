@@ -46,9 +46,14 @@
 // args.vector8 says every row start is 16-byte aligned (k, lda, ldo and G multiples of 8; not
 // operand8), else W = 1. A row-wide cell (static, token) is walked by all threads with a block
 // reduction for its absmax; short cells (group, mx, nv) of G / W runs are walked by L lanes
-// each, L = the largest power of two dividing G / W (≤ 32), lane l of a cell taking its runs
-// l, l + L, l + 2L, ... so that a warp's loads are contiguous. Either width computes every code
-// the same way, element by element. Non-finite inputs are
+// each (short_cell_walk: for W = 8, L = the largest power of two dividing G / W over 4, so
+// that a lane holds 4 runs; for W = 1 that power itself; 1 ≤ L ≤ 32), lane l of a cell taking
+// its runs l, l + L, l + 2L, ... so that a warp's loads are contiguous:
+//
+//   G = 128, W = 8: L = 4, a warp takes 8 cells; lane 4c + l holds runs l, l+4, l+8, l+12
+//   of cell c (values 8l .. 8l+7, 32+8l .., 64+8l .., 96+8l ..).
+//
+// Either width computes every code the same way, element by element. Non-finite inputs are
 // not diagnosed here (the host quantizer rejects them); in operand mode they become NaN, so the
 // rows they touch come out NaN rather than finite and wrong.
 #pragma once
@@ -79,17 +84,22 @@ __device__ __forceinline__ float half_bits_to_float(unsigned bits) {
   }
 }
 
-// Values index .. index + 7 (base + index 16-byte aligned).
+// The 8 values of a 16-byte load.
 template <int kInput>
-__device__ __forceinline__ void load_half8(const unsigned short* base, long long index,
-                                           float (&x)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(base + index);
+__device__ __forceinline__ void unpack_half8(uint4 v, float (&x)[8]) {
   const unsigned words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     x[2 * i] = half_bits_to_float<kInput>(words[i] & 0xffffu);
     x[2 * i + 1] = half_bits_to_float<kInput>(words[i] >> 16);
   }
+}
+
+// Values index .. index + 7 (base + index 16-byte aligned).
+template <int kInput>
+__device__ __forceinline__ void load_half8(const unsigned short* base, long long index,
+                                           float (&x)[8]) {
+  unpack_half8<kInput>(*reinterpret_cast<const uint4*>(base + index), x);
 }
 
 template <int kType>
@@ -318,22 +328,26 @@ struct ActivationQuantizer {
   // (its scale from the values it has, as on the host). A lane walks its elements of the cell
   // whether or not they exist, so that the warp stays together for the shuffles; elements at
   // col >= k are neither read nor written (emit pairs a 4-bit code with col + 1 only below k).
+  // How lanes share a cell: short_cell_walk (util/utility_args.cuh). Width 8 reads its first
+  // kShortCellHeldRuns runs once, all loads issued before the first use, and keeps them for the
+  // emission; runs past them (cells of more than 4 · 32 runs) are read again there.
   template <int kThreads, int kWidth>
   __device__ static void short_cells(const QuantizeActivationArgs& args, long long row,
                                      const unsigned short* input, double tensor_scale) {
     const long long group = args.group;
-    const long long runs = group / kWidth;  // runs of kWidth values per cell
-    const int lanes = static_cast<int>(runs & -runs) < 32 ? static_cast<int>(runs & -runs) : 32;
-    const long long per_lane = runs / lanes;
+    const ShortCellWalk walk = short_cell_walk(group, kWidth);
+    // Runs a lane holds (width 8): NV's cells of 16 values have 2.
+    constexpr int kHeld = kScaling == kScaleNv ? 2 : kShortCellHeldRuns;
+    const int lanes = walk.lanes;
+    const long long per_lane = walk.per_lane;
     const long long step = static_cast<long long>(lanes) * kWidth;  // between a lane's runs
-    const int cells_per_warp = 32 / lanes;
     const int lane = threadIdx.x % 32, sub = lane % lanes;
     // Cell indices in 32 bits: k < 2^31 (quantize_activation_args).
     const int cells = static_cast<int>((args.k + group - 1) / group);
     // The warp's number among the row's warps (those of the gridDim.y blocks sharing it).
     const int warp = static_cast<int>(blockIdx.y * (kThreads / 32) + threadIdx.x / 32);
-    const int cell_stride = static_cast<int>(gridDim.y * (kThreads / 32)) * cells_per_warp;
-    for (int first = warp * cells_per_warp; first < cells; first += cell_stride) {
+    const int cell_stride = static_cast<int>(gridDim.y * (kThreads / 32)) * walk.cells_per_warp;
+    for (int first = warp * walk.cells_per_warp; first < cells; first += cell_stride) {
       const long long cell = first + lane / lanes;
       const long long begin = cell * group + sub * kWidth;
       // The lane's runs begin + i · step exist (col < k; a run wholly, k being a multiple of
@@ -345,17 +359,30 @@ struct ActivationQuantizer {
                           : ahead <= 0   ? 0
                                          : static_cast<int>((ahead + step - 1) / step);
       float absmax = 0.0f;
-#pragma unroll 4
-      for (long long i = 0; i < per_lane; ++i) {
-        if (i >= present) continue;
-        if constexpr (kWidth == 8) {
+      [[maybe_unused]] uint4 held[kHeld];
+      if constexpr (kWidth == 8) {
+#pragma unroll
+        for (int i = 0; i < kHeld; ++i)
+          held[i] = i < present ? *reinterpret_cast<const uint4*>(input + begin + i * step)
+                                : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int i = 0; i < kHeld; ++i) {
+          float x[8];
+          unpack_half8<kInput>(held[i], x);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) absmax = fmaxf(absmax, fabsf(x[e]));
+        }
+#pragma unroll 1
+        for (int i = kHeld; i < present; ++i) {
           float x[8];
           load_half8<kInput>(input, begin + i * step, x);
 #pragma unroll
           for (int e = 0; e < 8; ++e) absmax = fmaxf(absmax, fabsf(x[e]));
-        } else {
-          absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * step)));
         }
+      } else {
+#pragma unroll 4
+        for (long long i = 0; i < per_lane; ++i)
+          if (i < present) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * step)));
       }
       for (int offset = lanes / 2; offset > 0; offset >>= 1)
         absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
@@ -369,16 +396,27 @@ struct ActivationQuantizer {
       const double divisor = scale * tensor_scale;
       const QuotientInverse inverse = quotient_inverse(divisor);
       const float factor = row_factor<kScaling>(1.0f, static_cast<float>(tensor_scale));
-      for (long long i = 0; i < per_lane; ++i) {
-        const long long col = begin + i * step;
-        const bool valid = i < present;
-        if constexpr (kWidth == 8) {
-          if (valid) {
+      if constexpr (kWidth == 8) {
+#pragma unroll
+        for (int i = 0; i < kHeld; ++i) {
+          if (i < present) {
             float x[8];
-            load_half8<kInput>(input, col, x);
-            emit8(args, row, col, x, divisor, inverse, static_cast<float>(scale), factor);
+            unpack_half8<kInput>(held[i], x);
+            emit8(args, row, begin + i * step, x, divisor, inverse, static_cast<float>(scale),
+                  factor);
           }
-        } else {
+        }
+#pragma unroll 1
+        for (int i = kHeld; i < present; ++i) {
+          float x[8];
+          load_half8<kInput>(input, begin + i * step, x);
+          emit8(args, row, begin + i * step, x, divisor, inverse, static_cast<float>(scale),
+                factor);
+        }
+      } else {
+        for (long long i = 0; i < per_lane; ++i) {
+          const long long col = begin + i * step;
+          const bool valid = i < present;
           const float x = valid ? load_half<kInput>(input, col) : 0.0f;
           emit(args, row, col, valid, x, divisor, inverse, static_cast<float>(scale), factor);
         }

@@ -3,6 +3,8 @@
 // the parameter layout by construction.
 #pragma once
 
+#include "common/host_device.cuh"
+
 namespace qgemm::kernels {
 
 // Zero-point handling of dequantize_weight (the `zero` parameter of its spec).
@@ -67,6 +69,31 @@ struct QuantizeActivationArgs {
   // values at a time; 0: one. Set by launch_quantize_activation.
   int vector8;
 };
+
+// How quantize_activation's warps walk short cells (group, MX, NV) of `group` values taken
+// `width` at a time (8: one 16-byte load; 1): `lanes` lanes share a cell, each taking
+// `per_lane` of its runs of `width` values, so a warp takes 32 / lanes cells at once. lanes is
+// a power of two dividing the cell's runs (a lane's runs are strided by lanes · width, and a
+// warp's loads stay contiguous). Width 8 aims at kShortCellHeldRuns runs a lane: the lane holds
+// them in registers from the absmax to the emission (one read of the input, and a warp's 2 KB
+// in flight at once where one 16-byte load a lane left the pass latency-bound: bench/NOTES.md).
+// Width 1 (unaligned rows) keeps a lane per value up to 32: emit() pairs 4-bit codes across
+// neighbouring lanes.
+// (An enumerator, not a constexpr variable: NVRTC emits those as device symbols whose names
+// hash the compilation, and a cubin must be the same bytes on every compile.)
+enum : int { kShortCellHeldRuns = 4 };
+struct ShortCellWalk {
+  int lanes;
+  long long per_lane;
+  int cells_per_warp;
+};
+QGEMM_HOST_DEVICE constexpr ShortCellWalk short_cell_walk(long long group, int width) {
+  const long long runs = group / width;
+  const long long divisor = runs & -runs;  // the largest power of two dividing runs
+  long long lanes = width == 8 ? divisor / kShortCellHeldRuns : divisor;
+  lanes = lanes < 1 ? 1 : lanes > 32 ? 32 : lanes;
+  return {static_cast<int>(lanes), runs / lanes, static_cast<int>(32 / lanes)};
+}
 
 // Canonical packed quantized activations -> the operand and row factors (operand mode above).
 struct ExpandActivationArgs {

@@ -94,15 +94,17 @@ LaunchGrid quantize_activation_grid(const kernels::QuantizeActivationArgs& args,
                                     int threads_per_block) {
   // One block per row (grid-stride over rows beyond the cap); short cells (group, MX, NV) are
   // independent, so a few rows are shared by gridDim.y blocks each, up to about
-  // kQuantizeTargetBlocks in all and each warp keeping at least one cell (row-wide scalings have
-  // one cell per row: group = k). fp8-block 7168×18432 from bf16 at M = 1 (144 cells a row):
-  // 19 µs behind the same GEMM on given codes with one block, 2.4 µs spread over 18 (H100,
-  // bench/NOTES.md); M = 256's 4 blocks a row still left 16.6 µs.
+  // kQuantizeTargetBlocks in all and each warp keeping at least one pass of cells
+  // (short_cell_walk's cells_per_warp; row-wide scalings have one cell per row: group = k).
+  // fp8-block 7168×18432 from bf16 at M = 1 (144 cells a row): 19 µs behind the same GEMM on
+  // given codes with one block, 2.4 µs spread over 18 (H100, bench/NOTES.md).
   constexpr std::int64_t kQuantizeTargetBlocks = 1024;
-  const std::int64_t warps = threads_per_block / 32;
+  const kernels::ShortCellWalk walk =
+      kernels::short_cell_walk(args.group, args.vector8 ? 8 : 1);
+  const std::int64_t cells_per_block = threads_per_block / 32 * walk.cells_per_warp;
   const std::int64_t cells = (args.k + args.group - 1) / args.group;
-  const std::int64_t wanted = std::min<std::int64_t>((cells + warps - 1) / warps,
-                                                      kQuantizeTargetBlocks / args.m);
+  const std::int64_t wanted = std::min<std::int64_t>(
+      (cells + cells_per_block - 1) / cells_per_block, kQuantizeTargetBlocks / args.m);
   return {static_cast<unsigned>(std::min<std::int64_t>(args.m, 65535)),
           static_cast<unsigned>(std::clamp<std::int64_t>(wanted, 1, 65535)), 1};
 }

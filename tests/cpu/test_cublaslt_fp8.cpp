@@ -5,6 +5,7 @@
 // Expected layouts are written out here from the header's table (index formulas, counts worked
 // by hand), never read back from the code under test. Whether the table is what cuBLASLt reads
 // is for the GPU test (tests/gpu/test_cublaslt_fp8.cpp) to decide.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -380,14 +381,16 @@ TEST(CublasLtFp8, ActivationScalesMoveIntoCublasLtLayouts) {
 
 // The quantizer's grid: a row per block in x (capped at 65535, grid-stride beyond); rows of
 // short cells shared by y blocks while the whole stays near 1024 blocks and each of a block's 8
-// warps keeps a cell; row-wide scalings (one cell a row) one block a row.
+// warps keeps a pass of cells (at one value a lane: one cell of 128 a warp, 2 of 16; at 8
+// values a lane: 8 of 128, 32 of 16); row-wide scalings (one cell a row) one block a row.
 TEST(CublasLtFp8, QuantizerGridSpreadsShortCellsOfFewRows) {
   auto quant = [](const char* text) {
     return parse_scheme(std::string("w=e4m3:ch:s=fp32;") + text + ";o=bf16").activation;
   };
-  auto grid = [&](const char* text, std::int64_t m, std::int64_t k) {
-    const runtime::LaunchGrid g = runtime::quantize_activation_grid(
-        runtime::quantize_activation_args(quant(text), m, k, 0, k, 0.0), 256);
+  auto grid = [&](const char* text, std::int64_t m, std::int64_t k, int vector8 = 0) {
+    auto args = runtime::quantize_activation_args(quant(text), m, k, 0, k, 0.0);
+    args.vector8 = vector8;
+    const runtime::LaunchGrid g = runtime::quantize_activation_grid(args, 256);
     EXPECT_EQ(g.z, 1u);
     return std::pair<unsigned, unsigned>{g.x, g.y};
   };
@@ -397,9 +400,42 @@ TEST(CublasLtFp8, QuantizerGridSpreadsShortCellsOfFewRows) {
   EXPECT_EQ(grid("a=e4m3:g128", 4096, 18432), Grid(4096, 1));
   EXPECT_EQ(grid("a=e4m3:g128", 100000, 256), Grid(65535, 1));
   EXPECT_EQ(grid("a=e4m3:g128", 1, 1000), Grid(1, 1));       // 8 cells: one block
-  EXPECT_EQ(grid("a=e2m1:nv:s=ue4m3", 3, 4096), Grid(3, 32));  // 256 cells of 16
+  EXPECT_EQ(grid("a=e2m1:nv:s=ue4m3", 3, 4096), Grid(3, 16));  // 256 cells of 16, 2 a warp
   EXPECT_EQ(grid("a=e4m3:tok", 1, 18432), Grid(1, 1));       // row-wide: one block a row
   EXPECT_EQ(grid("a=int8:t", 2, 18432), Grid(2, 1));
+  // 8 values a lane: 64 cells of 128 a block, 256 of 16.
+  EXPECT_EQ(grid("a=e4m3:g128", 1, 18432, 1), Grid(1, 3));
+  EXPECT_EQ(grid("a=e4m3:g128", 256, 18432, 1), Grid(256, 3));
+  EXPECT_EQ(grid("a=e4m3:g128", 8, 18432, 1), Grid(8, 3));
+  EXPECT_EQ(grid("a=e2m1:nv:s=ue4m3", 3, 4096, 1), Grid(3, 1));
+  EXPECT_EQ(grid("a=e2m1:nv:s=ue4m3", 1, 16384, 1), Grid(1, 4));
+}
+
+// How the quantizer's lanes share a short cell: a power of two of them dividing its runs, a
+// warp's 32 lanes split evenly; 8 values a lane hold at most kShortCellHeldRuns runs (NV's 16
+// values: 2, which the kernel's registers are sized for) where the runs are a power of two up
+// to 32 · 4; one value a lane pairs neighbouring lanes (4-bit codes) wherever G is even.
+TEST(CublasLtFp8, ShortCellWalkSplitsEveryGroupSize) {
+  for (int width : {1, 8}) {
+    for (long long group = width; group <= 2048; group += width) {
+      const kernels::ShortCellWalk walk = kernels::short_cell_walk(group, width);
+      const long long runs = group / width;
+      SCOPED_TRACE(fmt::format("group {} width {}", group, width));
+      ASSERT_GE(walk.lanes, 1);
+      ASSERT_LE(walk.lanes, 32);
+      EXPECT_EQ(walk.lanes & (walk.lanes - 1), 0);
+      EXPECT_EQ(runs % walk.lanes, 0);
+      EXPECT_EQ(walk.per_lane * walk.lanes, runs);
+      EXPECT_EQ(walk.cells_per_warp * walk.lanes, 32);
+      const bool power_of_two = (runs & (runs - 1)) == 0;
+      if (width == 8 && power_of_two && runs <= 32 * kernels::kShortCellHeldRuns)
+        EXPECT_LE(walk.per_lane, kernels::kShortCellHeldRuns);
+      if (width == 1 && group % 2 == 0) EXPECT_GE(walk.lanes, 2);
+    }
+  }
+  EXPECT_EQ(kernels::short_cell_walk(16, 8).per_lane, 2);  // NV
+  EXPECT_EQ(kernels::short_cell_walk(128, 8).lanes, 4);
+  EXPECT_EQ(kernels::short_cell_walk(32, 8).lanes, 1);  // MX: a lane a cell, 4 runs
 }
 
 TEST(CublasLtFp8, QuantizerArgumentsWriteCublasLtScaleLayouts) {
