@@ -10,6 +10,7 @@
 //   integer    sign-extended (two's complement) or zero-extended `bits`-wide code
 #pragma once
 
+#include "ptx/convert.cuh"
 #include "util/format_code.cuh"
 
 namespace qgemm::kernels {
@@ -164,9 +165,11 @@ __device__ __forceinline__ QuotientInverse quotient_inverse(double divisor) {
 // relative, far above a double's rounding, so it too lies on the exact side. divisor > 0. (The
 // quotient was a double product until 2026-12-06: two conversions and a DMUL per element, for
 // nothing the window below does not already cover.)
+// decided_quotient returns that fp32 q (the window's midpoint moved off, else the product),
+// whose round to nearest even is the code; encode_quotient encodes it.
 template <unsigned long long kFormat>
-__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor,
-                                                        QuotientInverse inverse) {
+__device__ __forceinline__ float decided_quotient(float x, double divisor,
+                                                  QuotientInverse inverse) {
   constexpr FormatCode f = FormatCode::unpack(kFormat);
   float q = (x * inverse.prescale) * inverse.fast;
   // |q| in units of the code spacing around it: times the spacing's inverse, 2^(m - e) for
@@ -192,7 +195,48 @@ __device__ __forceinline__ unsigned int encode_quotient(float x, double divisor,
     if (residual != 0.0)  // ±1 on the bits: +1 away from zero, −1 toward it
       q = __uint_as_float(__float_as_uint(q) + ((residual > 0.0) == (q > 0.0f) ? 1u : ~0u));
   }
-  return encode_from_float<kFormat>(q);
+  return q;
+}
+
+template <unsigned long long kFormat>
+__device__ __forceinline__ unsigned int encode_quotient(float x, double divisor,
+                                                        QuotientInverse inverse) {
+  return encode_from_float<kFormat>(decided_quotient<kFormat>(x, divisor, inverse));
+}
+
+// Whether kFormat is OCP e4m3 (true) or e5m2, the 8-bit floats the hardware converts to.
+template <unsigned long long kFormat>
+constexpr bool is_ocp_e4m3() {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  return f.is_float() && f.is_signed && f.bits == 8 && f.exponent_bits == 4 &&
+         f.mantissa_bits == 3 && f.specials == kFiniteOneNaN && f.bias == 7;
+}
+template <unsigned long long kFormat>
+constexpr bool is_ocp_e5m2() {
+  constexpr FormatCode f = FormatCode::unpack(kFormat);
+  return f.is_float() && f.is_signed && f.bits == 8 && f.exponent_bits == 5 &&
+         f.mantissa_bits == 2 && f.specials == kIeee && f.bias == 15;
+}
+
+// The codes of 8 values (encode_from_float of each), through the hardware's paired conversion
+// where it has the format (e4m3 / e5m2 on sm_89+: the same round to nearest even and the same
+// saturation of finite values; only a NaN's code differs, NaN there, 0x7e / 0xfe here — NaN
+// inputs are not diagnosed by the quantizers that call this).
+template <unsigned long long kFormat>
+__device__ __forceinline__ void encode_from_float8(const float (&q)[8], unsigned (&code)[8]) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (is_ocp_e4m3<kFormat>() || is_ocp_e5m2<kFormat>()) {
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const unsigned pair = ptx::float2_to_fp8x2_bits<is_ocp_e5m2<kFormat>()>(q[e], q[e + 1]);
+      code[e] = pair & 0xffu;
+      code[e + 1] = pair >> 8;
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int e = 0; e < 8; ++e) code[e] = encode_from_float<kFormat>(q[e]);
 }
 
 // A positive double rounded to nearest (ties to even) on the grid of a float format, saturating

@@ -228,9 +228,11 @@ struct ActivationQuantizer {
                                const float (&x)[8], double divisor, QuotientInverse inverse, float scale,
                                float factor) {
     static_assert(kEmit != kEmitOperand8, "operand8 permutes K: one element at a time");
-    unsigned code[8];
+    float q[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) code[e] = encode_quotient<kCode>(x[e], divisor, inverse);
+    for (int e = 0; e < 8; ++e) q[e] = decided_quotient<kCode>(x[e], divisor, inverse);
+    unsigned code[8];
+    encode_from_float8<kCode>(q, code);
     if constexpr (kEmit == kEmitCodes) {
       if constexpr (code_format.bits == 8) {
         uint2 bytes = make_uint2(0u, 0u);
@@ -441,7 +443,9 @@ struct Width {
 
 template <unsigned long long kCode, int kScaling, unsigned long long kScaleFormat, int kInput,
           int kEmit, int kOperand, int kThreads, int kDynamicSmemBytes>
-__global__ void __launch_bounds__(kThreads)
+// A minimum of 1024 threads' worth of blocks an SM, i.e. 64 registers a thread: with the
+// thread count alone ptxas picked 48 registers for some instantiations and spilled.
+__global__ void __launch_bounds__(kThreads, 1024 / kThreads)
     quantize_activation_kernel(QuantizeActivationArgs args) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
   static_assert(kDynamicSmemBytes == 0, "quantize_activation uses static shared memory only");
