@@ -37,6 +37,20 @@ def _scheme(scheme, function: str) -> Scheme:
                 f"({type(scheme).__name__} given)")
 
 
+def _quantize(scheme: Scheme, weight: torch.Tensor) -> PackedWeight:
+    """A float weight [n, k] quantized as `scheme`, round to nearest: on its GPU where it lies on
+    one (Engine.quantize_weight: the host quantizer's codes, byte for byte, at device speed),
+    else on the host."""
+    weight = weight.detach()
+    if weight.is_cuda:
+        if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            weight = weight.to(torch.float32)
+        with torch.cuda.device(weight.device):
+            stream = torch.cuda.current_stream(weight.device).cuda_stream
+            return ops.engine(weight.device.index).quantize_weight(weight, scheme, stream)
+    return quantize_weight(scheme, np.ascontiguousarray(weight.to(torch.float32).numpy()))
+
+
 class QuantLinear(torch.nn.Module):
     """y = x · dequant(W)ᵀ + bias through torch.ops.qgemm.gemm.
 
@@ -102,20 +116,20 @@ class QuantLinear(torch.nn.Module):
     @classmethod
     def from_float(cls, linear: torch.nn.Linear, scheme, *,
                    max_rows: int = 65536) -> "QuantLinear":
-        """A torch.nn.Linear quantized on the host (round to nearest, as qgemm.quantize_weight);
-        the bias is kept in the layer's dtype and device."""
+        """A torch.nn.Linear quantized (round to nearest, as qgemm.quantize_weight): on its GPU
+        when it lies on one, else on the host, the same codes either way; the bias is kept in
+        the layer's dtype and device."""
         if not isinstance(linear, torch.nn.Linear):
             raise Error(f"QuantLinear.from_float: linear must be a torch.nn.Linear "
                         f"({type(linear).__name__} given)")
         scheme = _scheme(scheme, "QuantLinear.from_float")
         weight = linear.weight.detach()
-        host = np.ascontiguousarray(weight.to("cpu", torch.float32).numpy())
         module = cls(linear.in_features, linear.out_features, scheme,
                      bias=linear.bias is not None, device=weight.device, dtype=weight.dtype,
                      max_rows=max_rows)
         if linear.bias is not None:
             module.bias.data.copy_(linear.bias.detach())
-        return module.set_weight(quantize_weight(scheme, host))
+        return module.set_weight(_quantize(scheme, weight))
 
     @classmethod
     def from_packed(cls, packed: PackedWeight, scheme, bias: Optional[torch.Tensor] = None, *,
@@ -223,15 +237,14 @@ class QuantMoE(torch.nn.Module):
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme,
                    activation: str = "silu", **kwargs) -> "QuantMoE":
-        """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) on the host."""
+        """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) as QuantLinear.from_float
+        does: on their GPU when they lie on one, else on the host."""
         scheme = _scheme(scheme, "QuantMoE.from_float")
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0]:
             raise Error(f"QuantMoE.from_float: gate_up must be [E, 2I, H] and down [E, H, I] "
                         f"({list(gate_up.shape)}, {list(down.shape)} given)")
-        quantize = lambda w: quantize_weight(  # noqa: E731
-            scheme, np.ascontiguousarray(w.detach().to(torch.float32).cpu().numpy()))
-        experts = ops.register_experts([quantize(w) for w in gate_up],
-                                       [quantize(w) for w in down], scheme)
+        experts = ops.register_experts([_quantize(scheme, w) for w in gate_up],
+                                       [_quantize(scheme, w) for w in down], scheme)
         return cls(experts, activation, **kwargs)
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -220,3 +220,25 @@ def test_gpu_quantizer_names_a_non_finite_weight(rng):
         engine.quantize_weight(w, qgemm.Scheme("w4a16"))
     with pytest.raises(qgemm.Error, match="Engine.quantize_weight: weight must be 2-D"):
         engine.quantize_weight(w[0], qgemm.Scheme("w4a16"))
+
+
+@pytest.mark.parametrize("scheme_text", ["w4a16", "nvfp4", "w4a8-fp8"])
+def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_codes(rng, scheme_text):
+    """QuantLinear.from_float and QuantMoE.from_float of CUDA tensors quantize on the GPU: the
+    same packed weight as of the same tensors on the CPU (the host quantizer)."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    linear = torch.nn.Linear(1024, 320).to(torch.bfloat16)
+    on_cpu = QuantLinear.from_float(linear, scheme_text)
+    on_gpu = QuantLinear.from_float(linear.to("cuda"), scheme_text)
+    assert on_gpu.bias.is_cuda
+    for part in ("codes", "scales", "zeros"):
+        assert np.array_equal(getattr(on_gpu.qweight.packed, part),
+                              getattr(on_cpu.qweight.packed, part)), part
+    assert on_gpu.qweight.packed.global_scale == on_cpu.qweight.packed.global_scale
+
+    gate_up, down = torch.randn(4, 96, 256) / 16, torch.randn(4, 256, 48) / 7
+    host = qgemm.nn.QuantMoE.from_float(gate_up, down, "w4a16")
+    gpu = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), "w4a16")
+    for mine, theirs in zip(gpu.experts._entry.gate_up + gpu.experts._entry.down,
+                            host.experts._entry.gate_up + host.experts._entry.down):
+        assert np.array_equal(mine.codes, theirs.codes) and np.array_equal(mine.scales, theirs.scales)
