@@ -174,8 +174,9 @@ class Engine {
 
   // Expert weights: E packed weights of one quantization and shape [N, K] (a layer's gate_up
   // experts, or its down experts), prepared as one QuantWeight with an expert dimension
-  // (experts() = E; n() and k() are one expert's), with 16-bit activations; Error(Unsupported)
-  // names what is not served yet (quantized activations). The experts keep ONE layout (their
+  // (experts() = E; n() and k() are one expert's). `activation`: the scheme's activation
+  // quantization, which Engine::moe applies to the hidden states (16-bit: none). The experts
+  // keep ONE layout (their
   // bytes once, never two copies), chosen by `layout` (ExpertLayout, qgemm/moe.hpp): by default
   // the wgmma order on SM90 and the mma layout on SM80-SM89.
   QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
@@ -187,6 +188,8 @@ class Engine {
   // for every position p below the routed total (the device's offsets[local_experts]); rows
   // past it are not written. rows_in [>= capacity, K] (bf16/fp16) holds the routed rows in
   // expert order (moe.hpp: what a gather of sorted_slots gives), rows_out [>= capacity, N].
+  // Experts prepared for quantized activations are refused (quantizing is the layer's:
+  // Engine::moe).
   // `routing` comes from route_moe, or from the caller's own arrays, with block =
   // plan.choice_for(slots).route_block (or the problem's route_block). `bias`: device fp32
   // [experts, N] or null. Graph-capturable: every size that depends on the routing is read on
@@ -199,7 +202,11 @@ class Engine {
   //   out[t] = Σ_j weights[t·top_k + j] · down_e(glu(gate_up_e(hidden[t]))),  e = ids[t·top_k + j]
   // gate_up: experts [2·I, H] (gate rows, then up rows); down: experts [H, I]. The activation
   // between them is rounded to hidden's type (the down GEMM's A), the down rows stay fp32 and
-  // the top-k sum rounds once into out [M, H] (bf16, fp16 or fp32). `topk_ids` device int32
+  // the top-k sum rounds once into out [M, H] (bf16, fp16 or fp32). Experts prepared for
+  // quantized activations (w4a8-fp8, fp8-block, mxfp8-mxfp4, nvfp4, ...): hidden is quantized
+  // as their scheme says (the host quantizer's codes and scales), and code · scale rounded once
+  // to hidden's type is what both GEMMs' 16-bit tensor cores take; the intermediate stays in
+  // hidden's type (reference::moe_layer's definition). `topk_ids` device int32
   // [M · top_k], `topk_weights` device fp32 [M · top_k]. Plans on the first call of a shape (and
   // sizes the stream's workspace: capture later calls), then routes, gathers, runs both grouped
   // GEMMs, the activation and the weighted sum on `stream` with no synchronization.

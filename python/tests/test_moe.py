@@ -170,7 +170,9 @@ def test_bad_input_names_the_rule(rng):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
 @pytest.mark.parametrize("scheme,kind,tokens", [("w4a16", "silu", 1), ("w4a16", "silu", 37),
-                                                ("mxfp4-a16", "clamped-swiglu", 20)])
+                                                ("mxfp4-a16", "clamped-swiglu", 20),
+                                                ("w4a8-fp8", "silu", 16),
+                                                ("fp8-block", "gelu", 5)])
 def test_cuda_op_matches_the_cpu_op(rng, scheme, kind, tokens):
     layer = Layer(rng, scheme, experts=16, hidden=256, inter=128, bias=kind != "silu")
     x = hidden_states(rng, tokens, 256)

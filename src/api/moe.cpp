@@ -2,6 +2,9 @@
 // expert weights with an expert dimension, routing, the grouped GEMM and the whole layer.
 //
 //   hidden [M, H] ─ route (top-k ids → indexed layout) ─ gather ─► rows [capacity, H]
+//     (experts prepared for quantized activations: hidden is first quantized as their scheme
+//     says, in M rows, and the codes times their scales rounded once to hidden's type are what
+//     is gathered: the grouped GEMMs run on 16-bit rows)
 //     ─ grouped GEMM gate_up (+ bias) ─► [capacity, 2I] ─ glu ─► [capacity, I] (hidden's type)
 //     ─ grouped GEMM down (+ bias) ─► [capacity, H] fp32
 //     ─ combine: out[t] = Σ_j w[t, j] · rows[slot_positions[t, j]] ─► out [M, H]
@@ -21,6 +24,7 @@
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/moe.hpp"
 #include "runtime/moe.hpp"
+#include "runtime/utility_kernels.hpp"
 
 namespace qgemm {
 
@@ -61,13 +65,13 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
             e, w.n, w.k, to_string(Scheme{"", w.quant, {}, formats::bf16}), first.n, first.k,
             to_string(Scheme{"", first.quant, {}, formats::bf16}));
   }
-  if (activation.is_quantized())
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("prepare_experts: activations quantized as {} (rule: the grouped GEMM "
-                            "takes bf16/fp16 activations for now; 8-bit activation experts are "
-                            "not served yet)",
-                            to_string(Scheme{"", first.quant, activation, formats::bf16})));
-  Scheme scheme;
+  if (activation.is_quantized()) {
+    // Engine::moe quantizes the hidden states so, then runs the 16-bit grouped GEMMs on them.
+    const Scheme quantized{"", first.quant, activation, formats::bf16};
+    validate(quantized);  // names the activation field and rule
+    validate_shape(quantized, 1, first.n, first.k);
+  }
+  Scheme scheme;  // the kernels' view: the weight, with 16-bit activations
   scheme.weight = first.quant;
   dispatch::WeightFacts facts =
       dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, impl_->arch);
@@ -96,6 +100,7 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   // back to back (the repacked sizes are equal: one shape and quantization).
   auto prepared = impl_->new_prepared(first);
   prepared->experts = static_cast<int>(experts.size());
+  prepared->activation = activation.is_quantized() ? activation : ActivationQuant{};
   std::vector<unsigned char> words, scales, zeros;
   // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
   require(static_cast<double>(experts.size()) * static_cast<double>(first.n + 64) <
@@ -175,6 +180,14 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
                 "moe_gemm: the plan is a dense GEMM's (rule: plan with problem.experts = the "
                 "weight's experts())");
   const detail::PreparedWeight& w = impl_->prepared(experts);
+  if (w.activation.is_quantized())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("moe_gemm: the experts were prepared for {} activations (rule: the "
+                            "grouped GEMM alone multiplies the 16-bit rows it is given: prepare "
+                            "the experts with 16-bit activations, or run the layer with "
+                            "Engine::moe, which quantizes its hidden states as the experts' "
+                            "scheme says)",
+                            to_string(Scheme{"", w.quant, w.activation, formats::bf16})));
   if ((bias != nullptr) != p.bias)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("moe_gemm: {} (rule: as the plan's problem.bias = {})",
@@ -200,6 +213,11 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
           "moe: hidden has {} columns, gate_up's K is {}, down's N is {} (rule: all equal, the "
           "hidden size)",
           h, up_w.k, down_w.n);
+  require(up_w.activation == down_w.activation,
+          "moe: gate_up was prepared for {} activations, down for {} (rule: the same "
+          "activation quantization for both)",
+          to_string(Scheme{"", up_w.quant, up_w.activation, formats::bf16}),
+          to_string(Scheme{"", down_w.quant, down_w.activation, formats::bf16}));
   require(up_w.n == 2 * inter,
           "moe: gate_up's N is {}, down's K is {} (rule: gate_up N = 2 x down K: gate rows, then "
           "up rows)",
@@ -241,11 +259,18 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     key.candidate.clear();
   }
   if (!up_plan || !down_plan) {
-    GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
+    // Both GEMMs take 16-bit rows (quantized hidden states are expanded before the gather).
+    auto grouped_problem = [&](const QuantWeight& weight, const Format& output) {
+      GemmProblem problem = gemm_problem(weight, slots, hidden.dtype, output);
+      problem.scheme.activation = ActivationQuant{};
+      problem.scheme.activation.format = hidden.dtype;
+      return problem;
+    };
+    GemmProblem problem = grouped_problem(gate_up, hidden.dtype);
     problem.bias = options.gate_up_bias != nullptr;
     problem.candidate = options.gemm_candidate;
     up_plan = impl_->make_plan(problem, up_w);
-    GemmProblem down_problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
+    GemmProblem down_problem = grouped_problem(down, formats::fp32);
     down_problem.bias = options.down_bias != nullptr;
     down_problem.route_block = up_plan.choice_for(slots).route_block;
     down_problem.candidate = options.gemm_candidate;
@@ -276,7 +301,15 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     used += aligned(std::max<std::size_t>(bytes, 1));
     return offset;
   };
+  const ActivationQuant& quant = up_w.activation;
   const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
+  // Quantized hidden states: their 16-bit operand [M, H], the row factors the quantizer writes
+  // (1: folded into the operand) and the tensor absmax some scalings take.
+  const std::size_t operand_at =
+      quant.is_quantized() ? take(static_cast<std::size_t>(tokens * ld_h) * half) : 0;
+  const std::size_t factors_at =
+      quant.is_quantized() ? take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
+  const std::size_t absmax_at = quant.is_quantized() ? take(sizeof(float)) : 0;
   const std::size_t gathered_at = take(static_cast<std::size_t>(capacity * ld_h) * half);
   const std::size_t up_rows_at = take(static_cast<std::size_t>(capacity * ld_up) * half);
   const std::size_t act_rows_at = take(static_cast<std::size_t>(capacity * ld_act) * half);
@@ -295,9 +328,35 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
       impl_->moe_routing_kernels(), shape, topk_ids, options.expert_map, at<void>(base, routing_at),
       moe_routing_workspace_bytes(shape), cu_stream);
 
+  // What the gather reads: hidden, or its quantized values (code · scale, the row's factor
+  // folded in, rounded once to hidden's type: the reference's dequantized activations to
+  // within that rounding).
+  const void* gather_from = hidden.data;
+  std::int64_t gather_stride = hidden.stride;
+  if (quant.is_quantized()) {
+    kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
+        quant, tokens, h, reinterpret_cast<CUdeviceptr>(hidden.data), hidden.stride, 0.0);
+    args.operand = at<unsigned short>(base, operand_at);
+    args.ldo = ld_h;
+    args.row_factors = at<float>(base, factors_at);
+    args.fold_row_factors = 1;
+    if (runtime::needs_tensor_absmax(quant, 0.0)) {
+      args.tensor_absmax = at<float>(base, absmax_at);
+      runtime::launch_tensor_absmax(
+          impl_->kernel(jit::tensor_absmax_spec(hidden.dtype, impl_->arch)),
+          reinterpret_cast<CUdeviceptr>(hidden.data), tokens, h, hidden.stride,
+          reinterpret_cast<CUdeviceptr>(args.tensor_absmax), cu_stream);
+    }
+    runtime::launch_quantize_activation(
+        impl_->kernel(jit::quantize_activation_spec(quant, hidden.dtype, jit::ActivationEmit::Operand,
+                                                    hidden.dtype, impl_->arch)),
+        args, cu_stream);
+    gather_from = args.operand;
+    gather_stride = ld_h;
+  }
   const DeviceMatrix gathered{at<void>(base, gathered_at), capacity, h, ld_h, hidden.dtype};
   runtime::launch_moe_gather(impl_->kernel(jit::moe_gather_spec(hidden.dtype, impl_->arch)),
-                             routing, hidden.data, hidden.stride, h, gathered.data, ld_h,
+                             routing, gather_from, gather_stride, h, gathered.data, ld_h,
                              cu_stream);
   const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
                              hidden.dtype};

@@ -556,9 +556,28 @@ TEST(MoeCheck, BoundsPassTheReferenceAndCatchEachFault) {
           << error.what();
     }
   }
+  // Quantized activations: the layer quantizes its 16-bit hidden states itself (from
+  // quantized_from, which must be 16-bit); the faultless layer passes, a swapped expert not.
   qgemm::check::MoeCase quantized = c;
   quantized.scheme = qgemm::parse_scheme("w4a8-fp8");
-  EXPECT_THROW(qgemm::check::validate(quantized), qgemm::Error);
+  quantized.quantized_from = qgemm::formats::fp16;
+  EXPECT_EQ(qgemm::check::hidden_type(quantized), qgemm::formats::fp16);
+  for (Fault fault : {Fault::None, Fault::SwappedExpert}) {
+    WrongMoeBackend backend(fault);
+    const auto r = qgemm::check::run_moe_check(quantized, backend, fresh_test_seed());
+    EXPECT_EQ(r.pass, fault == Fault::None) << r.outside;
+  }
+  const auto drawn = qgemm::check::draw_moe_inputs(quantized, 5);
+  EXPECT_EQ(drawn.hidden_input.quant.format, qgemm::formats::fp16);
+  EXPECT_EQ(drawn.hidden.quant, quantized.scheme.activation);
+  quantized.quantized_from = qgemm::formats::fp32;
+  try {
+    qgemm::check::validate(quantized);
+    ADD_FAILURE() << "hidden states in fp32 were accepted";
+  } catch (const qgemm::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("hidden states fp32"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(CheckCli, MoeLayerPassesOnTheCpuBackendAndSweepDrawsLayers) {

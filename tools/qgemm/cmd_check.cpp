@@ -44,6 +44,7 @@ struct CheckOptions {
   int experts = 8, top_k = 2;
   std::string glu = "silu";
   bool bias = false;
+  std::string hidden_type = "bf16";
 };
 
 GluActivation parse_glu(const std::string& text) {
@@ -63,6 +64,7 @@ int run_moe(const CheckOptions& options, check::BackendSelection& selection, std
   c.top_k = options.top_k;
   c.glu = parse_glu(options.glu);
   c.bias = options.bias;
+  c.quantized_from = parse_format(options.hidden_type);
   const check::MoeCheckResult r = check::run_moe_check(c, *selection.backend, seed);
   if (options.json) {
     fmt::print("{}\n", check::to_json(r));
@@ -150,6 +152,10 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
   command->add_option("--glu", options->glu, "--moe: silu | gelu | clamped-swiglu")
       ->capture_default_str();
   command->add_flag("--bias", options->bias, "--moe: both GEMMs add a bias per expert");
+  command->add_option("--hidden-type", options->hidden_type,
+                      "--moe, a scheme quantizing activations: the hidden states' type, which "
+                      "the layer quantizes them from (bf16 | fp16)")
+      ->capture_default_str();
   command->add_option("--a-pad", options->placement.a_pad,
                       "GPU: A's rows this many elements longer than K (16-bit activations)");
   command->add_option("--a-offset", options->placement.a_offset,

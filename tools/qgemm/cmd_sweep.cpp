@@ -161,9 +161,15 @@ Case draw_moe_case(std::mt19937_64& rng, double max_work) {
     } catch (const Error&) {
       continue;
     }
-    layer.scheme.activation = ActivationQuant{};
-    layer.scheme.activation.format =
+    // Hidden states in bf16 or fp16; a scheme's activation quantization kept half the time
+    // (the layer quantizes them itself).
+    const Format hidden_type =
         std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? formats::fp16 : formats::bf16;
+    if (!layer.scheme.activation.is_quantized() || std::uniform_int_distribution<int>(0, 1)(rng)) {
+      layer.scheme.activation = ActivationQuant{};
+      layer.scheme.activation.format = hidden_type;
+    }
+    layer.quantized_from = hidden_type;
     layer.tokens = std::max<std::int64_t>(
         1, static_cast<std::int64_t>(
                std::exp2(std::uniform_real_distribution<double>(0.0, 9.0)(rng))));
@@ -278,10 +284,14 @@ std::string placement_text(const check::MatrixPlacement& p) {
 std::string rerun_command(const Case& c, const std::string& backend) {
   if (c.moe)
     return fmt::format(
-        "qgemm check --moe --scheme '{}' --m {} --k {} --n {} --experts {} --top-k {} --glu {}{} "
+        "qgemm check --moe --scheme '{}' --m {} --k {} --n {} --experts {} --top-k {} --glu {}{}{} "
         "--seed {} --backend {}",
         c.scheme, c.m, c.k, c.n, c.moe->experts, c.moe->top_k, glu_kind_name(c.moe->glu.kind),
-        c.moe->bias ? " --bias" : "", c.seed, backend);
+        c.moe->bias ? " --bias" : "",
+        c.moe->scheme.activation.is_quantized()
+            ? " --hidden-type " + c.moe->quantized_from.name()
+            : "",
+        c.seed, backend);
   return fmt::format("qgemm check --scheme '{}' --m {} --n {} --k {} --seed {} --backend {}{}",
                      c.scheme, c.m, c.n, c.k, c.seed, backend, placement_text(c.placement));
 }

@@ -115,9 +115,9 @@ class GpuEngineBackend final : public GemmBackend {
   // prepare_experts (its default layout), upload, Engine::moe on the default stream, download.
   std::vector<double> moe_layer(const MoeInputs& in) override {
     const MoeCase& c = in.shape;
-    const QuantWeight gate_up = engine_.prepare_experts(in.gate_up);
-    const QuantWeight down = engine_.prepare_experts(in.down);
-    const runtime::DeviceBuffer hidden = runtime::DeviceBuffer::from(in.hidden.codes);
+    const QuantWeight gate_up = engine_.prepare_experts(in.gate_up, c.scheme.activation);
+    const QuantWeight down = engine_.prepare_experts(in.down, c.scheme.activation);
+    const runtime::DeviceBuffer hidden = runtime::DeviceBuffer::from(in.hidden_input.codes);
     const runtime::DeviceBuffer ids = runtime::DeviceBuffer::from(in.routing.expert_ids);
     const runtime::DeviceBuffer weights = runtime::DeviceBuffer::from(in.routing.weights);
     runtime::DeviceBuffer gate_up_bias, down_bias;
@@ -133,8 +133,7 @@ class GpuEngineBackend final : public GemmBackend {
     const auto count = static_cast<std::size_t>(c.tokens * c.hidden);
     runtime::DeviceBuffer output(count * out.storage_bytes());
     output.fill_bytes(0xFF);  // NaN: an output the layer does not write fails the check
-    const Format& input = c.scheme.activation.format;
-    engine_.moe({hidden.as<void>(), c.tokens, c.hidden, c.hidden, input},
+    engine_.moe({hidden.as<void>(), c.tokens, c.hidden, c.hidden, hidden_type(c)},
                 ids.as<const std::int32_t>(), weights.as<const float>(), c.top_k, gate_up, down,
                 {output.as<void>(), c.tokens, c.hidden, c.hidden, out}, nullptr, options);
     return read_device_values(output, out, count);
@@ -164,7 +163,7 @@ std::vector<double> read_device_values(const runtime::DeviceBuffer& buffer, cons
 std::vector<double> GemmBackend::moe_layer(const MoeInputs& in) {
   const MoeCase& c = in.shape;
   return reference::moe_layer(c.scheme, in.hidden, in.gate_up, in.down, in.routing, c.glu,
-                              c.scheme.activation.format,
+                              hidden_type(c),
                               in.gate_up_bias.empty() ? nullptr : in.gate_up_bias.data(),
                               in.down_bias.empty() ? nullptr : in.down_bias.data());
 }

@@ -36,12 +36,15 @@ double glu(const GluActivation& glu, double gate, double up) {
 
 }  // namespace
 
+Format hidden_type(const MoeCase& c) {
+  return c.scheme.activation.is_quantized() ? c.quantized_from : c.scheme.activation.format;
+}
+
 std::string describe(const MoeCase& c) {
   const std::string scheme = c.scheme.name.empty() ? to_string(c.scheme) : c.scheme.name;
   return fmt::format("{} M={} E={} top{} H={} I={} {}{} {}->{}", scheme, c.tokens, c.experts,
                      c.top_k, c.hidden, c.inter, glu_kind_name(c.glu.kind),
-                     c.bias ? " bias" : "", c.scheme.activation.format.name(),
-                     c.scheme.output.name());
+                     c.bias ? " bias" : "", hidden_type(c).name(), c.scheme.output.name());
 }
 
 void validate(const MoeCase& c) {
@@ -49,9 +52,10 @@ void validate(const MoeCase& c) {
     throw Error(ErrorCode::InvalidArgument, "moe check: " + rule);
   };
   validate(c.scheme);
-  const Format& input = c.scheme.activation.format;
-  if (c.scheme.activation.is_quantized() || !(input == formats::bf16 || input == formats::fp16))
-    fail(fmt::format("hidden states {} (rule: bf16 or fp16: the layer takes 16-bit activations)",
+  const Format input = hidden_type(c);
+  if (!(input == formats::bf16 || input == formats::fp16))
+    fail(fmt::format("hidden states {} (rule: bf16 or fp16: the layer takes 16-bit activations, "
+                     "and quantizes them itself where the scheme says)",
                      input.name()));
   if (c.tokens < 1 || c.tokens > 65536)
     fail(fmt::format("tokens = {} (rule: 1 to 65536)", c.tokens));
@@ -83,7 +87,17 @@ MoeInputs draw_moe_inputs(const MoeCase& c, std::uint64_t seed) {
   std::normal_distribution<float> unit(0.0f, 1.0f);
   std::vector<float> hidden(static_cast<std::size_t>(c.tokens * c.hidden));
   for (float& x : hidden) x = unit(rng);
-  in.hidden = quantize_activation(c.scheme.activation, hidden.data(), c.tokens, c.hidden);
+  ActivationQuant plain;
+  plain.format = hidden_type(c);
+  in.hidden_input = quantize_activation(plain, hidden.data(), c.tokens, c.hidden);
+  if (c.scheme.activation.is_quantized()) {
+    // From the 16-bit values the layer is given (exact in fp32).
+    const std::vector<double> given = dequantize_activation(in.hidden_input);
+    const std::vector<float> values(given.begin(), given.end());
+    in.hidden = quantize_activation(c.scheme.activation, values.data(), c.tokens, c.hidden);
+  } else {
+    in.hidden = in.hidden_input;
+  }
   in.routing.tokens = c.tokens;
   in.routing.top_k = c.top_k;
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -108,18 +122,21 @@ MoeInputs draw_moe_inputs(const MoeCase& c, std::uint64_t seed) {
 }
 
 MoeExpected expect_moe_layer(const Scheme& scheme, const PackedActivation& hidden,
-                             const std::vector<PackedWeight>& gate_up,
+                             const Format& input, const std::vector<PackedWeight>& gate_up,
                              const std::vector<PackedWeight>& down,
                              const reference::MoeRouting& routing, const GluActivation& activation,
                              const float* gate_up_bias, const float* down_bias) {
   const std::int64_t h = hidden.k, inter = down.front().k, slots = routing.tokens * routing.top_k;
-  const Format& input = hidden.quant.format;
   MoeExpected x;
   x.values = reference::moe_layer(scheme, hidden, gate_up, down, routing, activation, input,
                                   gate_up_bias, down_bias);
   const std::vector<double> a = dequantize_activation(hidden);
   std::vector<std::vector<double>> gu(gate_up.size()), dn(down.size());
   const double u_in = unit_roundoff(input);
+  // Each product's independent roundings: the weight's into the operand, and a quantized
+  // activation's code · scale into it.
+  const double u_products =
+      scheme.activation.is_quantized() ? std::sqrt(2.0) * u_in : u_in;
   x.bounds.assign(x.values.size(), 0.0);
   for (std::int64_t s = 0; s < slots; ++s) {
     const auto e = static_cast<std::size_t>(routing.expert_ids[static_cast<std::size_t>(s)]);
@@ -142,7 +159,7 @@ MoeExpected expect_moe_layer(const Scheme& scheme, const PackedActivation& hidde
         squares += product * product;
       }
       g[r] = sum;
-      g_squares[r] = u_in * u_in * squares + 4.0 * u_in * u_in * sum * sum;
+      g_squares[r] = u_products * u_products * squares + 4.0 * u_in * u_in * sum * sum;
       g_accumulation[r] = static_cast<double>(h) * kFp32 * magnitude;
       dg[r] = kLambda * std::sqrt(g_squares[r]) + g_accumulation[r];
     }
@@ -192,7 +209,7 @@ MoeCheckResult run_moe_check(const MoeCase& c, GemmBackend& backend, std::uint64
   result.time_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   const MoeExpected x = expect_moe_layer(
-      c.scheme, in.hidden, in.gate_up, in.down, in.routing, c.glu,
+      c.scheme, in.hidden, hidden_type(c), in.gate_up, in.down, in.routing, c.glu,
       in.gate_up_bias.empty() ? nullptr : in.gate_up_bias.data(),
       in.down_bias.empty() ? nullptr : in.down_bias.data());
   if (got.size() != x.values.size())

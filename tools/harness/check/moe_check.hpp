@@ -16,6 +16,11 @@
 // |d(g σ(αg))/dg| ≤ 1.1 for α ≤ 1.702, so 1.2 · (|up| + 1 + dg_up) bounds ∂h/∂gate and
 // |gate| + dg_gate bounds ∂h/∂up for all three. A wrong expert, bias, half or row moves whole
 // rows by O(|y|), far above this (MoeCheck.BoundsPassTheReferenceAndCatchEachFault).
+//
+// A scheme with quantized activations: the reference multiplies the hidden states' exact
+// dequantized values (the host quantizer's codes, which the layer's GPU quantizer reproduces
+// bit for bit); the layer multiplies code · scale rounded once to the hidden type, one more
+// rounding of relative u per product, of independent sign: u² more in dg's squares.
 #pragma once
 
 #include <cstdint>
@@ -31,14 +36,18 @@
 namespace qgemm::check {
 
 // One layer: `scheme` quantizes both expert sets; its activation format is the hidden states'
-// type (bf16/fp16) and its output the layer's output type.
+// type (bf16/fp16), or, where it quantizes them, `quantized_from` is (the layer quantizes the
+// hidden states from it); its output is the layer's output type.
 struct MoeCase {
   Scheme scheme;
   std::int64_t tokens = 16, hidden = 512, inter = 256;
   int experts = 16, top_k = 4;
   GluActivation glu;
   bool bias = false;
+  Format quantized_from = formats::bf16;
 };
+// The hidden states' (and the intermediate's) 16-bit type.
+Format hidden_type(const MoeCase& c);
 std::string describe(const MoeCase& c);  // "w4a16 M=16 E=16 top4 H=512 I=256 silu bf16->bf16"
 // Error(InvalidArgument) naming the field and the rule.
 void validate(const MoeCase& c);
@@ -46,7 +55,8 @@ void validate(const MoeCase& c);
 // A layer's host inputs: what a backend runs and the reference multiplies.
 struct MoeInputs {
   MoeCase shape;
-  PackedActivation hidden;                     // [tokens, hidden], the hidden type
+  PackedActivation hidden_input;               // [tokens, hidden] in hidden_type: the layer's
+  PackedActivation hidden;                     // ... quantized as the scheme says: the reference's
   std::vector<PackedWeight> gate_up, down;     // E of [2·inter, hidden] and [hidden, inter]
   reference::MoeRouting routing;               // distinct experts per token, weights in (0, 1]
   std::vector<float> gate_up_bias, down_bias;  // [E · 2·inter], [E · hidden], or empty
@@ -60,8 +70,9 @@ MoeInputs draw_moe_inputs(const MoeCase& c, std::uint64_t seed);
 struct MoeExpected {
   std::vector<double> values, bounds;
 };
+// `input`: the 16-bit type of the hidden states and of the intermediate.
 MoeExpected expect_moe_layer(const Scheme& scheme, const PackedActivation& hidden,
-                             const std::vector<PackedWeight>& gate_up,
+                             const Format& input, const std::vector<PackedWeight>& gate_up,
                              const std::vector<PackedWeight>& down,
                              const reference::MoeRouting& routing, const GluActivation& glu,
                              const float* gate_up_bias, const float* down_bias);
