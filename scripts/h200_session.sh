@@ -17,6 +17,8 @@
 #                                   memcheck over them, its pytest cases, qgemm_quantize_bench
 #   scripts/h200_session.sh actquant  the activation quantizer: its GPU tests, then the
 #                                   quantized-activation rows timed from bf16 and from codes
+#   scripts/h200_session.sh focus FILTER [K]  the GPU tests FILTER, the pytest cases -k K, then
+#                                   the activation quantizer's bench: a session's own changes
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -28,6 +30,23 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a 
 # Incremental: a warm machine keeps build-gpu from the last call, the sources may have changed.
 OUT="$out" scripts/gpu_build.sh || exit 1
 echo "built at ${SECONDS}s"
+# The quantized-activation rows of fallback.yaml timed from bf16 and from codes: qgemm (bf16
+# in) − qgemm-codes is the activation quantizer's time.
+actquant_bench() {
+  cat > "$out/actquant.yaml" <<'YAML'
+name: actquant
+timing: cold-l2
+repeats: 30
+warmup: 5
+backends: [qgemm, qgemm-codes, cublaslt-fp8-exact]
+cases:
+  - {scheme: fp8-block, n: 7168, k: 18432, m: [1, 256, 4096]}
+  - {scheme: w4a8-fp8, n: 8192, k: 8192, m: [256, 4096]}
+  - {scheme: mxfp8-mxfp4, n: 14336, k: 4096, m: [4096]}
+YAML
+  timeout 150 build-gpu/qgemm bench "$out/actquant.yaml" > "$out/actquant.txt" 2>&1
+  echo "activation quantizer bench rc=$? at ${SECONDS}s"; cat "$out/actquant.txt"
+}
 case "${1:-tests}" in
 tests)
   # Sampled matrices keep the whole GPU suite within the call (most of its time is NVRTC).
@@ -134,27 +153,28 @@ quantize)
   echo "python quantize rc=$? at ${SECONDS}s"; cat "$out/quantize_python.txt"
   ;;
 actquant)
-  # Its tests (codes and scales bit for bit against the host), then the quantized-activation
-  # rows of fallback.yaml: qgemm (bf16 in) − qgemm-codes is the quantizer's time.
+  # Its tests (codes and scales bit for bit against the host), then actquant_bench.
   filter='JitKernelsGpu.Quantize*:CublasLtFp8Gpu.*:DenseGemmGpu.QuantizedActivations*'
   filter+=':BadInputGpu.OddStrided*'
   timeout 150 build-gpu/tests/qgemm_tests_gpu --gtest_filter="$filter" \
     > "$out/actquant_tests.log" 2>&1
   echo "activation quantizer tests rc=$? at ${SECONDS}s"
   grep -E "^\[  (PASSED|FAILED) |Failure" "$out/actquant_tests.log" | head -20
-  cat > "$out/actquant.yaml" <<'YAML'
-name: actquant
-timing: cold-l2
-repeats: 30
-warmup: 5
-backends: [qgemm, qgemm-codes, cublaslt-fp8-exact]
-cases:
-  - {scheme: fp8-block, n: 7168, k: 18432, m: [1, 256, 4096]}
-  - {scheme: w4a8-fp8, n: 8192, k: 8192, m: [256, 4096]}
-  - {scheme: mxfp8-mxfp4, n: 14336, k: 4096, m: [4096]}
-YAML
-  timeout 150 build-gpu/qgemm bench "$out/actquant.yaml" > "$out/actquant.txt" 2>&1
-  echo "activation quantizer bench rc=$? at ${SECONDS}s"; cat "$out/actquant.txt"
+  actquant_bench
+  ;;
+focus)
+  # A session's own changes in one call: the GPU tests FILTER (sampled matrices), the pytest
+  # cases matching K, then actquant_bench.
+  QGEMM_GPU_TEST_SUBSET=1 timeout 240 build-gpu/tests/qgemm_tests_gpu --gtest_filter="$2" \
+    > "$out/focus_tests.log" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED) |Failure|of its bound|seed" "$out/focus_tests.log" | head -40
+  if [ -n "${3:-}" ]; then
+    PYTHONPATH=build-gpu/python timeout 150 python3 -m pytest -q -rs python/tests -k "$3" \
+      > "$out/focus_pytest.log" 2>&1
+    echo "pytest rc=$? at ${SECONDS}s"; tail -6 "$out/focus_pytest.log"
+  fi
+  actquant_bench
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)
