@@ -173,12 +173,13 @@ class Engine {
                               std::size_t workspace_bytes, void* stream);
 
   // Expert weights: E packed weights of one quantization and shape [N, K] (a layer's gate_up
-  // experts, or its down experts), prepared as one QuantWeight with an expert dimension
-  // (experts() = E; n() and k() are one expert's). `activation`: the scheme's activation
-  // quantization, which Engine::moe applies to the hidden states (16-bit: none). The experts
-  // keep ONE layout (their
-  // bytes once, never two copies), chosen by `layout` (ExpertLayout, qgemm/moe.hpp): by default
-  // the wgmma order on SM90 and the mma layout on SM80-SM89.
+  // experts, or its down experts; global scales may differ, as NVFP4 checkpoints' do: each
+  // expert's is folded into its fp32 group scales), prepared as one QuantWeight with an expert
+  // dimension (experts() = E; n() and k() are one expert's). `activation`: the scheme's
+  // activation quantization, which Engine::moe applies to the hidden states (16-bit: none).
+  // The experts keep ONE layout (their bytes once, never two copies), chosen by `layout`
+  // (ExpertLayout, qgemm/moe.hpp): by default the wgmma order on SM90 and the mma layout on
+  // SM80-SM89.
   QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
                               const ActivationQuant& activation = {},
                               ExpertLayout layout = ExpertLayout::Auto);

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "api/engine_impl.hpp"
@@ -58,10 +59,9 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   for (std::size_t e = 0; e < experts.size(); ++e) {
     check_packed_weight(experts[e], "prepare_experts");
     const PackedWeight& w = experts[e];
-    require(w.quant == first.quant && w.n == first.n && w.k == first.k &&
-                w.global_scale == first.global_scale,
+    require(w.quant == first.quant && w.n == first.n && w.k == first.k,
             "prepare_experts: expert {} is {}x{} ({}) but expert 0 is {}x{} ({}) (rule: one "
-            "quantization, shape and global scale for every expert)",
+            "quantization and shape for every expert)",
             e, w.n, w.k, to_string(Scheme{"", w.quant, {}, formats::bf16}), first.n, first.k,
             to_string(Scheme{"", first.quant, {}, formats::bf16}));
   }
@@ -108,6 +108,11 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
           "prepare_experts: {} experts of {} rows (rule: fewer than 2^31 / 64 rows of tiles)",
           experts.size(), first.n);
   std::optional<layout::MmaWeight> meta_of_one;
+  // Experts with global scales of their own (NVFP4 checkpoints keep one per expert): the
+  // kernels multiply by expert 0's, so each expert's fp32 group scales take the ratio of its
+  // own to that one (once, here; zeros are in code units and stay). The products are no longer
+  // exact in 16 bits: the packed16 shortcuts that rely on it are turned off.
+  bool scales_refolded = false;
   for (const PackedWeight& expert : experts) {
     layout::MmaDeviceWeight device =
         layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, order);
@@ -147,8 +152,24 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
                               use_wgmma ? "wgmma order" : "mma layout", device.words.bytes(),
                               device.scales.bytes(), device.zeros.bytes()));
     append(words, device.words);
+    const std::size_t scales_at = scales.size();
     append(scales, device.scales);
     append(zeros, device.zeros);
+    if (expert.global_scale != first.global_scale) {
+      const double ratio = expert.global_scale / first.global_scale;
+      for (std::size_t at = scales_at; at < scales.size(); at += sizeof(float)) {
+        float scale;
+        std::memcpy(&scale, scales.data() + at, sizeof scale);
+        scale = static_cast<float>(scale * ratio);
+        std::memcpy(scales.data() + at, &scale, sizeof scale);
+      }
+      scales_refolded = true;
+    }
+  }
+  meta_of_one->global_scale = first.global_scale;  // what the kernels multiply by
+  if (scales_refolded) {
+    meta_of_one->scales_exact_in_bf16 = false;
+    meta_of_one->scales_exact_in_fp16 = false;
   }
   if (use_wgmma) {
     prepared->wgmma_words = runtime::DeviceBuffer::from(words);

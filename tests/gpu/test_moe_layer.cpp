@@ -287,6 +287,11 @@ TEST(MoeLayerGpu, SchemesActivationsBiasesAndTypes) {
     cases.push_back(c);
   }
   {
+    LayerCase c;  // NVFP4 weights, each expert with a global scale of its own
+    c.scheme = "nvfp4-a16", c.tokens = 20, c.experts = 8, c.top_k = 2;
+    cases.push_back(c);
+  }
+  {
     LayerCase c;  // Qwen3-30B-A3B's shape (128 experts, top 8, H 2048, I 768)
     c.tokens = 24, c.experts = 128, c.top_k = 8, c.hidden = 2048, c.inter = 768;
     cases.push_back(c);
@@ -301,7 +306,7 @@ TEST(MoeLayerGpu, SchemesActivationsBiasesAndTypes) {
 }
 
 // Schemes with quantized activations (issue #17 item 5): the layer quantizes its 16-bit hidden
-// states as the scheme says (per token, 1x128 groups, MX, one tensor scale) and runs
+// states as the scheme says (per token, 1x128 groups, MX, NV, one tensor scale) and runs
 // the 16-bit grouped GEMMs on the values. Element-wise against the reference, which
 // multiplies the host quantizer's codes; and, since 8-bit quantization moves a product less
 // than the bounds' λ·u allow for, an aggregate check that it happened at all: the layer's
@@ -321,6 +326,9 @@ TEST(MoeLayerGpu, QuantizedActivationSchemes) {
   add("fp8-block", 7, formats::bf16);
   add("mxfp8-mxfp4", 33, formats::fp16);
   add("mxfp4-a8", 40, formats::bf16);
+  // NVFP4 weights and activations: a tensor scale from the hidden states' absmax, and experts
+  // with global scales of their own (each quantized apart), refolded by prepare_experts.
+  add("nvfp4", 40, formats::bf16);
   // A static per-tensor scale taken from the hidden states' absmax (tensor_absmax first).
   add("w=int4:g128:s=bf16;a=e4m3:t:s=fp32;o=bf16", 24, formats::bf16);
   add("w8a8-int8", 16, formats::bf16);
