@@ -309,9 +309,11 @@ TEST(MoeLayerGpu, SchemesActivationsBiasesAndTypes) {
 // states as the scheme says (per token, 1x128 groups, MX, NV, one tensor scale) and runs
 // the 16-bit grouped GEMMs on the values. Element-wise against the reference, which
 // multiplies the host quantizer's codes; and, since 8-bit quantization moves a product less
-// than the bounds' λ·u allow for, an aggregate check that it happened at all: the layer's
-// distance to the quantized reference is below a quarter of the quantized reference's distance
-// to the unquantized one (a layer that skipped the quantization sits at that distance).
+// than the bounds' λ·u allow for, an aggregate check that it happened at all: the layer is
+// nearer the quantized reference than the unquantized one, by a margin (its distance to the
+// first below 0.7 of that to the second; a layer that skipped the quantization has the two
+// the other way round). int8 per token moves the output least: ~0.9 % against the layer's own
+// ~0.4 % (H100), where "a quarter of the move" failed a correct layer.
 // moe_gemm refuses such experts (the layer quantizes, not the grouped GEMM alone).
 TEST(MoeLayerGpu, QuantizedActivationSchemes) {
   QGEMM_REQUIRE_GPU();
@@ -361,14 +363,15 @@ TEST(MoeLayerGpu, QuantizedActivationSchemes) {
     LayerCase plain_case = c;
     plain_case.scheme = to_string(plain_layer.scheme);
     const check::MoeExpected unquantized = expect(plain_case, plain_layer, in);
-    double to_quantized = 0, apart = 0, norm = 0;
+    double to_quantized = 0, to_unquantized = 0, apart = 0, norm = 0;
     for (std::size_t i = 0; i < got.size(); ++i) {
       to_quantized += (got[i] - quantized.values[i]) * (got[i] - quantized.values[i]);
+      to_unquantized += (got[i] - unquantized.values[i]) * (got[i] - unquantized.values[i]);
       apart += (quantized.values[i] - unquantized.values[i]) *
                (quantized.values[i] - unquantized.values[i]);
       norm += quantized.values[i] * quantized.values[i];
     }
-    EXPECT_LT(std::sqrt(to_quantized), 0.25 * std::sqrt(apart)) << describe(c);
+    EXPECT_LT(std::sqrt(to_quantized), 0.7 * std::sqrt(to_unquantized)) << describe(c);
     std::printf("%-60s rel %.2e worst %.2f of its bound; quantization moved it %.2e\n",
                 describe(c).c_str(), element_wise.relative, element_wise.worst,
                 std::sqrt(apart / norm));
