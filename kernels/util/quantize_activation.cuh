@@ -384,7 +384,8 @@ struct ActivationQuantizer {
       } else {
 #pragma unroll 4
         for (long long i = 0; i < per_lane; ++i)
-          if (i < present) absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * step)));
+          if (i < present)
+            absmax = fmaxf(absmax, fabsf(load_half<kInput>(input, begin + i * step)));
       }
       for (int offset = lanes / 2; offset > 0; offset >>= 1)
         absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));

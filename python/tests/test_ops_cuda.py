@@ -223,7 +223,8 @@ def test_gpu_quantizer_names_a_non_finite_weight(rng):
 
 
 @pytest.mark.parametrize("scheme_text", ["w4a16", "nvfp4", "w4a8-fp8"])
-def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_codes(rng, scheme_text):
+def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_codes(rng,
+                                                                                   scheme_text):
     """QuantLinear.from_float and QuantMoE.from_float of CUDA tensors quantize on the GPU: the
     same packed weight as of the same tensors on the CPU (the host quantizer)."""
     torch.manual_seed(int(rng.integers(2**31)))
@@ -241,4 +242,5 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
     gpu = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), "w4a16")
     for mine, theirs in zip(gpu.experts._entry.gate_up + gpu.experts._entry.down,
                             host.experts._entry.gate_up + host.experts._entry.down):
-        assert np.array_equal(mine.codes, theirs.codes) and np.array_equal(mine.scales, theirs.scales)
+        assert np.array_equal(mine.codes, theirs.codes)
+        assert np.array_equal(mine.scales, theirs.scales)

@@ -368,10 +368,9 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
           reinterpret_cast<CUdeviceptr>(hidden.data), tokens, h, hidden.stride,
           reinterpret_cast<CUdeviceptr>(args.tensor_absmax), cu_stream);
     }
-    runtime::launch_quantize_activation(
-        impl_->kernel(jit::quantize_activation_spec(quant, hidden.dtype, jit::ActivationEmit::Operand,
-                                                    hidden.dtype, impl_->arch)),
-        args, cu_stream);
+    const jit::KernelSpec spec = jit::quantize_activation_spec(
+        quant, hidden.dtype, jit::ActivationEmit::Operand, hidden.dtype, impl_->arch);
+    runtime::launch_quantize_activation(impl_->kernel(spec), args, cu_stream);
     gather_from = args.operand;
     gather_stride = ld_h;
   }

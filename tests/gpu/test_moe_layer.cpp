@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -225,7 +226,11 @@ test::OutputCheck check_out(const LayerCase& c, const Layer& layer, const Inputs
 
 bool on_sm90() { return test::device_arch() == jit::Arch::sm_90a; }
 
-void check_layer(const LayerCase& c, std::uint32_t salt) {
+// One layer against the reference, element by element; `also` then checks more of the same
+// run (the layer, its inputs and its output values) while the engine lives.
+void check_layer(const LayerCase& c, std::uint32_t salt,
+                 const std::function<void(const Layer&, const Inputs&, const std::vector<double>&)>&
+                     also = nullptr) {
   std::mt19937 rng(test_seed() + salt);
   Engine engine(0);
   const Layer layer = make_layer(engine, c, rng);
@@ -239,6 +244,9 @@ void check_layer(const LayerCase& c, std::uint32_t salt) {
   EXPECT_TRUE(check.ok()) << describe(c) << ": " << check.describe();
   std::printf("%-70s rel %.2e worst %.2f of its bound\n", describe(c).c_str(), check.relative,
               check.worst);
+  if (also)
+    also(layer, in,
+         check::read_device_values(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden)));
 }
 
 TEST(MoeLayerGpu, EveryRoutingShapeMatchesTheReference) {
@@ -337,44 +345,31 @@ TEST(MoeLayerGpu, QuantizedActivationSchemes) {
   cases.back().bias = true;
   std::uint32_t salt = 400;
   for (const LayerCase& c : cases) {
-    std::mt19937 rng(test_seed() + ++salt);
-    Engine engine(0);
-    const Layer layer = make_layer(engine, c, rng);
-    ASSERT_TRUE(layer.gate_up_prepared.activation().is_quantized()) << describe(c);
-    Inputs in;
-    draw_inputs(c, rng, in, false);
-    DeviceBuffer out(static_cast<std::size_t>(c.tokens * c.hidden) * c.output.storage_bytes());
-    run_and_check(engine, c, layer, in, out, nullptr);
-    const auto& driver = runtime::Driver::get();
-    driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
-    const std::vector<double> got =
-        check::read_device_values(out, c.output, static_cast<std::size_t>(c.tokens * c.hidden));
-    const check::MoeExpected quantized = expect(c, layer, in);
-    const test::OutputCheck element_wise =
-        test::check_output(got, quantized.values, quantized.bounds, c.hidden);
-    EXPECT_TRUE(element_wise.ok()) << describe(c) << ": " << element_wise.describe();
-    // The same layer on unquantized hidden states.
-    Layer plain_layer;
-    plain_layer.scheme = layer.scheme;
-    plain_layer.scheme.activation = ActivationQuant{};
-    plain_layer.scheme.activation.format = c.input;
-    plain_layer.gate_up = layer.gate_up, plain_layer.down = layer.down;
-    plain_layer.gate_up_bias = layer.gate_up_bias, plain_layer.down_bias = layer.down_bias;
-    LayerCase plain_case = c;
-    plain_case.scheme = to_string(plain_layer.scheme);
-    const check::MoeExpected unquantized = expect(plain_case, plain_layer, in);
-    double to_quantized = 0, to_unquantized = 0, apart = 0, norm = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      to_quantized += (got[i] - quantized.values[i]) * (got[i] - quantized.values[i]);
-      to_unquantized += (got[i] - unquantized.values[i]) * (got[i] - unquantized.values[i]);
-      apart += (quantized.values[i] - unquantized.values[i]) *
-               (quantized.values[i] - unquantized.values[i]);
-      norm += quantized.values[i] * quantized.values[i];
-    }
-    EXPECT_LT(std::sqrt(to_quantized), 0.7 * std::sqrt(to_unquantized)) << describe(c);
-    std::printf("%-60s rel %.2e worst %.2f of its bound; quantization moved it %.2e\n",
-                describe(c).c_str(), element_wise.relative, element_wise.worst,
-                std::sqrt(apart / norm));
+    check_layer(c, ++salt, [&](const Layer& layer, const Inputs& in,
+                               const std::vector<double>& got) {
+      ASSERT_TRUE(layer.gate_up_prepared.activation().is_quantized()) << describe(c);
+      const check::MoeExpected quantized = expect(c, layer, in);
+      // The same layer on unquantized hidden states.
+      Layer plain_layer;
+      plain_layer.scheme = layer.scheme;
+      plain_layer.scheme.activation = ActivationQuant{};
+      plain_layer.scheme.activation.format = c.input;
+      plain_layer.gate_up = layer.gate_up, plain_layer.down = layer.down;
+      plain_layer.gate_up_bias = layer.gate_up_bias, plain_layer.down_bias = layer.down_bias;
+      LayerCase plain_case = c;
+      plain_case.scheme = to_string(plain_layer.scheme);
+      const check::MoeExpected unquantized = expect(plain_case, plain_layer, in);
+      double to_quantized = 0, to_unquantized = 0, apart = 0, norm = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        to_quantized += (got[i] - quantized.values[i]) * (got[i] - quantized.values[i]);
+        to_unquantized += (got[i] - unquantized.values[i]) * (got[i] - unquantized.values[i]);
+        apart += (quantized.values[i] - unquantized.values[i]) *
+                 (quantized.values[i] - unquantized.values[i]);
+        norm += quantized.values[i] * quantized.values[i];
+      }
+      EXPECT_LT(std::sqrt(to_quantized), 0.7 * std::sqrt(to_unquantized)) << describe(c);
+      std::printf("%-70s quantization moved it %.2e\n", "", std::sqrt(apart / norm));
+    });
   }
   // The grouped GEMM alone refuses experts whose activations the layer would quantize.
   std::mt19937 rng(test_seed() + 499);
