@@ -2,7 +2,9 @@
 // each captured into a CUDA graph (one host launch: the timing is the GPU's, without the gaps
 // the host would leave between a layer's ~8 launches) and replayed after an L2 flush, median of
 // the repeats. Random routing: each token picks top_k distinct experts, router weights in
-// (0.05, 1).
+// (0.05, 1). Schemes: w4a16 and mxfp4-a16 on both layers, w4a8-fp8 on Qwen3's (its hidden
+// states quantized by the layer, the grouped GEMMs on 16-bit tensor cores), and any preset or
+// compact scheme through --case (quoted: compact forms hold ';').
 //
 //   build/bench/qgemm_moe_bench [--quick] [--case LAYER:SCHEME:M] [--layout auto|wgmma|mma]
 //                               [--candidate NAME] [--decode]
@@ -14,7 +16,8 @@
 //
 // Columns: layer = route + gather + gate_up + GLU + down + combine; gate_up = route + gather +
 // the gate_up grouped GEMM (what a fused MoE kernel with its own alignment step does);
-// up_gemm / down_gemm = each grouped GEMM alone on rows already in expert order. TFLOPS and
+// up_gemm / down_gemm = each grouped GEMM alone on rows already in expert order (for a scheme
+// with quantized activations: the same experts prepared for 16-bit rows). TFLOPS and
 // TB/s of the gate_up GEMM: routed FLOPs (2 · M · top_k · N · K), and the bytes of the experts
 // that receive tokens (their codes and scales, expected count under uniform routing).
 #include <cuda_runtime.h>
@@ -130,8 +133,8 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   for (const Layer& layer : kLayers)
-    for (const char* scheme : {"w4a16", "mxfp4-a16"}) {
-      if (std::strcmp(layer.name, "gpt-oss-120b") == 0 && std::strcmp(scheme, "w4a16") == 0)
+    for (const char* scheme : {"w4a16", "mxfp4-a16", "w4a8-fp8"}) {
+      if (std::strcmp(layer.name, "gpt-oss-120b") == 0 && std::strcmp(scheme, "mxfp4-a16") != 0)
         continue;
       for (long long m : {1LL, 16LL, 256LL, 4096LL}) cases.push_back({&layer, scheme, m});
     }
@@ -194,7 +197,9 @@ int main(int argc, char** argv) {
               "layer_us", "gate_up", "up_gemm", "down_gemm", "TFLOPS", "TB/s", "gate_up kernel");
   const Layer* built_layer = nullptr;
   std::string built_scheme;
-  qgemm::QuantWeight gate_up, down;
+  // The layer's experts, and (a scheme with quantized activations) the same prepared for the
+  // 16-bit rows the grouped GEMMs timed alone take.
+  qgemm::QuantWeight gate_up, down, gate_up_rows, down_rows_weight;
   double up_expert_bytes = 0;
   for (const Case& c : cases) {
     const Layer& L = *c.layer;
@@ -203,8 +208,13 @@ int main(int argc, char** argv) {
       if (built_layer != &L || built_scheme != c.scheme) {
         const auto up_experts = random_experts(scheme, L.experts, 2 * L.inter, L.hidden, rng);
         const auto down_experts = random_experts(scheme, L.experts, L.hidden, L.inter, rng);
-        gate_up = engine.prepare_experts(up_experts, {}, expert_layout);
-        down = engine.prepare_experts(down_experts, {}, expert_layout);
+        gate_up = engine.prepare_experts(up_experts, scheme.activation, expert_layout);
+        down = engine.prepare_experts(down_experts, scheme.activation, expert_layout);
+        gate_up_rows = gate_up, down_rows_weight = down;
+        if (scheme.activation.is_quantized()) {
+          gate_up_rows = engine.prepare_experts(up_experts, {}, expert_layout);
+          down_rows_weight = engine.prepare_experts(down_experts, {}, expert_layout);
+        }
         const qgemm::PackedWeight& one = up_experts.front();
         up_expert_bytes = static_cast<double>(one.codes.size() + one.scales.size() + one.zeros.size());
         built_layer = &L;
@@ -245,15 +255,15 @@ int main(int argc, char** argv) {
 
       // The gate_up GEMM alone and with its routing and gather; the down GEMM alone.
       qgemm::GemmProblem up_problem =
-          qgemm::gemm_problem(gate_up, slots, qgemm::formats::bf16, qgemm::formats::bf16);
+          qgemm::gemm_problem(gate_up_rows, slots, qgemm::formats::bf16, qgemm::formats::bf16);
       up_problem.candidate = candidate;
-      const qgemm::GemmPlan up_plan = engine.plan(up_problem, gate_up, stream);
+      const qgemm::GemmPlan up_plan = engine.plan(up_problem, gate_up_rows, stream);
       const qgemm::GemmPlan::Choice& up_choice = up_plan.choice_for(slots);
       qgemm::GemmProblem down_problem =
-          qgemm::gemm_problem(down, slots, qgemm::formats::bf16, qgemm::formats::fp32);
+          qgemm::gemm_problem(down_rows_weight, slots, qgemm::formats::bf16, qgemm::formats::fp32);
       down_problem.route_block = up_choice.route_block;
       down_problem.candidate = candidate;
-      const qgemm::GemmPlan down_plan = engine.plan(down_problem, down, stream);
+      const qgemm::GemmPlan down_plan = engine.plan(down_problem, down_rows_weight, stream);
       qgemm::MoeRoutingShape shape;
       shape.tokens = c.m;
       shape.top_k = L.top_k;
@@ -279,9 +289,11 @@ int main(int argc, char** argv) {
       const qgemm::DeviceMatrix act_rows{rows_act, capacity, L.inter, L.inter, qgemm::formats::bf16};
       const qgemm::DeviceMatrix down_rows{rows_down, capacity, L.hidden, L.hidden,
                                           qgemm::formats::fp32};
-      auto up_gemm = [&] { engine.moe_gemm(up_plan, routing, in_rows, gate_up, up_rows, stream); };
+      auto up_gemm = [&] {
+        engine.moe_gemm(up_plan, routing, in_rows, gate_up_rows, up_rows, stream);
+      };
       auto down_gemm = [&] {
-        engine.moe_gemm(down_plan, routing, act_rows, down, down_rows, stream);
+        engine.moe_gemm(down_plan, routing, act_rows, down_rows_weight, down_rows, stream);
       };
       auto gate_up_call = [&] {
         engine.route_moe(shape, ids_d, nullptr, routing_space, routing_bytes, stream);
