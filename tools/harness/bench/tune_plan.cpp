@@ -85,8 +85,8 @@ std::vector<TuneTask> plan_tuning(const Recipe& recipe, std::vector<std::string>
     if (c.kind == CaseKind::Moe) {
       if (skipped)
         skipped->push_back(
-            fmt::format("{}: MoE cases have no tile configs to tune yet (MoE GEMM "
-                        "is roadmap item 6)",
+            fmt::format("{}: MoE cases are not tuned yet (the grouped GEMM's configs are "
+                        "ranked by the cost model)",
                         c.label));
       continue;
     }
