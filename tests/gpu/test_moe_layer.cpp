@@ -385,6 +385,23 @@ TEST(MoeLayerGpu, QuantizedActivationSchemes) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("prepared for"), std::string::npos) << error.what();
   }
+  // A layer whose two expert sets were prepared for different activations is refused, by name.
+  const LayerCase& c = cases.front();
+  const QuantWeight down_16bit = engine.prepare_experts(layer.down);
+  Inputs in;
+  draw_inputs(c, rng, in, false);
+  DeviceBuffer out(static_cast<std::size_t>(c.tokens * c.hidden) * 2);
+  try {
+    engine.moe({in.hidden.as<void>(), c.tokens, c.hidden, c.hidden, c.input},
+               in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(),
+               c.top_k, layer.gate_up_prepared, down_16bit,
+               {out.as<void>(), c.tokens, c.hidden, c.hidden, c.output}, nullptr);
+    ADD_FAILURE() << "moe took gate_up and down prepared for different activations";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("the same activation quantization"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 // One warm call plans and sizes the workspace; a captured call then replays on fresh hidden
