@@ -4,7 +4,8 @@
 // the repeats. Random routing: each token picks top_k distinct experts, router weights in
 // (0.05, 1). Schemes: w4a16 and mxfp4-a16 on both layers, w4a8-fp8 on Qwen3's (its hidden
 // states quantized by the layer, the grouped GEMMs on 16-bit tensor cores), and any preset or
-// compact scheme through --case (quoted: compact forms hold ';').
+// compact scheme through --case (quoted: compact forms hold ';'), e.g. issue #17's gpt-oss
+// down row: --case 'gpt-oss-120b:w=int4:g64:s=bf16;a=e4m3:tok:s=fp32;o=bf16:256'.
 //
 //   build/bench/qgemm_moe_bench [--quick] [--case LAYER:SCHEME:M] [--layout auto|wgmma|mma]
 //                               [--candidate NAME] [--decode]
@@ -170,17 +171,23 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--case") == 0) {
-      char layer_name[64] = {}, scheme[64] = {};
-      long long m = 0;
-      if (std::sscanf(argv[i + 1], "%63[^:]:%63[^:]:%lld", layer_name, scheme, &m) != 3) {
+      // LAYER:SCHEME:M, split at the first and the last colon (compact schemes hold colons,
+      // e.g. gpt-oss's down row 'gpt-oss-120b:w=int4:g64:s=bf16;a=e4m3:tok:s=fp32;o=bf16:256').
+      const std::string text = argv[i + 1];
+      const std::size_t first = text.find(':'), last = text.rfind(':');
+      char* end = nullptr;
+      const long long m = first != last ? std::strtoll(text.c_str() + last + 1, &end, 10) : 0;
+      if (first == last || end == text.c_str() + last + 1 || *end != '\0' || m < 1) {
         std::fprintf(stderr, "--case %s: expected LAYER:SCHEME:M\n", argv[i + 1]);
         return 2;
       }
+      const std::string layer_name = text.substr(0, first);
+      const std::string scheme = text.substr(first + 1, last - first - 1);
       cases.clear();
       for (const Layer& layer : kLayers)
-        if (layer_name == std::string(layer.name)) cases.push_back({&layer, scheme, m});
+        if (layer_name == layer.name) cases.push_back({&layer, scheme, m});
       if (cases.empty()) {
-        std::fprintf(stderr, "--case: no layer '%s'\n", layer_name);
+        std::fprintf(stderr, "--case: no layer '%s'\n", layer_name.c_str());
         return 2;
       }
     }
@@ -203,8 +210,8 @@ int main(int argc, char** argv) {
   double up_expert_bytes = 0;
   for (const Case& c : cases) {
     const Layer& L = *c.layer;
-    const qgemm::Scheme scheme = qgemm::parse_scheme(c.scheme);
     try {
+      const qgemm::Scheme scheme = qgemm::parse_scheme(c.scheme);  // names a bad --case scheme
       if (built_layer != &L || built_scheme != c.scheme) {
         const auto up_experts = random_experts(scheme, L.experts, 2 * L.inter, L.hidden, rng);
         const auto down_experts = random_experts(scheme, L.experts, L.hidden, L.inter, rng);
