@@ -668,13 +668,9 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
         args.scales = at<unsigned char>(scratch, step->scratch.group_scales);
         group_scales = reinterpret_cast<const float*>(args.scales);
       }
-      if (step->absmax.function) {
-        float* absmax = at<float>(scratch, step->scratch.absmax);
-        runtime::launch_tensor_absmax(step->absmax, reinterpret_cast<CUdeviceptr>(a->data), m,
-                                      p.k, a->stride, reinterpret_cast<CUdeviceptr>(absmax),
-                                      cu_stream);
-        args.tensor_absmax = absmax;
-      }
+      if (step->absmax.function)
+        runtime::launch_tensor_absmax_for(step->absmax, args,
+                                          at<float>(scratch, step->scratch.absmax), cu_stream);
       runtime::launch_quantize_activation(step->prepare, args, cu_stream);
     } else {
       kernels::ExpandActivationArgs args{};
@@ -782,12 +778,9 @@ void Engine::Impl::run_fp8(const detail::PlanData& plan, const detail::PlanStep&
         reinterpret_cast<CUdeviceptr>(a->data), a->stride, weight.static_activation_scale);
     args.codes = a_codes;
     args.scales = reinterpret_cast<unsigned char*>(a_scales);
-    if (step.absmax.function) {
-      float* absmax = at<float>(scratch, step.scratch.absmax);
-      runtime::launch_tensor_absmax(step.absmax, reinterpret_cast<CUdeviceptr>(a->data), m, p.k,
-                                    a->stride, reinterpret_cast<CUdeviceptr>(absmax), cu_stream);
-      args.tensor_absmax = absmax;
-    }
+    if (step.absmax.function)
+      runtime::launch_tensor_absmax_for(step.absmax, args,
+                                        at<float>(scratch, step.scratch.absmax), cu_stream);
     runtime::launch_quantize_activation(step.prepare, args, cu_stream);
     operands.a = a_codes;
     operands.a_scales = a_scales;

@@ -361,13 +361,10 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     args.ldo = ld_h;
     args.row_factors = at<float>(base, factors_at);
     args.fold_row_factors = 1;
-    if (runtime::needs_tensor_absmax(quant, 0.0)) {
-      args.tensor_absmax = at<float>(base, absmax_at);
-      runtime::launch_tensor_absmax(
-          impl_->kernel(jit::tensor_absmax_spec(hidden.dtype, impl_->arch)),
-          reinterpret_cast<CUdeviceptr>(hidden.data), tokens, h, hidden.stride,
-          reinterpret_cast<CUdeviceptr>(args.tensor_absmax), cu_stream);
-    }
+    if (runtime::needs_tensor_absmax(quant, 0.0))
+      runtime::launch_tensor_absmax_for(
+          impl_->kernel(jit::tensor_absmax_spec(hidden.dtype, impl_->arch)), args,
+          at<float>(base, absmax_at), cu_stream);
     const jit::KernelSpec spec = jit::quantize_activation_spec(
         quant, hidden.dtype, jit::ActivationEmit::Operand, hidden.dtype, impl_->arch);
     runtime::launch_quantize_activation(impl_->kernel(spec), args, cu_stream);

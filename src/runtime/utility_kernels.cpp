@@ -146,6 +146,13 @@ void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::in
                 args, stream);
 }
 
+void launch_tensor_absmax_for(const LoadedKernel& kernel, kernels::QuantizeActivationArgs& args,
+                              float* absmax, CUstream stream) {
+  launch_tensor_absmax(kernel, reinterpret_cast<CUdeviceptr>(args.input), args.m, args.k,
+                       args.lda, reinterpret_cast<CUdeviceptr>(absmax), stream);
+  args.tensor_absmax = absmax;
+}
+
 void launch_quantize_weight(const LoadedKernel& kernel, const kernels::QuantizeWeightArgs& args,
                             kernels::WeightQuantizeStep step, CUstream stream) {
   const int threads = kernel.launch.threads_per_block;

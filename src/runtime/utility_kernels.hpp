@@ -42,6 +42,10 @@ void launch_expand_activation(const LoadedKernel& kernel, const kernels::ExpandA
 // *absmax = 0, then the absmax of [m, k] (rows `lda` apart) into it.
 void launch_tensor_absmax(const LoadedKernel& kernel, CUdeviceptr input, std::int64_t m,
                           std::int64_t k, std::int64_t lda, CUdeviceptr absmax, CUstream stream);
+// The same over the quantizer's input (`args`' input, m, k, lda) into `absmax` (device fp32),
+// which `args` then reads as its tensor_absmax.
+void launch_tensor_absmax_for(const LoadedKernel& kernel, kernels::QuantizeActivationArgs& args,
+                              float* absmax, CUstream stream);
 
 // One step of the GPU weight quantizer (args.step's kernel; util/quantize_weight.cuh): stats a
 // warp per piece, cells a thread per 8 cells of a grid row, codes a thread per 8 elements of a

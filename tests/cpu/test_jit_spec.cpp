@@ -124,25 +124,27 @@ TEST(JitSpec, QuantizeWeightTakesThePresetsAndNamesWhatItCannot) {
       EXPECT_NO_THROW(quantize_weight_spec(quant, formats::bf16, step, Arch::sm_90a))
           << preset.name;
   }
+  // What the quantizer cannot take: its gap names it, and the spec of `step` refuses it.
+  auto expect_refused = [](const WeightQuant& quant, const char* gap, const char* step,
+                           const char* rule) {
+    SCOPED_TRACE(rule);
+    EXPECT_NE(quant_detail::device_quantizer_gap(quant).value_or("").find(gap),
+              std::string::npos);
+    EXPECT_NE(error_message([&] {
+                quantize_weight_spec(quant, formats::bf16, step, Arch::sm_90a);
+              }).find(rule),
+              std::string::npos);
+  };
   WeightQuant exponent_only;
   exponent_only.format = formats::e8m0;
   exponent_only.scale_format = formats::fp32;
-  EXPECT_NE(quant_detail::device_quantizer_gap(exponent_only).value_or("").find("no mantissa"),
-            std::string::npos);
-  EXPECT_NE(error_message([&] {
-              quantize_weight_spec(exponent_only, formats::bf16, "codes", Arch::sm_90a);
-            }).find("a float format with a mantissa"),
-            std::string::npos);
+  expect_refused(exponent_only, "no mantissa", "codes", "a float format with a mantissa");
   WeightQuant float_zero_e8m0;
   float_zero_e8m0.format = formats::uint4;
   float_zero_e8m0.scale_format = formats::e8m0;
   float_zero_e8m0.zero_point = ZeroPoint::Float;
-  EXPECT_NE(quant_detail::device_quantizer_gap(float_zero_e8m0).value_or("").find("e8m0"),
-            std::string::npos);
-  EXPECT_NE(error_message([&] {
-              quantize_weight_spec(float_zero_e8m0, formats::bf16, "cells", Arch::sm_90a);
-            }).find("float zero points need a scale format with a mantissa"),
-            std::string::npos);
+  expect_refused(float_zero_e8m0, "e8m0", "cells",
+                 "float zero points need a scale format with a mantissa");
   WeightQuant fp8;
   fp8.format = formats::e4m3;
   fp8.scale_format = formats::fp32;
