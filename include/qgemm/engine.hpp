@@ -199,6 +199,19 @@ class Engine {
                 const QuantWeight& experts, const DeviceMatrix& rows_out, void* stream,
                 const float* bias = nullptr);
 
+  // The grouped GEMM over rows the caller already grouped by expert (MoeGroupedRows,
+  // qgemm/moe.hpp: contiguous with offsets, or masked with a capacity and counts):
+  //   rows_out[r] = rows_in[r] · W_eᵀ (+ bias[e]) for each row r of expert e, zero for a row of no
+  // expert. rows_in [R, K] (bf16/fp16, the plan's activation type), rows_out [R, N] (the plan's
+  // output type), R = the rows of the grouping (masked: experts x capacity); the plan's M range
+  // must hold R, and it chooses its config by R. The rows are routed, gathered into expert
+  // runs padded to the GEMM's token tile, multiplied by moe_gemm's kernels and put back, all on
+  // `stream` from the Engine's workspace for it (sized on a shape's first call: capture later
+  // calls). Experts prepared for quantized activations are refused, as by moe_gemm.
+  void moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups,
+                        const DeviceMatrix& rows_in, const QuantWeight& experts,
+                        const DeviceMatrix& rows_out, void* stream, const float* bias = nullptr);
+
   // A whole routed expert layer (hidden [M, H] bf16/fp16; top-k choices per token):
   //   out[t] = Σ_j weights[t·top_k + j] · down_e(glu(gate_up_e(hidden[t]))),  e = ids[t·top_k + j]
   // gate_up: experts [2·I, H] (gate rows, then up rows); down: experts [H, I]. The activation

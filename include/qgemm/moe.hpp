@@ -55,6 +55,28 @@ struct MoeIndexedRouting {
   const std::int32_t* invalid_ids = nullptr;
 };
 
+// Rows a caller has already grouped by expert (its own dispatch, e.g. expert-parallel
+// all-to-all), for Engine::moe_gemm_grouped. Every array is on the device, read there (a call
+// captures into a CUDA graph and replays for any grouping):
+//   Contiguous  rows [M, K] sorted by expert: expert e's rows are offsets[e] .. offsets[e+1]−1
+//               (int32 [experts + 1], non-decreasing; rows before offsets[0] or from
+//               offsets[experts] on belong to no expert)
+//   Masked      rows [experts · capacity, K], a fixed capacity per expert: expert e's rows are
+//               e · capacity .. e · capacity + counts[e] − 1 (int32 [experts], each in
+//               [0, capacity]); the rest belong to no expert
+// Rows of no expert come out zero. A grouping that breaks its rule (offsets that fall, a count
+// outside [0, capacity]) is seen on the device only: every row comes out zero and, where
+// `invalid_rows` is given, the call stores how many rows were routed nowhere for that reason
+// (0 for a valid grouping; read it after the stream, as route_moe's invalid_ids).
+enum class MoeRowGrouping { Contiguous, Masked };
+struct MoeGroupedRows {
+  MoeRowGrouping grouping = MoeRowGrouping::Contiguous;
+  const std::int32_t* offsets = nullptr;  // Contiguous
+  const std::int32_t* counts = nullptr;   // Masked
+  std::int64_t capacity = 0;              // Masked: rows per expert
+  std::int32_t* invalid_rows = nullptr;   // device int32 [1], or null
+};
+
 // The activation between an expert's gate_up GEMM (N = 2·I: gate rows 0 .. I−1, up rows
 // I .. 2I−1) and its down GEMM: h[j] = f(gate[j], up[j]) for j < I.
 //   Silu           silu(g) · u                      (Llama, Qwen, DeepSeek: SiLU-GLU)

@@ -71,7 +71,8 @@ __device__ void moe_combine(const MoeGlueArgs& args) {
         const long long slot = t * args.top_k + j;
         const int p = args.slot_positions[slot];
         if (p >= 0)
-          sum = fmaf(args.weights[slot], moe_load<kRows>(args.rows, p * args.ld_rows + c), sum);
+          sum = fmaf(args.weights != nullptr ? args.weights[slot] : 1.0f,
+                     moe_load<kRows>(args.rows, p * args.ld_rows + c), sum);
       }
       moe_store<kOut>(args.output, t * args.ld_output + c, sum);
     }

@@ -20,6 +20,7 @@ enum MoeGlueType { kMoeBf16 = 0, kMoeFp16 = 1, kMoeFp32 = 2 };
 // combine: output[t][c] = Σ_j weights[t·top_k + j] · rows[slot_positions[t·top_k + j]][c] in
 //          fp32, choices in order j = 0 .. top_k − 1 (the reference's order), a position −1 (an
 //          expert of another rank) contributing nothing; then rounded once to the output type.
+//          Null weights: every weight 1 (top_k = 1: the rows put back in the caller's order).
 struct MoeGlueArgs {
   const unsigned short* input;  // gather: [tokens][ld_input] 16-bit
   long long ld_input;
@@ -28,7 +29,7 @@ struct MoeGlueArgs {
   long long ld_rows;
   void* output;  // combine: [tokens][ld_output]
   long long ld_output;
-  const float* weights;       // combine: router weights [tokens · top_k]
+  const float* weights;       // combine: router weights [tokens · top_k], or null (all 1)
   const int* sorted_slots;    // gather
   const int* offsets;         // gather, glu: offsets[local_experts] = the padded total
   const int* slot_positions;  // combine

@@ -8,6 +8,8 @@
 //   scatter  grid-stride over slots: position = atomicAdd(cursors[e], 1)
 //   small    (slots ≤ kMoeSmallSlots) all of it, memsets included, in one block
 //
+// Rows grouped by the caller (contiguous or masked) first become top-1 ids (moe_group_ids).
+//
 // All three read the slots at memory speed; the offsets step scans local_experts (≤ 512) counts
 // in one block of 512 threads and writes the capacity / block block entries.
 #pragma once
@@ -153,6 +155,50 @@ __global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs ar
     moe_route_in_one_block<kThreads>(args, per_expert);
   } else {
     moe_scatter<kThreads>(args);
+  }
+}
+
+// Grid-stride over rows. Every block first checks the whole grouping (at most 513 values, read
+// from L2), so that a grouping breaking its rule fails every row alike, never some of them.
+template <int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) moe_group_ids_kernel(MoeGroupIdsArgs args) {
+  static_assert(kDynamicSmemBytes == 0, "moe_group_ids uses no shared memory");
+  const int experts = args.experts;
+  bool broken = false;
+  if (args.offsets != nullptr) {
+    for (int e = threadIdx.x; e < experts; e += kThreads)
+      broken |= args.offsets[e + 1] < args.offsets[e];
+  } else {
+    for (int e = threadIdx.x; e < experts; e += kThreads)
+      broken |= args.counts[e] < 0 || args.counts[e] > args.capacity;
+  }
+  broken = __syncthreads_or(broken);
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  const long long first = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+  for (long long e = first; e <= experts; e += stride)
+    args.map[e] = e < experts ? static_cast<int>(e) : -1;
+  for (long long r = first; r < args.rows; r += stride) {
+    int id = experts;
+    if (broken) {
+      id = -1;
+    } else if (args.offsets != nullptr) {
+      if (r >= args.offsets[0] && r < args.offsets[experts]) {
+        // The last expert whose run starts at or before r (offsets do not fall).
+        int low = 0, high = experts - 1;
+        while (low < high) {
+          const int mid = (low + high + 1) / 2;
+          if (args.offsets[mid] <= r)
+            low = mid;
+          else
+            high = mid - 1;
+        }
+        id = low;
+      }
+    } else {
+      const long long e = r / args.capacity;
+      if (r - e * args.capacity < args.counts[e]) id = static_cast<int>(e);
+    }
+    args.ids[r] = id;
   }
 }
 

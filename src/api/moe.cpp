@@ -219,6 +219,99 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
                 {slot.scratch, slot.zeroed}, &routing);
 }
 
+void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups,
+                              const DeviceMatrix& rows_in, const QuantWeight& experts,
+                              const DeviceMatrix& rows_out, void* stream, const float* bias) {
+  const GemmProblem& p = plan.problem();
+  require(p.experts > 0,
+          "moe_gemm_grouped: the plan is a dense GEMM's (rule: plan with problem.experts = the "
+          "weight's experts())");
+  const detail::PreparedWeight& w = impl_->prepared(experts);
+  require(!w.activation.is_quantized(),
+          "moe_gemm_grouped: the experts were prepared for {} activations (rule: 16-bit "
+          "activations, as moe_gemm)",
+          to_string(Scheme{"", w.quant, w.activation, formats::bf16}));
+  require((bias != nullptr) == p.bias, "moe_gemm_grouped: {} (rule: as the plan's problem.bias = {})",
+          bias ? "a bias was given" : "no bias was given", p.bias);
+  const std::int64_t rows = rows_in.rows;
+  require(rows >= 0 && (rows == 0 || rows_in.data) && rows_in.cols == p.k &&
+              rows_in.stride >= p.k && rows_in.dtype == p.input,
+          "moe_gemm_grouped: rows_in is {}x{} {} at {} with stride {} (rule: non-null, K = {} "
+          "columns, stride >= K, {} as the plan's input)",
+          rows, rows_in.cols, rows_in.dtype.name(), rows_in.data, rows_in.stride, p.k,
+          p.input.name());
+  require(rows_out.rows == rows && (rows == 0 || rows_out.data) && rows_out.cols == p.n &&
+              rows_out.stride >= p.n && rows_out.dtype == p.scheme.output,
+          "moe_gemm_grouped: rows_out is {}x{} {} at {} with stride {} (rule: non-null, {}x{}, "
+          "stride >= N, {} as the plan's output)",
+          rows_out.rows, rows_out.cols, rows_out.dtype.name(), rows_out.data, rows_out.stride,
+          rows, p.n, p.scheme.output.name());
+  require(groups.grouping != MoeRowGrouping::Masked || rows == groups.capacity * w.experts,
+          "moe_gemm_grouped: masked rows_in has {} rows (rule: experts x capacity = {} x {})",
+          rows, w.experts, groups.capacity);
+  if (rows == 0) return;
+  const int route_block = plan.choice_for(rows).route_block;  // names an M outside the plan
+
+  // Each row a top-1 slot: ids from the grouping, expert `experts` (no expert's rows) mapped
+  // to -1 as another rank's. Workspace: ids, map, the routing, the gathered rows, the GEMM's
+  // rows, its scratch.
+  MoeRoutingShape shape;
+  shape.tokens = rows;
+  shape.top_k = 1;
+  shape.global_experts = w.experts + 1;
+  shape.local_experts = w.experts;
+  shape.block = route_block;
+  const std::int64_t capacity = moe_routing_capacity(shape);
+  const std::int64_t ld_in = (p.k + 7) / 8 * 8;  // TMA reads A rows 16 bytes apart
+  const std::int64_t ld_out = (p.n + 7) / 8 * 8;
+  std::size_t used = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t offset = used;
+    used += aligned(std::max<std::size_t>(bytes, 1));
+    return offset;
+  };
+  const std::size_t ids_at = take(static_cast<std::size_t>(rows) * sizeof(std::int32_t));
+  const std::size_t map_at = take(static_cast<std::size_t>(w.experts + 1) * sizeof(std::int32_t));
+  const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
+  const std::size_t gathered_at =
+      take(static_cast<std::size_t>(capacity * ld_in) * rows_in.dtype.storage_bytes());
+  const std::size_t gemm_rows_at =
+      take(static_cast<std::size_t>(capacity * ld_out) * rows_out.dtype.storage_bytes());
+  const std::size_t gemm_scratch_at = take(plan.data_->scratch_bytes);
+  impl_->ensure_workspace(stream, used, plan.data_->zeroed_bytes);
+  Impl::StreamSlot slot = impl_->stream_workspace(stream, used, plan.data_->zeroed_bytes);
+  void* base = slot.scratch;
+
+  impl_->make_current();
+  const auto cu_stream = static_cast<CUstream>(stream);
+  runtime::launch_moe_group_ids(impl_->kernel(jit::moe_group_ids_spec(impl_->arch)), groups, rows,
+                                w.experts, at<std::int32_t>(base, ids_at),
+                                at<std::int32_t>(base, map_at), cu_stream);
+  const MoeIndexedRouting routing = runtime::launch_moe_routing(
+      impl_->moe_routing_kernels(), shape, at<std::int32_t>(base, ids_at),
+      at<std::int32_t>(base, map_at), at<void>(base, routing_at),
+      moe_routing_workspace_bytes(shape), cu_stream);
+  const DeviceMatrix gathered{at<void>(base, gathered_at), capacity, p.k, ld_in, rows_in.dtype};
+  runtime::launch_moe_gather(impl_->kernel(jit::moe_gather_spec(rows_in.dtype, impl_->arch)),
+                             routing, rows_in.data, rows_in.stride, p.k, gathered.data, ld_in,
+                             cu_stream);
+  const DeviceMatrix gemm_rows{at<void>(base, gemm_rows_at), capacity, p.n, ld_out,
+                               rows_out.dtype};
+  impl_->run_in(*plan.data_, w, &gathered, nullptr, gemm_rows, stream, bias,
+                {at<void>(base, gemm_scratch_at), slot.zeroed}, &routing);
+  // Back into the caller's rows (weights null: each row's one choice times 1, exact).
+  runtime::launch_moe_combine(
+      impl_->kernel(jit::moe_combine_spec(rows_out.dtype, rows_out.dtype, impl_->arch)), routing,
+      gemm_rows.data, ld_out, nullptr, p.n, rows_out.data, rows_out.stride, cu_stream);
+  if (groups.invalid_rows != nullptr) {
+    const runtime::Driver& driver = runtime::Driver::get();
+    driver.check(driver.cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(groups.invalid_rows),
+                                          reinterpret_cast<CUdeviceptr>(routing.invalid_ids),
+                                          sizeof(std::int32_t), cu_stream),
+                 "cuMemcpyDtoDAsync (moe_gemm_grouped invalid_rows)");
+  }
+}
+
 void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
                  const float* topk_weights, int top_k, const QuantWeight& gate_up,
                  const QuantWeight& down, const DeviceMatrix& out, void* stream,

@@ -183,6 +183,13 @@ const std::vector<KernelFamily>& kernel_families() {
        // Order = kernels::MoeRoutingStep.
        {{"step", ParamKind::Choice, {"count", "offsets", "scatter", "small"}}},
        false},
+      // kernels/moe/routing.cuh: rows the caller grouped by expert -> top-1 ids for the routing.
+      {"moe_group_ids",
+       "moe/routing.cuh",
+       "qgemm::kernels::moe_group_ids_kernel",
+       "qgemm::kernels::MoeGroupIdsArgs",
+       {},
+       false},
       // kernels/moe/glue.cuh: gather before the grouped GEMM, combine after it.
       {"moe_glue",
        "moe/glue.cuh",

@@ -61,6 +61,7 @@ struct DriverLoader {
     QGEMM_LOAD(cuMemcpyHtoD)
     QGEMM_LOAD(cuMemcpyDtoH)
     QGEMM_LOAD(cuMemsetD8)
+    QGEMM_LOAD(cuMemcpyDtoDAsync)
     QGEMM_LOAD(cuMemsetD32Async)
     QGEMM_LOAD(cuStreamCreate)
     QGEMM_LOAD(cuStreamDestroy)

@@ -47,6 +47,7 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuMemcpyHtoD);
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoH);
   QGEMM_DRIVER_FUNCTION(cuMemsetD8);
+  QGEMM_DRIVER_FUNCTION(cuMemcpyDtoDAsync);
   QGEMM_DRIVER_FUNCTION(cuMemsetD32Async);
   QGEMM_DRIVER_FUNCTION(cuStreamCreate);
   QGEMM_DRIVER_FUNCTION(cuStreamDestroy);

@@ -208,6 +208,47 @@ LaunchGrid glue_grid(std::int64_t rows) {
 
 }  // namespace
 
+void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
+                          std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
+                          CUstream stream) {
+  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
+  const auto aligned_int = [](const void* p) {
+    return p != nullptr && reinterpret_cast<std::uintptr_t>(p) % sizeof(std::int32_t) == 0;
+  };
+  require(experts >= 1 && experts <= kMaxLocalExperts,
+          "moe grouped rows: {} experts (rule: 1 .. {})", experts, kMaxLocalExperts);
+  if (contiguous) {
+    require(aligned_int(groups.offsets),
+            "moe grouped rows: offsets = {} (rule: contiguous rows take non-null, 4-byte aligned "
+            "device int32 [experts + 1])",
+            fmt::ptr(groups.offsets));
+  } else {
+    require(aligned_int(groups.counts),
+            "moe grouped rows: counts = {} (rule: masked rows take non-null, 4-byte aligned "
+            "device int32 [experts])",
+            fmt::ptr(groups.counts));
+    require(groups.capacity >= 1 && groups.capacity <= std::numeric_limits<std::int32_t>::max() &&
+                rows == groups.capacity * experts,
+            "moe grouped rows: {} rows with capacity = {} and {} experts (rule: masked rows are "
+            "experts x capacity, 1 <= capacity < 2^31)",
+            rows, groups.capacity, experts);
+  }
+  require(ids != nullptr && map != nullptr, "moe grouped rows: null ids or map workspace");
+  kernels::MoeGroupIdsArgs args{};
+  args.offsets = contiguous ? groups.offsets : nullptr;
+  args.counts = contiguous ? nullptr : groups.counts;
+  args.capacity = groups.capacity;
+  args.rows = rows;
+  args.experts = experts;
+  args.ids = ids;
+  args.map = map;
+  const int threads = kernel.launch.threads_per_block;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>((std::max<std::int64_t>(rows, experts + 1) + threads - 1) / threads,
+                               1, 1024));
+  launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+}
+
 void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
                        const void* input, std::int64_t ld_input, std::int64_t columns,
                        void* rows_out, std::int64_t ld_rows, CUstream stream) {
@@ -231,9 +272,8 @@ void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& rou
                         std::int64_t columns, void* output, std::int64_t ld_output,
                         CUstream stream) {
   kernels::MoeGlueArgs args = glue_args(routing, columns);
-  require(rows != nullptr && output != nullptr && (weights != nullptr || routing.shape.tokens == 0),
-          "moe combine: rows = {}, weights = {}, output = {} (rule: non-null device pointers)",
-          rows, fmt::ptr(weights), output);
+  require(rows != nullptr && output != nullptr,
+          "moe combine: rows = {}, output = {} (rule: non-null device pointers)", rows, output);
   require(ld_rows >= columns && ld_output >= columns,
           "moe combine: ld_rows = {}, ld_output = {} (rule: >= columns = {})", ld_rows, ld_output,
           columns);

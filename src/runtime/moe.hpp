@@ -26,13 +26,21 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
                                      const std::int32_t* expert_ids, const std::int32_t* expert_map,
                                      void* workspace, std::size_t workspace_bytes, CUstream stream);
 
+// Rows the caller grouped by expert -> one top-1 id per row and the map the routing sends them
+// through (kernels/moe/routing_args.cuh, MoeGroupIdsArgs): ids [rows], map [experts + 1] of
+// device int32; `kernel` from jit::moe_group_ids_spec. Validates the grouping's host fields.
+void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
+                          std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
+                          CUstream stream);
+
 // rows_out[p] = input[sorted_slots[p] / top_k] (16-bit rows of `columns`; zero for padding) for
 // p below the padded total the device holds; `kernel` from jit::moe_gather_spec.
 void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
                        const void* input, std::int64_t ld_input, std::int64_t columns,
                        void* rows_out, std::int64_t ld_rows, CUstream stream);
 // output[t] = Σ_j weights[t·top_k + j] · rows[slot_positions[t·top_k + j]] in fp32, in choice
-// order, rounded once; `kernel` from jit::moe_combine_spec (the rows' and the output's types).
+// order, rounded once (null weights: all 1); `kernel` from jit::moe_combine_spec (the rows' and
+// the output's types).
 void launch_moe_combine(const LoadedKernel& kernel, const MoeIndexedRouting& routing,
                         const void* rows, std::int64_t ld_rows, const float* weights,
                         std::int64_t columns, void* output, std::int64_t ld_output,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -564,6 +565,222 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("moe_gemm"), std::string::npos) << error.what();
   }
+}
+
+// Rows the caller grouped itself (Engine::moe_gemm_grouped): each row of expert e against its
+// exact product with W_e (bound as check_grouped_gemm_alone's, plus the output's rounding), rows
+// of no expert exactly zero, `invalid_rows` 0. Contiguous: rows before offsets[0] and after
+// offsets[E], empty experts, one expert over several token blocks. Masked: counts of 0, of the
+// whole capacity and between. Then groupings that break their rule (offsets that fall, a count
+// past the capacity): every row zero and counted. Last, one call captured and replayed on new
+// offsets and counts written into the same device arrays.
+struct GroupedRowsCase {
+  MoeGroupedRows groups;
+  std::vector<std::int32_t> offsets, counts;  // host copies of the grouping
+  std::int64_t rows = 0;
+};
+
+// The expert of each row (-1: none), from the grouping's rule alone.
+std::vector<int> experts_of_rows(const GroupedRowsCase& g, int experts) {
+  std::vector<int> expert(static_cast<std::size_t>(g.rows), -1);
+  for (int e = 0; e < experts; ++e) {
+    const std::int64_t first = g.groups.grouping == MoeRowGrouping::Contiguous
+                                   ? g.offsets[static_cast<std::size_t>(e)]
+                                   : e * g.groups.capacity;
+    const std::int64_t end = g.groups.grouping == MoeRowGrouping::Contiguous
+                                 ? g.offsets[static_cast<std::size_t>(e) + 1]
+                                 : first + g.counts[static_cast<std::size_t>(e)];
+    for (std::int64_t r = first; r < end; ++r) expert[static_cast<std::size_t>(r)] = e;
+  }
+  return expert;
+}
+
+TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::mt19937 rng(test_seed() + 400);
+  LayerCase c;
+  c.experts = 8, c.hidden = 512, c.inter = 160;  // N = 320
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  const std::int64_t n = 2 * c.inter, k = c.hidden;
+  const auto& driver = runtime::Driver::get();
+  DeviceBuffer invalid(4);
+
+  // rows_in [rows, k] with a row stride of k + 8 (a caller's view into a larger tensor).
+  const std::int64_t ld_in = k + 8;
+  auto run = [&](GroupedRowsCase& g, const Format& output, const GemmPlan& plan,
+                 bool expect_broken, CUstream stream) {
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(g.rows * ld_in));
+    for (auto& b : bits) b = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+    const DeviceBuffer rows_in = DeviceBuffer::from(bits);
+    const DeviceBuffer offsets = DeviceBuffer::from(g.offsets.empty() ? std::vector<std::int32_t>{0} : g.offsets);
+    const DeviceBuffer counts = DeviceBuffer::from(g.counts.empty() ? std::vector<std::int32_t>{0} : g.counts);
+    g.groups.offsets = offsets.as<const std::int32_t>();
+    g.groups.counts = counts.as<const std::int32_t>();
+    g.groups.invalid_rows = invalid.as<std::int32_t>();
+    invalid.fill_bytes(0x7f);
+    const std::size_t out_bytes = output.storage_bytes();
+    DeviceBuffer out(static_cast<std::size_t>(g.rows * n) * out_bytes);
+    out.fill_bytes(0xff);  // NaN in every type
+    engine.moe_gemm_grouped(plan, g.groups,
+                            {rows_in.as<void>(), g.rows, k, ld_in, formats::bf16},
+                            layer.gate_up_prepared, {out.as<void>(), g.rows, n, n, output}, stream);
+    driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    const auto raw = out.to_vector<std::uint8_t>(static_cast<std::size_t>(g.rows * n) * out_bytes);
+    const std::vector<int> expert = experts_of_rows(g, c.experts);
+    int wrong = 0, checked = 0;
+    for (std::int64_t r = 0; r < g.rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::size_t at = static_cast<std::size_t>(r * n + j);
+        double value;
+        if (output == formats::fp32) {
+          float f;
+          std::memcpy(&f, raw.data() + at * 4, 4);
+          value = f;
+        } else {
+          std::uint16_t h;
+          std::memcpy(&h, raw.data() + at * 2, 2);
+          value = decode(output, h);
+        }
+        const int e = expect_broken ? -1 : expert[static_cast<std::size_t>(r)];
+        double sum = 0, magnitude = 0;
+        if (e >= 0) {
+          const std::vector<double>& w = layer.gate_up_values[static_cast<std::size_t>(e)];
+          for (std::int64_t i = 0; i < k; ++i) {
+            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * ld_in + i)]);
+            sum += a * w[static_cast<std::size_t>(j * k + i)];
+            magnitude += std::fabs(a * w[static_cast<std::size_t>(j * k + i)]);
+          }
+        }
+        const double bound = std::ldexp(magnitude, -8) + 1e-6 +
+                             (output == formats::fp32 ? 0.0 : std::ldexp(std::fabs(sum), -7));
+        ++checked;
+        const bool ok = e < 0 ? value == 0.0 : std::fabs(value - sum) <= bound;
+        if (!ok && wrong++ < 3)
+          ADD_FAILURE() << "row " << r << " (expert " << e << ") column " << j << ": got "
+                        << value << ", expected " << sum << " within " << bound;
+      }
+    EXPECT_EQ(checked, g.rows * n);
+    EXPECT_EQ(wrong, 0) << output.name() << (g.groups.grouping == MoeRowGrouping::Masked ? " masked" : " contiguous");
+    EXPECT_EQ(invalid.to_vector<std::int32_t>(1)[0], expect_broken ? g.rows : 0);
+  };
+
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, 1, formats::bf16, formats::fp32);
+  problem.m_max = 256;
+  const GemmPlan plan32 = engine.plan(problem, layer.gate_up_prepared);
+  problem.scheme.output = formats::bf16;
+  const GemmPlan plan16 = engine.plan(problem, layer.gate_up_prepared);
+
+  GroupedRowsCase contiguous;
+  contiguous.rows = 100;
+  contiguous.offsets = {3, 10, 10, 50, 51, 51, 80, 95, 95};  // experts 1, 4, 7 empty; 2 has 40
+  GroupedRowsCase masked;
+  masked.groups.grouping = MoeRowGrouping::Masked;
+  masked.groups.capacity = 24;
+  masked.rows = 24 * c.experts;
+  masked.counts = {0, 24, 1, 17, 0, 8, 23, 5};
+  for (const GemmPlan* plan : {&plan32, &plan16}) {
+    const Format output = plan->problem().scheme.output;
+    run(contiguous, output, *plan, false, nullptr);
+    run(masked, output, *plan, false, nullptr);
+  }
+  GroupedRowsCase falling = contiguous;
+  falling.offsets[4] = 40;  // expert 3's run would end before it starts
+  run(falling, formats::fp32, plan32, true, nullptr);
+  GroupedRowsCase overfull = masked;
+  overfull.counts[6] = 25;
+  run(overfull, formats::fp32, plan32, true, nullptr);
+
+  // Host-side rules, named.
+  const DeviceBuffer rows_in(static_cast<std::size_t>(masked.rows * k) * 2);
+  DeviceBuffer out(static_cast<std::size_t>(masked.rows * n) * 4);
+  auto refused = [&](const MoeGroupedRows& groups, std::int64_t rows, const char* rule) {
+    try {
+      engine.moe_gemm_grouped(plan32, groups, {rows_in.as<void>(), rows, k, k, formats::bf16},
+                              layer.gate_up_prepared, {out.as<void>(), rows, n, n, formats::fp32},
+                              nullptr);
+      ADD_FAILURE() << "accepted: " << rule;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(rule), std::string::npos) << error.what();
+    }
+  };
+  const DeviceBuffer counts = DeviceBuffer::from(masked.counts);
+  MoeGroupedRows bad = masked.groups;
+  bad.counts = counts.as<const std::int32_t>();
+  bad.invalid_rows = nullptr;
+  refused(bad, masked.rows - 1, "experts x capacity");
+  bad.counts = nullptr;
+  refused(bad, masked.rows, "counts");
+  bad = {};
+  refused(bad, 100, "offsets");
+
+  // Captured once (after a warm call sized the workspace), replayed on new groupings.
+  CUstream stream = nullptr;
+  driver.check(driver.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  GroupedRowsCase g = contiguous;
+  std::vector<std::uint16_t> bits(static_cast<std::size_t>(g.rows * k));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (auto& b : bits) b = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+  const DeviceBuffer graph_rows = DeviceBuffer::from(bits);
+  DeviceBuffer graph_offsets = DeviceBuffer::from(g.offsets);
+  DeviceBuffer graph_out(static_cast<std::size_t>(g.rows * n) * 4);
+  g.groups.offsets = graph_offsets.as<const std::int32_t>();
+  g.groups.invalid_rows = nullptr;
+  auto call = [&] {
+    engine.moe_gemm_grouped(plan32, g.groups, {graph_rows.as<void>(), g.rows, k, k, formats::bf16},
+                            layer.gate_up_prepared,
+                            {graph_out.as<void>(), g.rows, n, n, formats::fp32}, stream);
+  };
+  call();
+  driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  driver.check(driver.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture");
+  call();
+  driver.check(driver.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  driver.check(driver.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  for (int replay = 0; replay < 3; ++replay) {
+    // Random non-decreasing offsets within the rows.
+    std::uniform_int_distribution<int> cut(0, static_cast<int>(g.rows));
+    for (auto& o : g.offsets) o = cut(rng);
+    std::sort(g.offsets.begin(), g.offsets.end());
+    driver.check(driver.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(graph_offsets.as<void>()),
+                                     g.offsets.data(), g.offsets.size() * 4),
+                 "cuMemcpyHtoD");
+    graph_out.fill_bytes(0xff);
+    driver.check(driver.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    const auto got = graph_out.to_vector<float>(static_cast<std::size_t>(g.rows * n));
+    const std::vector<int> expert = experts_of_rows(g, c.experts);
+    int wrong = 0;
+    for (std::int64_t r = 0; r < g.rows; ++r) {
+      const int e = expert[static_cast<std::size_t>(r)];
+      for (std::int64_t j = 0; j < n; j += 7) {  // a sample of columns
+        double sum = 0, magnitude = 0;
+        if (e >= 0)
+          for (std::int64_t i = 0; i < k; ++i) {
+            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]);
+            const double w = layer.gate_up_values[static_cast<std::size_t>(e)]
+                                                 [static_cast<std::size_t>(j * k + i)];
+            sum += a * w;
+            magnitude += std::fabs(a * w);
+          }
+        const double value = got[static_cast<std::size_t>(r * n + j)];
+        const bool ok = e < 0 ? value == 0.0
+                              : std::fabs(value - sum) <= std::ldexp(magnitude, -8) + 1e-6;
+        if (!ok && wrong++ < 3)
+          ADD_FAILURE() << "replay " << replay << " row " << r << " (expert " << e << ") column "
+                        << j << ": got " << value << ", expected " << sum;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "replay " << replay;
+  }
+  driver.cuGraphExecDestroy(exec);
+  driver.cuGraphDestroy(graph);
+  driver.cuStreamDestroy(stream);
 }
 
 // The grouped decode kernel (gemm/sm80_decode.cuh, kGrouped; issue #17), forced: experts in the
