@@ -59,6 +59,60 @@ std::string CublasBf16Gemm::description() {
   return "cublasGemmEx bf16 x bf16 -> bf16, fp32 accumulation";
 }
 
+CublasBf16Gemm::Grouped CublasBf16Gemm::prepare_grouped(const std::vector<std::int64_t>& rows,
+                                                        const std::vector<std::int64_t>& row_start,
+                                                        const std::vector<const void*>& weights,
+                                                        std::int64_t n, std::int64_t k,
+                                                        const void* a, void* c) {
+  require(rows.size() == row_start.size() && rows.size() == weights.size(),
+          "cuBLAS grouped baseline: {} row counts, {} starts, {} weights (rule: one each per "
+          "expert)",
+          rows.size(), row_start.size(), weights.size());
+  Grouped g;
+  const int columns = as_int(n, "n"), depth = as_int(k, "k");
+  std::vector<const void*> w_pointers, a_pointers;
+  std::vector<void*> c_pointers;
+  for (std::size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] == 0) continue;
+    // Column-major per group, as gemm(): Cᵀ [n x rows] = op(W_e) · A_e.
+    g.rows.push_back(as_int(rows[e], "rows"));
+    g.n.push_back(columns);
+    g.k.push_back(depth);
+    g.ld_w.push_back(depth);
+    g.ld_a.push_back(depth);
+    g.ld_c.push_back(columns);
+    g.group_size.push_back(1);
+    g.alpha.push_back(1.0f);
+    g.beta.push_back(0.0f);
+    g.op_w.push_back(CUBLAS_OP_T);
+    g.op_a.push_back(CUBLAS_OP_N);
+    w_pointers.push_back(weights[e]);
+    a_pointers.push_back(static_cast<const char*>(a) + row_start[e] * k * 2);
+    c_pointers.push_back(static_cast<char*>(c) + row_start[e] * n * 2);
+  }
+  require(!g.rows.empty(), "cuBLAS grouped baseline: no expert has rows");
+  g.w_pointers = runtime::DeviceBuffer::from(w_pointers);
+  g.a_pointers = runtime::DeviceBuffer::from(a_pointers);
+  g.c_pointers = runtime::DeviceBuffer::from(c_pointers);
+  return g;
+}
+
+void CublasBf16Gemm::grouped_gemm(cudaStream_t stream, const Grouped& g) {
+  check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
+  check_cublas(
+      cublasGemmGroupedBatchedEx(
+          handle_, g.op_w.data(), g.op_a.data(), g.n.data(), g.rows.data(), g.k.data(),
+          g.alpha.data(), g.w_pointers.as<const void* const>(), CUDA_R_16BF, g.ld_w.data(),
+          g.a_pointers.as<const void* const>(), CUDA_R_16BF, g.ld_a.data(), g.beta.data(),
+          g.c_pointers.as<void* const>(), CUDA_R_16BF, g.ld_c.data(),
+          static_cast<int>(g.rows.size()), g.group_size.data(), CUBLAS_COMPUTE_32F),
+      "cublasGemmGroupedBatchedEx (bf16)");
+}
+
+std::string CublasBf16Gemm::grouped_description() {
+  return "cublasGemmGroupedBatchedEx bf16 x bf16 -> bf16, fp32 accumulation, a group per expert";
+}
+
 CublasLtFp8Gemm::CublasLtFp8Gemm(bool fast_accumulation)
     : fast_accumulation_(fast_accumulation), workspace_(runtime::kFp8MatmulWorkspaceBytes) {}
 

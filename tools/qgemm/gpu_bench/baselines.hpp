@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/cublaslt.hpp"
 #include "runtime/device_memory.hpp"
@@ -46,6 +47,23 @@ class CublasBf16Gemm {
   void gemm(cudaStream_t stream, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
             const void* w, void* c);
   static std::string description();
+
+  // A grouped product (MoE): for each expert e with rows[e] > 0, the rows row_start[e] ..
+  // row_start[e] + rows[e] − 1 of A [*, k] times W_e [n, k]ᵀ into the same rows of C [*, n], all
+  // bf16 and row-major; weights[e] is W_e's device address. One cublasGemmGroupedBatchedEx call
+  // (a group per expert with rows); prepare once, run many times.
+  struct Grouped {
+    std::vector<int> rows, n, k, ld_w, ld_a, ld_c, group_size;
+    std::vector<float> alpha, beta;
+    std::vector<cublasOperation_t> op_w, op_a;
+    runtime::DeviceBuffer w_pointers, a_pointers, c_pointers;  // device arrays of pointers
+  };
+  static Grouped prepare_grouped(const std::vector<std::int64_t>& rows,
+                                 const std::vector<std::int64_t>& row_start,
+                                 const std::vector<const void*>& weights, std::int64_t n,
+                                 std::int64_t k, const void* a, void* c);
+  void grouped_gemm(cudaStream_t stream, const Grouped& grouped);
+  static std::string grouped_description();
 
  private:
   cublasHandle_t handle_ = nullptr;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "dispatch/tuning_table.hpp"
+#include "gpu_bench/moe_workbench.hpp"
 #include "gpu_bench/workbench.hpp"
 #include "qgemm/error.hpp"
 
@@ -33,17 +34,17 @@ void print_progress(std::size_t done, std::size_t total, Clock::time_point start
   std::fflush(stderr);
 }
 
-// Runs one backend on `problem` and fills the measured fields of `result`; returns its call
-// when it ran ok (for the timing in turns).
-GpuCall run_backend(GpuBench& gpu, Problem& problem, const Recipe& recipe, RunResult& result) {
-  const BackendCall call = problem.call(result.backend, gpu);
+// Runs one backend's call (of a dense or an MoE problem with that output sample) and fills
+// the measured fields of `result`; returns the call when it ran ok (for the timing in turns).
+GpuCall run_backend(GpuBench& gpu, const BackendCall& call, const OutputSample& sample,
+                    const Recipe& recipe, RunResult& result) {
   result.kernel = call.kernel;
   result.weight_bytes = call.weight_bytes;
   result.weight_device_bytes = call.weight_device_bytes;
   result.activation_bytes = call.activation_bytes;
   result.output_bytes = call.output_bytes;
-  result.error_rows = static_cast<std::int64_t>(problem.sample().rows.size());
-  result.error_cols = problem.sample().columns();
+  result.error_rows = static_cast<std::int64_t>(sample.rows.size());
+  result.error_cols = sample.columns();
   result.tolerance = call.tolerance;
   const Measurement measured =
       measure(call.call, call.output, call.output_bytes, call.error_now, call.tolerance,
@@ -115,6 +116,8 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
   const std::vector<ExpandedRun> runs = expand(recipe);
   std::optional<CaseWeights> weights;
   std::optional<Problem> problem;
+  std::optional<MoeCaseWeights> moe_weights;
+  std::optional<MoeProblem> moe_problem;
   std::string context_lost;  // set once a sticky CUDA error ends the timing
   // The ok calls of the current case and M (index of their result, call), for the gate's timing
   // in turns once the group's last backend has run.
@@ -125,24 +128,42 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
     if (!context_lost.empty()) {
       result.status = RunStatus::Skipped;
       result.reason = context_lost;
-    } else if (run.recipe_case->kind == CaseKind::Moe) {
-      result.status = RunStatus::Skipped;
-      result.reason =
-          "qgemm bench does not time MoE cases yet: build/bench/qgemm_moe_bench times the "
-          "layers (Engine::moe) and their grouped GEMMs";
     } else {
       try {
-        if (!weights || weights->case_index() != run.case_index) {
+        GpuCall call;
+        if (run.recipe_case->kind == CaseKind::Moe) {
+          // One case's weights at a time, dense or MoE.
           problem.reset();
           weights.reset();
-          weights.emplace(*run.recipe_case, run.case_index, seed, recipe.backends);
+          if (!moe_weights || moe_weights->case_index() != run.case_index) {
+            moe_problem.reset();
+            moe_weights.reset();
+            moe_weights.emplace(*run.recipe_case, run.case_index, seed, recipe.backends);
+          }
+          if (!moe_problem || moe_problem->m() != run.m) {
+            moe_problem.reset();
+            moe_problem.emplace(*moe_weights, run.m, seed);
+          }
+          result.activation_seed = moe_problem->activation_seed();
+          call = run_backend(gpu, moe_problem->call(result.backend, gpu), moe_problem->sample(),
+                             recipe, result);
+        } else {
+          moe_problem.reset();
+          moe_weights.reset();
+          if (!weights || weights->case_index() != run.case_index) {
+            problem.reset();
+            weights.reset();
+            weights.emplace(*run.recipe_case, run.case_index, seed, recipe.backends);
+          }
+          if (!problem || problem->m() != run.m) {
+            problem.reset();
+            problem.emplace(*weights, run.m, seed, recipe.backends);
+          }
+          result.activation_seed = problem->activation_seed();
+          call = run_backend(gpu, problem->call(result.backend, gpu), problem->sample(), recipe,
+                             result);
         }
-        if (!problem || problem->m() != run.m) {
-          problem.reset();
-          problem.emplace(*weights, run.m, seed, recipe.backends);
-        }
-        result.activation_seed = problem->activation_seed();
-        if (GpuCall call = run_backend(gpu, *problem, recipe, result))
+        if (call)
           group.emplace(result.backend, std::make_pair(document.runs.size(), std::move(call)));
       } catch (const Error& error) {
         result.status =
@@ -157,6 +178,8 @@ BenchDocument run_bench(const Recipe& recipe, std::uint64_t seed, int device) {
                                    i + 1, result.label, result.m, to_string(result.backend));
         problem.reset();
         weights.reset();
+        moe_problem.reset();
+        moe_weights.reset();
       }
     }
     print_progress(i + 1, runs.size(), started, result);

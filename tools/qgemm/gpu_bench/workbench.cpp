@@ -12,29 +12,8 @@
 namespace qgemm::bench {
 namespace {
 
-// Tensors of a run, for derive_seed.
-enum : std::uint64_t { kWeightTensor = 1, kActivationTensor = 2, kPeakTensor = 3 };
-
-// The weights' spread: typical of trained LLM linear layers (so scales are realistic).
-constexpr double kWeightSigma = 0.02;
-
 std::string version_text(int version) {
   return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
-}
-
-ActivationQuant unquantized(const Format& format) {
-  ActivationQuant quant;
-  quant.format = format;
-  return quant;
-}
-
-std::int64_t packed_bytes(const PackedWeight& weight) {
-  return static_cast<std::int64_t>(weight.codes.size() + weight.scales.size() +
-                                   weight.zeros.size());
-}
-
-bool uses(const std::vector<Backend>& backends, Backend backend) {
-  return std::find(backends.begin(), backends.end(), backend) != backends.end();
 }
 
 bool uses_fp8(const std::vector<Backend>& backends) {
@@ -50,6 +29,21 @@ double median_warm_us(const GpuCall& call, GpuBench& gpu) {
 }
 
 }  // namespace
+
+ActivationQuant unquantized(const Format& format) {
+  ActivationQuant quant;
+  quant.format = format;
+  return quant;
+}
+
+std::int64_t packed_bytes(const PackedWeight& weight) {
+  return static_cast<std::int64_t>(weight.codes.size() + weight.scales.size() +
+                                   weight.zeros.size());
+}
+
+bool uses(const std::vector<Backend>& backends, Backend backend) {
+  return std::find(backends.begin(), backends.end(), backend) != backends.end();
+}
 
 std::string error_message(const Error& error) {
   const std::string text = error.what();

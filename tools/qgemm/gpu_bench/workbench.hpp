@@ -27,6 +27,17 @@
 
 namespace qgemm::bench {
 
+// Tensors of a run, for derive_seed.
+enum : std::uint64_t { kWeightTensor = 1, kActivationTensor = 2, kPeakTensor = 3 };
+// The weights' spread: typical of trained LLM linear layers (so scales are realistic).
+inline constexpr double kWeightSigma = 0.02;
+
+// 16-bit activations of `format` (no quantization).
+ActivationQuant unquantized(const Format& format);
+// The bytes of a packed weight's codes, scales and zeros.
+std::int64_t packed_bytes(const PackedWeight& weight);
+bool uses(const std::vector<Backend>& backends, Backend backend);
+
 class GpuBench {
  public:
   explicit GpuBench(int device = 0);
