@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "api/engine_impl.hpp"
+#include "dispatch/tuned_config.hpp"
 #include "common/log.hpp"
 #include "jit/catalog.hpp"
 #include "layout/mma_repack_gpu.hpp"
@@ -363,7 +364,9 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const std::string key_text = fmt::format("moe {} {} {} {} {} '{}'", slots, hidden.dtype.name(),
                                            down_w.id, options.gate_up_bias != nullptr,
                                            options.down_bias != nullptr, options.gemm_candidate);
-  detail::PreparedWeight::PlanKey key{slots, key_text, "", "", false, 0, 0, 0};
+  // The tuning table's generation too: a table loaded later re-plans the layer, as dense calls.
+  detail::PreparedWeight::PlanKey key{
+      slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
   GemmPlan up_plan, down_plan;
   {
     std::shared_lock lock(up_w.plans_mutex);
