@@ -81,7 +81,9 @@ class QuantWeight {
 };
 
 // The problem of a call with M rows of `input` (bf16/fp16, quantized by the call as the weight's
-// activation() says) against `weight`, writing `output`.
+// activation() says) against `weight`, writing `output`. An expert set (experts() > 0): the
+// problem of its grouped kernels, which multiply 16-bit rows of `input` (the activation
+// quantization is applied before them, by Engine::moe and moe_gemm_grouped).
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output);
 
@@ -189,8 +191,9 @@ class Engine {
   // for every position p below the routed total (the device's offsets[local_experts]); rows
   // past it are not written. rows_in [>= capacity, K] (bf16/fp16) holds the routed rows in
   // expert order (moe.hpp: what a gather of sorted_slots gives), rows_out [>= capacity, N].
-  // Experts prepared for quantized activations are refused (quantizing is the layer's:
-  // Engine::moe).
+  // Experts prepared for quantized activations are refused (rows past the routed total are the
+  // caller's, so a tensor scale could not be taken here: moe_gemm_grouped and Engine::moe
+  // quantize their rows).
   // `routing` comes from route_moe, or from the caller's own arrays, with block =
   // plan.choice_for(slots).route_block (or the problem's route_block). `bias`: device fp32
   // [experts, N] or null. Graph-capturable: every size that depends on the routing is read on
@@ -207,7 +210,10 @@ class Engine {
   // must hold R, and it chooses its config by R. The rows are routed, gathered into expert
   // runs padded to the GEMM's token tile, multiplied by moe_gemm's kernels and put back, all on
   // `stream` from the Engine's workspace for it (sized on a shape's first call: capture later
-  // calls). Experts prepared for quantized activations are refused, as by moe_gemm.
+  // calls). Experts prepared for quantized activations (w4a8-fp8, fp8-block, nvfp4, ...): the
+  // routed rows are quantized as their scheme says (per token, group or block on each row; a
+  // tensor scale from the routed rows only), and code · scale, rounded once to rows_in's type,
+  // is what the 16-bit grouped kernels multiply (as Engine::moe).
   void moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups,
                         const DeviceMatrix& rows_in, const QuantWeight& experts,
                         const DeviceMatrix& rows_out, void* stream, const float* bias = nullptr);

@@ -72,7 +72,9 @@ GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format
   problem.k = weight.k();
   problem.scheme.weight = weight.quant();
   problem.scheme.activation = weight.activation();
-  if (!weight.activation().is_quantized()) problem.scheme.activation.format = input;
+  // Grouped kernels take 16-bit rows: an expert set's quantization is its entry points'.
+  if (weight.experts() > 0) problem.scheme.activation = ActivationQuant{};
+  if (!problem.scheme.activation.is_quantized()) problem.scheme.activation.format = input;
   problem.scheme.output = output;
   problem.input = input;
   problem.experts = weight.experts();

@@ -300,6 +300,13 @@ struct Engine::Impl {
                void* scratch, const float* row_factors);
   // The three kernels of route_moe (compiled and loaded on first use).
   runtime::MoeRoutingKernels moe_routing_kernels();
+  // `rows` [m, k] (bf16/fp16) quantized as `quant` says into a 16-bit operand of rows' type
+  // (code · scale, the row factor folded in, rounded once: what the grouped GEMMs multiply),
+  // [m, ld_operand]; `factors` [m] floats and `absmax` (one float, for the scalings that take the
+  // tensor's) are its scratch.
+  void quantize_to_operand(const ActivationQuant& quant, const DeviceMatrix& rows, void* operand,
+                           std::int64_t ld_operand, float* factors, float* absmax,
+                           CUstream stream);
   // group_scales: the FP8 codes' 1x128 group scales, [M][ceil(K / 128)] (or null).
   void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                  const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,

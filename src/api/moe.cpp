@@ -205,10 +205,10 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
   if (w.activation.is_quantized())
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("moe_gemm: the experts were prepared for {} activations (rule: the "
-                            "grouped GEMM alone multiplies the 16-bit rows it is given: prepare "
-                            "the experts with 16-bit activations, or run the layer with "
-                            "Engine::moe, which quantizes its hidden states as the experts' "
-                            "scheme says)",
+                            "grouped GEMM on routed rows multiplies the 16-bit rows it is given: "
+                            "prepare the experts with 16-bit activations, or call "
+                            "moe_gemm_grouped or Engine::moe, which quantize their rows as the "
+                            "experts' scheme says)",
                             to_string(Scheme{"", w.quant, w.activation, formats::bf16})));
   if ((bias != nullptr) != p.bias)
     throw Error(ErrorCode::InvalidArgument,
@@ -228,10 +228,10 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
           "moe_gemm_grouped: the plan is a dense GEMM's (rule: plan with problem.experts = the "
           "weight's experts())");
   const detail::PreparedWeight& w = impl_->prepared(experts);
-  require(!w.activation.is_quantized(),
-          "moe_gemm_grouped: the experts were prepared for {} activations (rule: 16-bit "
-          "activations, as moe_gemm)",
-          to_string(Scheme{"", w.quant, w.activation, formats::bf16}));
+  require(!p.scheme.activation.is_quantized(),
+          "moe_gemm_grouped: the plan's activations are {} (rule: the plan of gemm_problem(experts, "
+          "...): the grouped kernels take 16-bit rows, quantized here as the experts say)",
+          p.scheme.activation.format.name());
   require((bias != nullptr) == p.bias, "moe_gemm_grouped: {} (rule: as the plan's problem.bias = {})",
           bias ? "a bias was given" : "no bias was given", p.bias);
   const std::int64_t rows = rows_in.rows;
@@ -254,7 +254,8 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   const int route_block = plan.choice_for(rows).route_block;  // names an M outside the plan
 
   // Each row a top-1 slot: ids from the grouping, expert `experts` (no expert's rows) mapped
-  // to -1 as another rank's. Workspace: ids, map, the routing, the gathered rows, the GEMM's
+  // to -1 as another rank's. Workspace: ids, map, the routing, the gathered rows, (experts
+  // prepared for quantized activations) their quantized operand with its scratch, the GEMM's
   // rows, its scratch.
   MoeRoutingShape shape;
   shape.tokens = rows;
@@ -274,8 +275,14 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   const std::size_t ids_at = take(static_cast<std::size_t>(rows) * sizeof(std::int32_t));
   const std::size_t map_at = take(static_cast<std::size_t>(w.experts + 1) * sizeof(std::int32_t));
   const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
-  const std::size_t gathered_at =
-      take(static_cast<std::size_t>(capacity * ld_in) * rows_in.dtype.storage_bytes());
+  const std::size_t gathered_bytes =
+      static_cast<std::size_t>(capacity * ld_in) * rows_in.dtype.storage_bytes();
+  const std::size_t gathered_at = take(gathered_bytes);
+  const ActivationQuant& quant = w.activation;
+  const std::size_t operand_at = quant.is_quantized() ? take(gathered_bytes) : 0;
+  const std::size_t factors_at =
+      quant.is_quantized() ? take(static_cast<std::size_t>(capacity) * sizeof(float)) : 0;
+  const std::size_t absmax_at = quant.is_quantized() ? take(sizeof(float)) : 0;
   const std::size_t gemm_rows_at =
       take(static_cast<std::size_t>(capacity * ld_out) * rows_out.dtype.storage_bytes());
   const std::size_t gemm_scratch_at = take(plan.data_->scratch_bytes);
@@ -293,12 +300,28 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
       at<std::int32_t>(base, map_at), at<void>(base, routing_at),
       moe_routing_workspace_bytes(shape), cu_stream);
   const DeviceMatrix gathered{at<void>(base, gathered_at), capacity, p.k, ld_in, rows_in.dtype};
+  // Quantized activations are quantized after the gather, over the routed rows only (a tensor
+  // absmax must not see rows of no expert, which a masked layout leaves undefined): the
+  // positions past the routed total, which the gather does not write, are zeroed first for the
+  // scalings that take the tensor's absmax.
+  if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0)) {
+    const runtime::Driver& driver = runtime::Driver::get();
+    driver.check(driver.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(gathered.data), 0u,
+                                         gathered_bytes / 4, cu_stream),
+                 "cuMemsetD32Async (moe_gemm_grouped rows)");
+  }
   runtime::launch_moe_gather(impl_->kernel(jit::moe_gather_spec(rows_in.dtype, impl_->arch)),
                              routing, rows_in.data, rows_in.stride, p.k, gathered.data, ld_in,
                              cu_stream);
+  DeviceMatrix operand = gathered;
+  if (quant.is_quantized()) {
+    operand.data = at<void>(base, operand_at);
+    impl_->quantize_to_operand(quant, gathered, operand.data, ld_in, at<float>(base, factors_at),
+                               at<float>(base, absmax_at), cu_stream);
+  }
   const DeviceMatrix gemm_rows{at<void>(base, gemm_rows_at), capacity, p.n, ld_out,
                                rows_out.dtype};
-  impl_->run_in(*plan.data_, w, &gathered, nullptr, gemm_rows, stream, bias,
+  impl_->run_in(*plan.data_, w, &operand, nullptr, gemm_rows, stream, bias,
                 {at<void>(base, gemm_scratch_at), slot.zeroed}, &routing);
   // Back into the caller's rows (weights null: each row's one choice times 1, exact).
   runtime::launch_moe_combine(
@@ -376,18 +399,13 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     key.candidate.clear();
   }
   if (!up_plan || !down_plan) {
-    // Both GEMMs take 16-bit rows (quantized hidden states are expanded before the gather).
-    auto grouped_problem = [&](const QuantWeight& weight, const Format& output) {
-      GemmProblem problem = gemm_problem(weight, slots, hidden.dtype, output);
-      problem.scheme.activation = ActivationQuant{};
-      problem.scheme.activation.format = hidden.dtype;
-      return problem;
-    };
-    GemmProblem problem = grouped_problem(gate_up, hidden.dtype);
+    // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
+    // expanded before the gather).
+    GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
     problem.bias = options.gate_up_bias != nullptr;
     problem.candidate = options.gemm_candidate;
     up_plan = impl_->make_plan(problem, up_w);
-    GemmProblem down_problem = grouped_problem(down, formats::fp32);
+    GemmProblem down_problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
     down_problem.bias = options.down_bias != nullptr;
     down_problem.route_block = up_plan.choice_for(slots).route_block;
     down_problem.candidate = options.gemm_candidate;
@@ -451,20 +469,9 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const void* gather_from = hidden.data;
   std::int64_t gather_stride = hidden.stride;
   if (quant.is_quantized()) {
-    kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
-        quant, tokens, h, reinterpret_cast<CUdeviceptr>(hidden.data), hidden.stride, 0.0);
-    args.operand = at<unsigned short>(base, operand_at);
-    args.ldo = ld_h;
-    args.row_factors = at<float>(base, factors_at);
-    args.fold_row_factors = 1;
-    if (runtime::needs_tensor_absmax(quant, 0.0))
-      runtime::launch_tensor_absmax_for(
-          impl_->kernel(jit::tensor_absmax_spec(hidden.dtype, impl_->arch)), args,
-          at<float>(base, absmax_at), cu_stream);
-    const jit::KernelSpec spec = jit::quantize_activation_spec(
-        quant, hidden.dtype, jit::ActivationEmit::Operand, hidden.dtype, impl_->arch);
-    runtime::launch_quantize_activation(impl_->kernel(spec), args, cu_stream);
-    gather_from = args.operand;
+    impl_->quantize_to_operand(quant, hidden, at<void>(base, operand_at), ld_h,
+                               at<float>(base, factors_at), at<float>(base, absmax_at), cu_stream);
+    gather_from = at<void>(base, operand_at);
     gather_stride = ld_h;
   }
   const DeviceMatrix gathered{at<void>(base, gathered_at), capacity, h, ld_h, hidden.dtype};
@@ -487,6 +494,23 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   runtime::launch_moe_combine(
       impl_->kernel(jit::moe_combine_spec(formats::fp32, out.dtype, impl_->arch)), routing,
       down_rows.data, h, topk_weights, h, out.data, out.stride, cu_stream);
+}
+
+void Engine::Impl::quantize_to_operand(const ActivationQuant& quant, const DeviceMatrix& rows,
+                                       void* operand, std::int64_t ld_operand, float* factors,
+                                       float* absmax, CUstream stream) {
+  kernels::QuantizeActivationArgs args = runtime::quantize_activation_args(
+      quant, rows.rows, rows.cols, reinterpret_cast<CUdeviceptr>(rows.data), rows.stride, 0.0);
+  args.operand = static_cast<unsigned short*>(operand);
+  args.ldo = ld_operand;
+  args.row_factors = factors;
+  args.fold_row_factors = 1;
+  if (runtime::needs_tensor_absmax(quant, 0.0))
+    runtime::launch_tensor_absmax_for(kernel(jit::tensor_absmax_spec(rows.dtype, arch)), args,
+                                      absmax, stream);
+  const jit::KernelSpec spec = jit::quantize_activation_spec(
+      quant, rows.dtype, jit::ActivationEmit::Operand, rows.dtype, arch);
+  runtime::launch_quantize_activation(kernel(spec), args, stream);
 }
 
 runtime::MoeRoutingKernels Engine::Impl::moe_routing_kernels() {

@@ -783,6 +783,109 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
   driver.cuStreamDestroy(stream);
 }
 
+// Experts prepared for quantized activations through moe_gemm_grouped: the routed rows are
+// quantized as the scheme says (w4a8-fp8 per token; nvfp4's tensor scale from the routed rows
+// only: the masked layout's rows of no expert hold 30000, which would crush every code if the
+// absmax saw them). Each row of an expert against the reference on the host quantization of the
+// routed rows (element-wise: 2^-7 of the magnitude, the operand's and the weight's roundings),
+// and as a whole nearer that reference than the unquantized one (0.7 of the distance).
+TEST(MoeLayerGpu, GroupedRowsQuantizeTheirActivations) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  std::mt19937 rng(test_seed() + 500);
+  Engine engine(0);
+  const auto& driver = runtime::Driver::get();
+  for (const char* scheme_text : {"w4a8-fp8", "nvfp4"}) {
+    LayerCase c;
+    c.scheme = scheme_text;
+    c.experts = 6, c.hidden = 512, c.inter = 96;  // N = 192
+    const Layer layer = make_layer(engine, c, rng);
+    const std::int64_t n = 2 * c.inter, k = c.hidden;
+    const GemmPlan plan = engine.plan(
+        gemm_problem(layer.gate_up_prepared, 1, formats::bf16, formats::fp32), layer.gate_up_prepared);
+    for (const MoeRowGrouping grouping : {MoeRowGrouping::Contiguous, MoeRowGrouping::Masked}) {
+      SCOPED_TRACE(std::string(scheme_text) +
+                   (grouping == MoeRowGrouping::Masked ? " masked" : " contiguous"));
+      GroupedRowsCase g;
+      g.groups.grouping = grouping;
+      if (grouping == MoeRowGrouping::Contiguous) {
+        g.rows = 40;
+        g.offsets = {0, 9, 9, 25, 26, 33, 40};
+      } else {
+        g.groups.capacity = 12;
+        g.rows = 12 * c.experts;
+        g.counts = {5, 0, 12, 1, 7, 3};
+      }
+      const std::vector<int> expert = experts_of_rows(g, c.experts);
+      std::normal_distribution<double> normal(0.0, 1.0);
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(g.rows * k));
+      std::vector<float> routed;  // the routed rows' 16-bit values, in row order
+      for (std::int64_t r = 0; r < g.rows; ++r)
+        for (std::int64_t i = 0; i < k; ++i) {
+          const bool routed_row = expert[static_cast<std::size_t>(r)] >= 0;
+          const std::uint16_t b =
+              static_cast<std::uint16_t>(encode(formats::bf16, routed_row ? normal(rng) : 30000.0));
+          bits[static_cast<std::size_t>(r * k + i)] = b;
+          if (routed_row) routed.push_back(static_cast<float>(decode(formats::bf16, b)));
+        }
+      const std::int64_t routed_rows = static_cast<std::int64_t>(routed.size()) / k;
+      const std::vector<double> quantized = dequantize_activation(
+          quantize_activation(layer.scheme.activation, routed.data(), routed_rows, k));
+      const DeviceBuffer rows_in = DeviceBuffer::from(bits);
+      const DeviceBuffer offsets = DeviceBuffer::from(g.offsets.empty() ? std::vector<std::int32_t>{0} : g.offsets);
+      const DeviceBuffer counts = DeviceBuffer::from(g.counts.empty() ? std::vector<std::int32_t>{0} : g.counts);
+      g.groups.offsets = offsets.as<const std::int32_t>();
+      g.groups.counts = counts.as<const std::int32_t>();
+      DeviceBuffer out(static_cast<std::size_t>(g.rows * n) * 4);
+      out.fill_bytes(0xff);
+      engine.moe_gemm_grouped(plan, g.groups, {rows_in.as<void>(), g.rows, k, k, formats::bf16},
+                              layer.gate_up_prepared, {out.as<void>(), g.rows, n, n, formats::fp32},
+                              nullptr);
+      driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+      const auto got = out.to_vector<float>(static_cast<std::size_t>(g.rows * n));
+      int wrong = 0;
+      double to_quantized = 0, to_unquantized = 0;
+      std::int64_t routed_row = 0;
+      for (std::int64_t r = 0; r < g.rows; ++r) {
+        const int e = expert[static_cast<std::size_t>(r)];
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double value = got[static_cast<std::size_t>(r * n + j)];
+          if (e < 0) {
+            if (value != 0.0 && wrong++ < 3)
+              ADD_FAILURE() << "row " << r << " of no expert, column " << j << ": " << value;
+            continue;
+          }
+          const std::vector<double>& w = layer.gate_up_values[static_cast<std::size_t>(e)];
+          double sum_q = 0, sum_u = 0, magnitude = 0;
+          for (std::int64_t i = 0; i < k; ++i) {
+            const double wv = w[static_cast<std::size_t>(j * k + i)];
+            const double q = quantized[static_cast<std::size_t>(routed_row * k + i)];
+            sum_q += q * wv;
+            sum_u += decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]) * wv;
+            magnitude += std::fabs(q * wv);
+          }
+          to_quantized += (value - sum_q) * (value - sum_q);
+          to_unquantized += (value - sum_u) * (value - sum_u);
+          if (!(std::fabs(value - sum_q) <= std::ldexp(magnitude, -7) + 1e-6) && wrong++ < 3)
+            ADD_FAILURE() << "row " << r << " (expert " << e << ") column " << j << ": got "
+                          << value << ", expected " << sum_q;
+        }
+        if (e >= 0) ++routed_row;
+      }
+      EXPECT_EQ(wrong, 0);
+      EXPECT_LT(std::sqrt(to_quantized), 0.7 * std::sqrt(to_unquantized))
+          << "the layer is not nearer the quantized reference than the unquantized one";
+    }
+  }
+  // An expert set's problem is the 16-bit one its grouped kernels take.
+  LayerCase c;
+  c.scheme = "w4a8-fp8";
+  c.experts = 2;
+  const Layer layer = make_layer(engine, c, rng);
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, 8, formats::bf16, formats::fp32);
+  EXPECT_FALSE(problem.scheme.activation.is_quantized()) << "an expert set's problem is 16-bit";
+}
+
 // The grouped decode kernel (gemm/sm80_decode.cuh, kGrouped; issue #17), forced: experts in the
 // mma layout (ExpertLayout::Mma), every token block's expert from the routing, on SM80 and
 // later (first passed on an H100 on 2026-12-06; memcheck clean); on SM90 every case again with

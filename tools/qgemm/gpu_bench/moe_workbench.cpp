@@ -117,9 +117,17 @@ std::vector<double> MoeProblem::reference(bool bf16_product) {
   std::vector<double> all;
   OutputSample one_row = sample_;
   one_row.rows = {0};
+  // Quantized activations: the scheme's quantization of every routed row (a tensor scale from
+  // all of them), as moe_gemm_grouped quantizes them.
+  PackedActivation quantized;
+  if (!bf16_product && case_.scheme.activation.is_quantized()) {
+    const std::vector<float> values = decode_to_float(input_.codes, input_.quant.format);
+    quantized = quantize_activation(case_.scheme.activation, values.data(), rows_, case_.k);
+  }
+  const PackedActivation& a = quantized.codes.empty() ? input_ : quantized;
   for (const std::int64_t r : sample_.rows) {
     const int e = row_expert_[static_cast<std::size_t>(r)];
-    const PackedActivation row = select_activation_rows(input_, {r});
+    const PackedActivation row = select_activation_rows(a, {r});
     const std::vector<double> part =
         bf16_product ? sampled_bf16_product(row.codes, weights_.bf16_codes(e), case_.k, one_row)
                      : sampled_reference(case_.scheme, row, weights_.packed(e), one_row);
@@ -141,12 +149,10 @@ BackendCall MoeProblem::call(Backend backend, GpuBench& gpu) {
   const std::int64_t rows = rows_, n = case_.n, k = case_.k;
   const int experts = weights_.experts();
   const Scheme& scheme = case_.scheme;
-  // The grouped GEMM alone takes 16-bit rows (and qdq is the scheme's math on them).
-  if (scheme.activation.is_quantized() && backend != Backend::CublasBf16)
+  // qdq multiplies the rows in 16 bits: the scheme's activation quantization is not its math.
+  if (scheme.activation.is_quantized() && backend == Backend::Qdq)
     throw Error(ErrorCode::Unsupported,
-                fmt::format("{} activations: the grouped GEMM alone takes 16-bit rows; "
-                            "qgemm_moe_bench times the layer (Engine::moe quantizes its hidden "
-                            "states)",
+                fmt::format("{} activations: qdq's grouped cuBLAS call multiplies 16-bit rows",
                             scheme.activation.format.name()));
   BackendCall out;
   out.output = output_.as<void>();

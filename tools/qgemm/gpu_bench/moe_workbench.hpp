@@ -5,8 +5,8 @@
 //
 //   rows [M · top_k, k] ─ grouped GEMM (expert e's rows · W_eᵀ) ─► [M · top_k, n]
 //
-//   qgemm        Engine::moe_gemm_grouped (its routing, gather, grouped GEMM and the rows put
-//                back: all of qgemm's cost)
+//   qgemm        Engine::moe_gemm_grouped (its routing, gather, activation quantization where
+//                the scheme has one, grouped GEMM and the rows put back: all of qgemm's cost)
 //   cublas-bf16  one cublasGemmGroupedBatchedEx over bf16 experts (the unquantized layer)
 //   qdq          every expert that has rows dequantized into bf16 (Engine::dequantize of its
 //                dense weight), then the same grouped cuBLAS call: the layer without a fused
@@ -15,9 +15,9 @@
 // Weights: min(experts, 8) experts are drawn and quantized; expert e is a copy of drawn e mod 8
 // with device memory of its own, so a call reads the whole layer's bytes (qdq's dequantization
 // reads the drawn ones again, which may stay in L2: the baseline's advantage, not ours). Every
-// routed row is drawn fresh. Schemes with quantized activations get cublas-bf16 only (the
-// grouped GEMM alone takes 16-bit rows): qgemm_moe_bench times them in a whole layer
-// (Engine::moe quantizes its hidden states).
+// routed row is drawn fresh. Schemes with quantized activations: qgemm quantizes the routed
+// rows as the scheme says (part of its time); qdq has no such form (its cuBLAS call multiplies
+// 16-bit rows).
 #pragma once
 
 #include <cstdint>
