@@ -217,6 +217,11 @@ class Engine {
   void moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups,
                         const DeviceMatrix& rows_in, const QuantWeight& experts,
                         const DeviceMatrix& rows_out, void* stream, const float* bias = nullptr);
+  // The same, planned on a shape's first call (rows, types, bias; kept with the experts, as
+  // Engine::moe keeps its plans): capture later calls of the shape.
+  void moe_gemm_grouped(const MoeGroupedRows& groups, const DeviceMatrix& rows_in,
+                        const QuantWeight& experts, const DeviceMatrix& rows_out, void* stream,
+                        const float* bias = nullptr);
 
   // A whole routed expert layer (hidden [M, H] bf16/fp16; top-k choices per token):
   //   out[t] = Σ_j weights[t·top_k + j] · down_e(glu(gate_up_e(hidden[t]))),  e = ids[t·top_k + j]

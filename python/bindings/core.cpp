@@ -139,21 +139,22 @@ qgemm::GluActivation glu_of(const std::string& name, float alpha, float limit,
 
 // A CUDA array of `count` contiguous int32 / fp32 values on `device` (MoE routing inputs).
 template <class T>
-const T* device_vector(const CudaArray& t, std::int64_t count, int device, const char* name) {
-  qgemm::require(t.dtype() == nb::dtype<T>(), "Engine.moe: {} must be {}", name,
+T* device_vector(const CudaArray& t, std::int64_t count, int device, const char* name,
+                 const char* function = "Engine.moe") {
+  qgemm::require(t.dtype() == nb::dtype<T>(), "{}: {} must be {}", function, name,
                  sizeof(T) == 4 && std::is_integral_v<T> ? "int32" : "fp32");
   std::int64_t size = 1;
   for (size_t d = 0; d < t.ndim(); ++d) size *= static_cast<std::int64_t>(t.shape(d));
-  qgemm::require(size == count, "Engine.moe: {} has {} values (rule: {})", name, size, count);
+  qgemm::require(size == count, "{}: {} has {} values (rule: {})", function, name, size, count);
   std::int64_t expected = 1;
   for (size_t d = t.ndim(); d-- > 0;) {
-    qgemm::require(t.shape(d) == 1 || t.stride(d) == expected,
-                   "Engine.moe: {} must be contiguous", name);
+    qgemm::require(t.shape(d) == 1 || t.stride(d) == expected, "{}: {} must be contiguous",
+                   function, name);
     expected *= static_cast<std::int64_t>(t.shape(d));
   }
-  qgemm::require(t.device_id() == device, "Engine.moe: {} is on GPU {}, the engine on GPU {}",
+  qgemm::require(t.device_id() == device, "{}: {} is on GPU {}, the engine on GPU {}", function,
                  name, t.device_id(), device);
-  return static_cast<const T*>(t.data());
+  return static_cast<T*>(t.data());
 }
 
 // A Scheme whose weight part is `weight`: PackedWeight carries only the weight's quantization.
@@ -389,6 +390,51 @@ NB_MODULE(_core, m) {
           "hidden bf16/fp16 [tokens, H], topk_ids int32 and topk_weights fp32 [tokens, top_k], "
           "out [tokens, H]; biases fp32 [experts, N]; expert_map int32 [global_experts] (local "
           "id or -1).")
+      .def(
+          "moe_gemm_grouped",
+          [](qgemm::Engine& e, const CudaArray& rows, const qgemm::QuantWeight& experts,
+             const CudaArray& out, std::uintptr_t stream, std::optional<CudaArray> offsets,
+             std::optional<CudaArray> counts, std::int64_t capacity,
+             std::optional<CudaArray> bias, std::optional<CudaArray> invalid_rows) {
+            constexpr const char* kFunction = "Engine.moe_gemm_grouped";
+            const qgemm::DeviceMatrix rm = device_matrix(rows, "rows", e.device(), kFunction);
+            const qgemm::DeviceMatrix om = device_matrix(out, "out", e.device(), kFunction);
+            qgemm::require(offsets.has_value() != counts.has_value(),
+                           "{}: give offsets (contiguous rows) or counts (masked rows), one of "
+                           "them",
+                           kFunction);
+            const int n_experts = experts.experts();
+            qgemm::MoeGroupedRows groups;
+            if (offsets) {
+              groups.grouping = qgemm::MoeRowGrouping::Contiguous;
+              groups.offsets = device_vector<std::int32_t>(*offsets, n_experts + 1, e.device(),
+                                                           "offsets", kFunction);
+            } else {
+              groups.grouping = qgemm::MoeRowGrouping::Masked;
+              groups.counts = device_vector<std::int32_t>(*counts, n_experts, e.device(),
+                                                          "counts", kFunction);
+              groups.capacity = capacity;
+            }
+            if (invalid_rows)
+              groups.invalid_rows = device_vector<std::int32_t>(*invalid_rows, 1, e.device(),
+                                                                "invalid_rows", kFunction);
+            const float* bias_values =
+                bias ? device_vector<float>(*bias, static_cast<std::int64_t>(n_experts) * om.cols,
+                                            e.device(), "bias", kFunction)
+                     : nullptr;
+            nb::gil_scoped_release release;
+            e.moe_gemm_grouped(groups, rm, experts, om, reinterpret_cast<void*>(stream),
+                               bias_values);
+          },
+          nb::arg("rows"), nb::arg("experts"), nb::arg("out"), nb::arg("stream") = 0,
+          nb::arg("offsets") = nb::none(), nb::arg("counts") = nb::none(),
+          nb::arg("capacity") = 0, nb::arg("bias") = nb::none(),
+          nb::arg("invalid_rows") = nb::none(),
+          "The grouped GEMM over rows already grouped by expert (include/qgemm/engine.hpp, "
+          "Engine::moe_gemm_grouped): rows bf16/fp16 [R, K], out [R, N]; contiguous with "
+          "offsets int32 [experts + 1], or masked with counts int32 [experts] and capacity "
+          "(R = experts x capacity); bias fp32 [experts, N]; invalid_rows int32 [1] (rows a "
+          "broken grouping sent nowhere). Rows of no expert come out zero.")
       .def_prop_ro("device", &qgemm::Engine::device)
       .def_prop_ro("sm_count", &qgemm::Engine::sm_count)
       .def(

@@ -53,6 +53,18 @@ int64). CUDA: Engine.moe (route, gather, grouped GEMMs, GLU, top-k sum; capturab
 shape has run). CPU: reference_moe_layer. An optional expert_map (int [global experts]: local id
 or -1) computes this rank's experts only (expert parallelism); biases are fp32 [E, 2I] and
 [E, H].
+
+Grouped GEMM over rows an engine already grouped by expert (its own dispatch):
+
+    grouped = qgemm.ops.register_grouped_weight(experts, scheme)   # E PackedWeights [N, K]
+    y = torch.ops.qgemm.grouped_gemm(rows, grouped.handle, grouped.n, offsets=offsets)
+    y = torch.ops.qgemm.grouped_gemm(rows3, grouped.handle, grouped.n, counts=counts)
+
+contiguous: rows [R, K] with expert e's rows at offsets[e] .. offsets[e+1]-1 (int [E + 1]);
+masked: rows [E, C, K] with expert e's first counts[e] rows (int [E]). y has rows' shape with N
+last; a row of no expert is zero, and so is every row of a grouping that breaks its rule
+(offsets that fall, a count outside [0, C]). CUDA: Engine.moe_gemm_grouped (sizes read on the
+device: capturable once a shape has run). CPU: reference_gemm per expert.
 """
 
 from __future__ import annotations
@@ -70,7 +82,8 @@ from ._core import (Engine, Error, PackedWeight, QuantWeight, Scheme, reference_
                     reference_moe_layer)
 
 __all__ = ["RegisteredWeight", "register_weight", "lookup", "prepare", "engine", "gemm",
-           "RegisteredExperts", "register_experts", "moe"]
+           "RegisteredExperts", "register_experts", "moe", "RegisteredGroupedWeight",
+           "register_grouped_weight", "grouped_gemm"]
 
 # The activation and output types the operator takes, by torch dtype and qgemm format name.
 ACTIVATION_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -483,3 +496,195 @@ def _moe_cpu(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1
                               np.ascontiguousarray(weights), activation, alpha, limit, dtype,
                               host(gate_up_bias), host(down_bias))
     return torch.from_numpy(out).to(hidden.dtype)
+
+
+# --- Grouped GEMM over rows grouped by the caller ---------------------------------------------
+
+class _GroupedEntry(_PerDevice):
+    """A registered expert set: the host canonical experts and their prepared form per device."""
+
+    def __init__(self, experts, scheme: Scheme):
+        super().__init__()
+        self.experts = list(experts)
+        self.scheme = scheme
+
+    def _prepare(self, e: Engine) -> QuantWeight:
+        return e.prepare_experts(self.experts, self.scheme)
+
+
+_grouped_registry: dict[int, _GroupedEntry] = {}
+
+
+def _release_grouped(handle: int) -> None:
+    with _lock:
+        _grouped_registry.pop(handle, None)
+
+
+class RegisteredGroupedWeight:
+    """An expert set (E PackedWeights of one shape [N, K]) as torch.ops.qgemm.grouped_gemm names
+    it: `handle` and `n` are its arguments. Released when this object is collected."""
+
+    def __init__(self, experts, scheme):
+        experts = list(experts)
+        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
+        if not isinstance(scheme, Scheme):
+            raise Error(f"register_grouped_weight: scheme must be a qgemm.Scheme or its text "
+                        f"({type(scheme).__name__} given)")
+        if not experts:
+            raise Error("register_grouped_weight: no experts (rule: one or more)")
+        for e, w in enumerate(experts):
+            if not isinstance(w, PackedWeight):
+                raise Error(f"register_grouped_weight: experts[{e}] must be a qgemm.PackedWeight "
+                            f"({type(w).__name__} given)")
+            if str(w.scheme).split(";")[0] != str(scheme).split(";")[0]:
+                raise Error(f"register_grouped_weight: experts[{e}] is quantized as {w.scheme}, "
+                            f"the scheme's weight part is {scheme}")
+            if (w.n, w.k) != (experts[0].n, experts[0].k):
+                raise Error(f"register_grouped_weight: experts[{e}] is [{w.n}, {w.k}], experts[0] "
+                            f"[{experts[0].n}, {experts[0].k}] (rule: one shape)")
+        entry = _GroupedEntry(experts, scheme)
+        with _lock:
+            self.handle = next(_handles)
+            _grouped_registry[self.handle] = entry
+        self._entry = entry
+        weakref.finalize(self, _release_grouped, self.handle)
+
+    experts = property(lambda self: len(self._entry.experts))
+    n = property(lambda self: self._entry.experts[0].n, doc="One expert's output features.")
+    k = property(lambda self: self._entry.experts[0].k, doc="One expert's input features.")
+    scheme = property(lambda self: self._entry.scheme)
+
+    def __repr__(self):
+        return (f"qgemm.ops.RegisteredGroupedWeight(handle={self.handle}, experts={self.experts}, "
+                f"n={self.n}, k={self.k}, scheme='{self.scheme}')")
+
+
+def register_grouped_weight(experts, scheme) -> RegisteredGroupedWeight:
+    """Registers E packed weights of one shape [N, K] (quantized as `scheme`'s weight part; its
+    activation part says how the rows are quantized) for torch.ops.qgemm.grouped_gemm."""
+    return RegisteredGroupedWeight(experts, scheme)
+
+
+def _grouped(handle: int) -> _GroupedEntry:
+    entry = _grouped_registry.get(handle)
+    if entry is None:
+        raise Error(f"qgemm.grouped_gemm: weight handle {handle} is not registered "
+                    "(register_grouped_weight makes one)")
+    return entry
+
+
+def _check_grouped(rows, weight, n, offsets, counts, bias, out_dtype) -> torch.dtype:
+    if (offsets is None) == (counts is None):
+        raise Error("qgemm.grouped_gemm: give offsets (rows [R, K] sorted by expert) or counts "
+                    "(rows [E, C, K], a capacity per expert), one of them")
+    if rows.dtype not in ACTIVATION_DTYPES:
+        raise Error(f"qgemm.grouped_gemm: rows must be bfloat16 or float16 ({rows.dtype} given)")
+    out_dtype = rows.dtype if out_dtype is None else out_dtype
+    if out_dtype not in OUTPUT_DTYPES:
+        raise Error(f"qgemm.grouped_gemm: out_dtype must be bfloat16, float16 or float32 "
+                    f"({out_dtype} given)")
+    grouping = offsets if offsets is not None else counts
+    if grouping.dim() != 1 or grouping.dtype not in (torch.int32, torch.int64):
+        raise Error(f"qgemm.grouped_gemm: {'offsets' if offsets is not None else 'counts'} must "
+                    f"be a 1-D int32/int64 tensor ({grouping.dim()}-D {grouping.dtype} given)")
+    if rows.dim() != (2 if offsets is not None else 3):
+        raise Error(f"qgemm.grouped_gemm: rows must be "
+                    f"{'[R, K] with offsets' if offsets is not None else '[E, C, K] with counts'}"
+                    f" ({rows.dim()} dimensions given)")
+    entry = _grouped_registry.get(weight) if isinstance(weight, int) else None
+    if entry is not None:
+        e_count, k = len(entry.experts), entry.experts[0].k
+        if isinstance(n, int) and n != entry.experts[0].n:
+            raise Error(f"qgemm.grouped_gemm: n = {n}, but weight {weight} has n = "
+                        f"{entry.experts[0].n}")
+        if isinstance(rows.shape[-1], int) and rows.shape[-1] != k:
+            raise Error(f"qgemm.grouped_gemm: rows have {rows.shape[-1]} columns; the experts' K "
+                        f"is {k}")
+        wanted = e_count + 1 if offsets is not None else e_count
+        if isinstance(grouping.shape[0], int) and grouping.shape[0] != wanted:
+            raise Error(f"qgemm.grouped_gemm: {'offsets' if offsets is not None else 'counts'} "
+                        f"has {grouping.shape[0]} values (rule: {wanted} for {e_count} experts)")
+        if counts is not None and isinstance(rows.shape[0], int) and rows.shape[0] != e_count:
+            raise Error(f"qgemm.grouped_gemm: rows are [{rows.shape[0]}, C, K] (rule: [E, C, K], "
+                        f"E = {e_count})")
+        if bias is not None and tuple(bias.shape) != (e_count, n):
+            raise Error(f"qgemm.grouped_gemm: bias must be [{e_count}, {n}] "
+                        f"({tuple(bias.shape)} given)")
+    return out_dtype
+
+
+@torch.library.custom_op("qgemm::grouped_gemm", mutates_args=())
+def grouped_gemm(rows: torch.Tensor, weight: int, n: int, offsets: Optional[torch.Tensor] = None,
+                 counts: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Each row times its expert's dequant(W_e)ᵀ (+ bias[e]): rows [R, K] with offsets, or
+    [E, C, K] with counts; out rows' shape with N last, in out_dtype (default: rows')."""
+    raise Error(f"qgemm.grouped_gemm: no implementation for {rows.device.type} tensors")
+
+
+@grouped_gemm.register_fake
+def _grouped_gemm_fake(rows, weight, n, offsets=None, counts=None, bias=None, out_dtype=None):
+    out_dtype = _check_grouped(rows, weight, n, offsets, counts, bias, out_dtype)
+    return rows.new_empty((*rows.shape[:-1], n), dtype=out_dtype)
+
+
+@grouped_gemm.register_kernel("cuda")
+def _grouped_gemm_cuda(rows, weight, n, offsets=None, counts=None, bias=None, out_dtype=None):
+    out_dtype = _check_grouped(rows, weight, n, offsets, counts, bias, out_dtype)
+    entry = _grouped(weight)
+    out = torch.empty((*rows.shape[:-1], n), dtype=out_dtype, device=rows.device)
+    rows2 = rows.reshape(-1, rows.shape[-1]).contiguous()
+    if rows2.shape[0] == 0:
+        return out
+    device = rows.device.index if rows.device.index is not None else torch.cuda.current_device()
+    as_int32 = lambda t: None if t is None else t.to(torch.int32).contiguous()  # noqa: E731
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    stream = torch.cuda.current_stream(rows.device).cuda_stream
+    engine(device).moe_gemm_grouped(rows2, entry.on_device(device), out.view(-1, n), stream,
+                                    offsets=as_int32(offsets), counts=as_int32(counts),
+                                    capacity=0 if counts is None else rows.shape[1], bias=bias)
+    return out
+
+
+@grouped_gemm.register_kernel("cpu")
+def _grouped_gemm_cpu(rows, weight, n, offsets=None, counts=None, bias=None, out_dtype=None):
+    out_dtype = _check_grouped(rows, weight, n, offsets, counts, bias, out_dtype)
+    entry = _grouped(weight)
+    experts = len(entry.experts)
+    r2 = rows.detach().reshape(-1, rows.shape[-1]).to(torch.float32).numpy()
+    out = np.zeros((r2.shape[0], n), dtype=np.float32)
+    # Each expert's rows [first, end), as the grouping's rule says; a broken one routes none.
+    if offsets is not None:
+        o = offsets.detach().to(torch.int64).numpy()
+        spans = [(int(o[e]), int(o[e + 1])) for e in range(experts)]
+        broken = bool(np.any(o[1:] < o[:-1]))
+    else:
+        c, capacity = counts.detach().to(torch.int64).numpy(), rows.shape[1]
+        spans = [(e * capacity, e * capacity + int(c[e])) for e in range(experts)]
+        broken = bool(np.any((c < 0) | (c > capacity)))
+    scheme = _call_scheme(str(entry.scheme), ACTIVATION_DTYPES[rows.dtype],
+                          OUTPUT_DTYPES[out_dtype])
+    routed = np.zeros(r2.shape[0], dtype=bool)
+    for first, end in spans:
+        routed[max(first, 0):max(min(end, r2.shape[0]), 0)] = True
+    if not broken and routed.any():
+        # Quantized activations take their scales from every routed row together (a tensor
+        # scale, as the CUDA path's), so each expert multiplies all of them and keeps its own.
+        quantized = scheme.activation_quantized
+        every = np.ascontiguousarray(r2[routed]) if quantized else None
+        index = np.cumsum(routed) - 1  # a routed row's place among the routed rows
+        for e, (first, end) in enumerate(spans):
+            first, end = max(first, 0), min(end, r2.shape[0])
+            if end <= first:
+                continue
+            b = None if bias is None else \
+                np.ascontiguousarray(bias[e].detach().to(torch.float32).numpy())
+            if quantized:
+                c_all = reference_gemm(scheme, every, entry.experts[e], b)
+                out[first:end] = c_all[index[first:end]]
+            else:
+                out[first:end] = reference_gemm(scheme, np.ascontiguousarray(r2[first:end]),
+                                                entry.experts[e], b)
+    # The reference rounded every value to out_dtype already: this conversion is exact.
+    return torch.from_numpy(out).to(out_dtype).reshape(*rows.shape[:-1], n)

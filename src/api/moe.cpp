@@ -336,6 +336,35 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   }
 }
 
+void Engine::moe_gemm_grouped(const MoeGroupedRows& groups, const DeviceMatrix& rows_in,
+                              const QuantWeight& experts, const DeviceMatrix& rows_out,
+                              void* stream, const float* bias) {
+  const detail::PreparedWeight& w = impl_->prepared(experts);
+  require(w.experts > 0, "moe_gemm_grouped: a dense weight (rule: experts from prepare_experts)");
+  if (rows_in.rows <= 0) {
+    require(rows_in.rows == 0 && rows_out.rows == 0,
+            "moe_gemm_grouped: rows_in has {} rows, rows_out {} (rule: equal, >= 0)",
+            rows_in.rows, rows_out.rows);
+    return;  // nothing to plan or compute
+  }
+  detail::PreparedWeight::PlanKey key{rows_in.rows, rows_in.dtype.name(), rows_out.dtype.name(),
+                                      "grouped rows", bias != nullptr, 0, 0, 0,
+                                      dispatch::tuning_table_generation()};
+  GemmPlan plan;
+  {
+    std::shared_lock lock(w.plans_mutex);
+    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
+  }
+  if (!plan) {
+    GemmProblem problem = gemm_problem(experts, rows_in.rows, rows_in.dtype, rows_out.dtype);
+    problem.bias = bias != nullptr;
+    plan = impl_->make_plan(problem, w);
+    std::unique_lock lock(w.plans_mutex);
+    w.plans.emplace(key, plan);
+  }
+  moe_gemm_grouped(plan, groups, rows_in, experts, rows_out, stream, bias);
+}
+
 void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
                  const float* topk_weights, int top_k, const QuantWeight& gate_up,
                  const QuantWeight& down, const DeviceMatrix& out, void* stream,
