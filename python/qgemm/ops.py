@@ -112,6 +112,40 @@ class _PerDevice:
         return prepared
 
 
+def _scheme_of(scheme, function: str) -> Scheme:
+    """`scheme` as a Scheme (given as one or as its text)."""
+    scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
+    if not isinstance(scheme, Scheme):
+        raise Error(f"{function}: scheme must be a qgemm.Scheme or its text "
+                    f"({type(scheme).__name__} given)")
+    return scheme
+
+
+def _check_packed(weights, scheme: Scheme, name: str, function: str) -> None:
+    """Every one of `weights` a PackedWeight quantized as `scheme`'s weight part."""
+    for e, w in enumerate(weights):
+        if not isinstance(w, PackedWeight):
+            raise Error(f"{function}: {name}[{e}] must be a qgemm.PackedWeight "
+                        f"({type(w).__name__} given)")
+        if str(w.scheme).split(";")[0] != str(scheme).split(";")[0]:
+            raise Error(f"{function}: {name}[{e}] is quantized as {w.scheme}, the scheme's "
+                        f"weight part is {scheme}")
+
+
+def _enter(owner, registry: dict, entry) -> int:
+    """Puts `entry` in `registry` under a fresh handle, released when `owner` is collected."""
+    with _lock:
+        handle = next(_handles)
+        registry[handle] = entry
+    weakref.finalize(owner, _release, registry, handle)
+    return handle
+
+
+def _release(registry: dict, handle: int) -> None:
+    with _lock:
+        registry.pop(handle, None)
+
+
 class _Entry(_PerDevice):
     """A registered weight: its scheme, the host canonical form (the CPU path and any new
     device's preparation read it) and its prepared form (a QuantWeight) per device."""
@@ -135,21 +169,14 @@ class RegisteredWeight:
         if not isinstance(packed, PackedWeight):
             raise Error(f"register_weight: weight must be a qgemm.PackedWeight "
                         f"({type(packed).__name__} given)")
-        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
-        if not isinstance(scheme, Scheme):
-            raise Error(f"register_weight: scheme must be a qgemm.Scheme or its text "
-                        f"({type(scheme).__name__} given)")
+        scheme = _scheme_of(scheme, "register_weight")
         if str(packed.scheme).split(";")[0] != str(scheme).split(";")[0]:
             raise Error(f"register_weight: the scheme's weight part ({scheme}) differs from the "
                         f"weight's ({packed.scheme})")
         if int(max_rows) < 1:
             raise Error(f"register_weight: max_rows must be at least 1 ({max_rows} given)")
-        entry = _Entry(packed, scheme, int(max_rows))
-        with _lock:
-            self.handle = next(_handles)
-            _registry[self.handle] = entry
-        self._entry = entry
-        weakref.finalize(self, _release, self.handle)
+        self._entry = _Entry(packed, scheme, int(max_rows))
+        self.handle = _enter(self, _registry, self._entry)
 
     packed = property(lambda self: self._entry.packed, doc="The host canonical packed weight.")
     scheme = property(lambda self: self._entry.scheme)
@@ -174,11 +201,6 @@ def _rebuild(scheme_text, n, k, codes, scales, zeros, global_scale, max_rows):
     scheme = Scheme(scheme_text)
     packed = PackedWeight.from_parts(scheme, n, k, codes, scales, zeros, global_scale)
     return RegisteredWeight(packed, scheme, max_rows)
-
-
-def _release(handle: int) -> None:
-    with _lock:
-        _registry.pop(handle, None)
 
 
 def register_weight(packed: PackedWeight, scheme, max_rows: int = 65536) -> RegisteredWeight:
@@ -347,32 +369,19 @@ class RegisteredExperts:
 
     def __init__(self, gate_up, down, scheme):
         gate_up, down = list(gate_up), list(down)
-        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
-        if not isinstance(scheme, Scheme):
-            raise Error(f"register_experts: scheme must be a qgemm.Scheme or its text "
-                        f"({type(scheme).__name__} given)")
+        scheme = _scheme_of(scheme, "register_experts")
         if not gate_up or len(gate_up) != len(down):
             raise Error(f"register_experts: {len(gate_up)} gate_up and {len(down)} down experts "
                         "(rule: one or more, equal counts)")
-        for name, experts in (("gate_up", gate_up), ("down", down)):
-            for e, w in enumerate(experts):
-                if not isinstance(w, PackedWeight):
-                    raise Error(f"register_experts: {name}[{e}] must be a qgemm.PackedWeight "
-                                f"({type(w).__name__} given)")
-                if str(w.scheme).split(";")[0] != str(scheme).split(";")[0]:
-                    raise Error(f"register_experts: {name}[{e}] is quantized as {w.scheme}, the "
-                                f"scheme's weight part is {scheme}")
+        _check_packed(gate_up, scheme, "gate_up", "register_experts")
+        _check_packed(down, scheme, "down", "register_experts")
         h, i2 = gate_up[0].k, gate_up[0].n
         if i2 % 2 or any(w.n != i2 or w.k != h for w in gate_up) or \
                 any(w.n != h or w.k != i2 // 2 for w in down):
             raise Error(f"register_experts: gate_up experts must all be [2I, H] and down experts "
                         f"[H, I] (gate_up[0] is [{i2}, {h}], down[0] [{down[0].n}, {down[0].k}])")
-        entry = _ExpertsEntry(gate_up, down, scheme)
-        with _lock:
-            self.handle = next(_handles)
-            _experts_registry[self.handle] = entry
-        self._entry = entry
-        weakref.finalize(self, _release_experts, self.handle)
+        self._entry = _ExpertsEntry(gate_up, down, scheme)
+        self.handle = _enter(self, _experts_registry, self._entry)
 
     experts = property(lambda self: len(self._entry.gate_up))
     hidden = property(lambda self: self._entry.gate_up[0].k, doc="H: the layer's in/out features.")
@@ -385,11 +394,6 @@ class RegisteredExperts:
 
 
 _experts_registry: dict[int, _ExpertsEntry] = {}
-
-
-def _release_experts(handle: int) -> None:
-    with _lock:
-        _experts_registry.pop(handle, None)
 
 
 def register_experts(gate_up, down, scheme) -> RegisteredExperts:
@@ -515,39 +519,22 @@ class _GroupedEntry(_PerDevice):
 _grouped_registry: dict[int, _GroupedEntry] = {}
 
 
-def _release_grouped(handle: int) -> None:
-    with _lock:
-        _grouped_registry.pop(handle, None)
-
-
 class RegisteredGroupedWeight:
     """An expert set (E PackedWeights of one shape [N, K]) as torch.ops.qgemm.grouped_gemm names
     it: `handle` and `n` are its arguments. Released when this object is collected."""
 
     def __init__(self, experts, scheme):
         experts = list(experts)
-        scheme = Scheme(scheme) if isinstance(scheme, str) else scheme
-        if not isinstance(scheme, Scheme):
-            raise Error(f"register_grouped_weight: scheme must be a qgemm.Scheme or its text "
-                        f"({type(scheme).__name__} given)")
+        scheme = _scheme_of(scheme, "register_grouped_weight")
         if not experts:
             raise Error("register_grouped_weight: no experts (rule: one or more)")
+        _check_packed(experts, scheme, "experts", "register_grouped_weight")
         for e, w in enumerate(experts):
-            if not isinstance(w, PackedWeight):
-                raise Error(f"register_grouped_weight: experts[{e}] must be a qgemm.PackedWeight "
-                            f"({type(w).__name__} given)")
-            if str(w.scheme).split(";")[0] != str(scheme).split(";")[0]:
-                raise Error(f"register_grouped_weight: experts[{e}] is quantized as {w.scheme}, "
-                            f"the scheme's weight part is {scheme}")
             if (w.n, w.k) != (experts[0].n, experts[0].k):
                 raise Error(f"register_grouped_weight: experts[{e}] is [{w.n}, {w.k}], experts[0] "
                             f"[{experts[0].n}, {experts[0].k}] (rule: one shape)")
-        entry = _GroupedEntry(experts, scheme)
-        with _lock:
-            self.handle = next(_handles)
-            _grouped_registry[self.handle] = entry
-        self._entry = entry
-        weakref.finalize(self, _release_grouped, self.handle)
+        self._entry = _GroupedEntry(experts, scheme)
+        self.handle = _enter(self, _grouped_registry, self._entry)
 
     experts = property(lambda self: len(self._entry.experts))
     n = property(lambda self: self._entry.experts[0].n, doc="One expert's output features.")
