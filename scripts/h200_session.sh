@@ -19,6 +19,9 @@
 #                                   quantized-activation rows timed from bf16 and from codes
 #   scripts/h200_session.sh focus FILTER [K]  the GPU tests FILTER, the pytest cases -k K, then
 #                                   the activation quantizer's bench: a session's own changes
+#   scripts/h200_session.sh grouped  rows grouped by the caller (moe_gemm_grouped) and the MoE
+#                                   recipe cases: their GPU tests, the quickstart bench test, the
+#                                   grouped pytest cases, then qgemm bench bench/recipes/moe.yaml
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -175,6 +178,26 @@ focus)
     echo "pytest rc=$? at ${SECONDS}s"; tail -6 "$out/focus_pytest.log"
   fi
   actquant_bench
+  ;;
+grouped)
+  filter='MoeLayerGpu.GroupedRows*:MoeLayerGpu.QuantizedActivationSchemes'
+  filter+=':MoeLayerGpu.SchemesActivationsBiasesAndTypes:BenchCliGpu.Quickstart*'
+  QGEMM_GPU_TEST_SUBSET=1 timeout 240 build-gpu/tests/qgemm_tests_gpu --gtest_filter="$filter" \
+    > "$out/grouped_tests.log" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED) |Failure|of its bound|seed|expected|got " "$out/grouped_tests.log" | head -40
+  PYTHONPATH=build-gpu/python timeout 120 python3 -m pytest -q -rs python/tests/test_grouped_gemm.py \
+    > "$out/grouped_pytest.log" 2>&1
+  echo "pytest rc=$? at ${SECONDS}s"; tail -8 "$out/grouped_pytest.log"
+  # What is left of the call's 600 s (the build and the tests came first).
+  left=$((560 - SECONDS)); [ $left -gt 30 ] || left=30
+  # 10 repeats (the recipe's 20 may not fit): each run's line is in moe.log as it ends.
+  sed -e 's/^repeats: .*/repeats: 10/' bench/recipes/moe.yaml > "$out/moe.yaml"
+  timeout $left build-gpu/qgemm bench "$out/moe.yaml" --gate 1.10 --json "$out/moe.json" \
+    > "$out/moe.txt" 2> "$out/moe.log"
+  echo "moe recipe rc=$? at ${SECONDS}s"
+  grep -E '^\[' "$out/moe.log" | sed -E 's/^\[ *[0-9]+\/[0-9]+ [0-9:]+\] //; s/ +\(error [^)]*\)//'
+  tail -25 "$out/moe.txt"
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)
