@@ -115,7 +115,11 @@ TEST(BenchResults, JsonHasTheDocumentedSchemaForEveryRun) {
     EXPECT_TRUE(run.at("error").at("rows").is_number());
 
     // The derived figures, recomputed here from the definitions in results.hpp.
-    const double flops = 2.0 * source.m * source.n * source.k;
+    const bool moe = source.kind == CaseKind::Moe;
+    const double flops = 2.0 * source.m * (moe ? std::min(source.top_k, source.experts) : 1) *
+                         source.n * source.k;
+    EXPECT_EQ(run.at("experts").is_null(), !moe) << where;
+    if (moe) EXPECT_EQ(run.at("top_k").get<int>(), source.top_k) << where;
     const double bytes =
         static_cast<double>(source.weight_bytes + source.activation_bytes + source.output_bytes);
     EXPECT_DOUBLE_EQ(run.at("flops").get<double>(), flops);

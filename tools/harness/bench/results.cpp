@@ -78,6 +78,7 @@ RunResult make_run_result(const ExpandedRun& run) {
   result.scheme = c.scheme_text;
   result.scheme_text = qgemm::to_string(c.scheme);
   result.kind = c.kind;
+  if (c.kind == CaseKind::Moe) result.experts = c.experts, result.top_k = c.top_k;
   result.m = run.m;
   result.n = c.n;
   result.k = c.k;
@@ -104,8 +105,11 @@ bool is_fp8_baseline(Backend backend) {
 DerivedFigures derive(const RunResult& run, const BenchDocument& document) {
   const PeakRates& peaks = document.peaks;
   DerivedFigures figures;
-  figures.flops =
-      2.0 * static_cast<double>(run.m) * static_cast<double>(run.n) * static_cast<double>(run.k);
+  // MoE: each token's row goes through top_k distinct experts (at most all of them).
+  const double rows_per_token =
+      run.kind == CaseKind::Moe ? std::min(run.top_k, run.experts) : 1;
+  figures.flops = 2.0 * static_cast<double>(run.m) * rows_per_token * static_cast<double>(run.n) *
+                  static_cast<double>(run.k);
   figures.min_bytes =
       static_cast<double>(run.weight_bytes + run.activation_bytes + run.output_bytes);
   figures.arithmetic_intensity = figures.min_bytes > 0 ? figures.flops / figures.min_bytes : 0;
@@ -209,6 +213,8 @@ std::string to_json_text(const BenchDocument& document) {
                 {"m", run.m},
                 {"n", run.n},
                 {"k", run.k},
+                {"experts", run.kind == CaseKind::Moe ? json(run.experts) : json(nullptr)},
+                {"top_k", run.kind == CaseKind::Moe ? json(run.top_k) : json(nullptr)},
                 {"backend", to_string(run.backend)},
                 {"status", to_string(run.status)},
                 {"reason", text_or_null(run.reason)},

@@ -14,7 +14,7 @@
 //    "peaks": {"copy_gbps", "copy_bytes", "bf16_tflops", "fp8_tflops", "gemm_size",
 //              "problems": [text, ...]},                        (a peak that failed is null)
 //    "runs": [{"case", "label", "scheme" (as written), "scheme_text" (canonical), "kind",
-//              "m", "n", "k", "backend", "status": ok|unsupported|failed|skipped, "reason",
+//              "m", "n", "k", "experts", "top_k" (MoE; null for dense), "backend", "status": ok|unsupported|failed|skipped, "reason",
 //              "kernel", "us": {"median", "min", "max", "samples"}, "tflops", "weight_gbps",
 //              "memory_gbps", "flops", "min_bytes", "arithmetic_intensity",
 //              "share": {"copy_bandwidth", "bf16_peak", "fp8_peak"},
@@ -27,7 +27,8 @@
 // that failed) are null, never 0 or NaN.
 //
 // Definitions (derive()):
-//   tflops          2·M·N·K / median
+//   tflops          flops / median; flops = 2·M·N·K (MoE: 2·M·top_k·N·K, each of M tokens
+//                   through top_k experts of N x K)
 //   weight_gbps     weight_bytes / median: the bytes of the weight as this backend stores it
 //                   (qgemm, qdq: the canonical codes + scales + zeros; cublas-bf16: 2·N·K;
 //                   cuBLASLt FP8: N·K + its scale)
@@ -103,6 +104,7 @@ struct RunResult {
   std::string label, scheme, scheme_text;
   CaseKind kind = CaseKind::Dense;
   std::int64_t m = 0, n = 0, k = 0;
+  int experts = 0, top_k = 0;  // MoE: the case's experts, and the experts each token goes to
   Backend backend = Backend::Qgemm;
   RunStatus status = RunStatus::Skipped;
   std::string reason;  // why not ok (empty when ok)
