@@ -94,7 +94,8 @@ sanitize)
   tests=build-gpu/tests/qgemm_tests_gpu
   families='DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*'
   families+=':WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*'
-  families+=':MoeLayerGpu.EveryRoutingShape*:MoeRoutingGpu.*:JitKernelsGpu.*:MmaDequantizeGpu.*'
+  families+=':MoeLayerGpu.EveryRoutingShape*:MoeLayerGpu.GroupedRows*:MoeRoutingGpu.*'
+  families+=':JitKernelsGpu.*:MmaDequantizeGpu.*'
   families+=':MmaRepackGpu.*:CublasLtFp8Gpu.MatchesTheReference'
   for tool in memcheck synccheck; do
     QGEMM_GPU_TEST_SUBSET=1 timeout 180 compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -104,7 +105,7 @@ sanitize)
   # racecheck is the slowest tool: the MoE families first, then the rest; cuBLASLt's own kernels
   # (nvjet) report hazards racecheck cannot model (their mbarrier pipelines), so the cuBLASLt test
   # and the bandwidth-timing tests are left out.
-  for part in 'MoeLayerGpu.EveryRoutingShape*:MoeRoutingGpu.*' \
+  for part in 'MoeLayerGpu.EveryRoutingShape*:MoeLayerGpu.GroupedRows*:MoeRoutingGpu.*' \
       'DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*:WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*:JitKernelsGpu.*:MmaDequantizeGpu.EveryElement*'; do
     QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --print-limit 20 $tests --gtest_filter="$part" >> "$out/racecheck.log" 2>&1
