@@ -20,8 +20,8 @@
 #include <optional>
 
 #include "api/engine_impl.hpp"
-#include "dispatch/tuned_config.hpp"
 #include "common/log.hpp"
+#include "dispatch/tuned_config.hpp"
 #include "jit/catalog.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "qgemm/moe.hpp"
