@@ -190,8 +190,9 @@ grouped)
   PYTHONPATH=build-gpu/python timeout 120 python3 -m pytest -q -rs python/tests/test_grouped_gemm.py \
     > "$out/grouped_pytest.log" 2>&1
   echo "pytest rc=$? at ${SECONDS}s"; tail -8 "$out/grouped_pytest.log"
-  # What is left of the call's 600 s (the build and the tests came first).
-  left=$((560 - SECONDS)); [ $left -gt 30 ] || left=30
+  # What is left of the call (600 s, or DEADLINE when less device time is left), the build and
+  # the tests having come first.
+  left=$((${DEADLINE:-560} - SECONDS)); [ $left -gt 30 ] || left=30
   # 10 repeats (the recipe's 20 may not fit): each run's line is in moe.log as it ends.
   sed -e 's/^repeats: .*/repeats: 10/' bench/recipes/moe.yaml > "$out/moe.yaml"
   timeout $left build-gpu/qgemm bench "$out/moe.yaml" --gate 1.10 --json "$out/moe.json" \
