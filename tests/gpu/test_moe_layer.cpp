@@ -801,8 +801,9 @@ TEST(MoeLayerGpu, GroupedRowsQuantizeTheirActivations) {
     c.experts = 6, c.hidden = 512, c.inter = 96;  // N = 192
     const Layer layer = make_layer(engine, c, rng);
     const std::int64_t n = 2 * c.inter, k = c.hidden;
-    const GemmPlan plan = engine.plan(
-        gemm_problem(layer.gate_up_prepared, 1, formats::bf16, formats::fp32), layer.gate_up_prepared);
+    GemmProblem problem = gemm_problem(layer.gate_up_prepared, 1, formats::bf16, formats::fp32);
+    problem.m_max = 128;  // both groupings' rows (40, 72)
+    const GemmPlan plan = engine.plan(problem, layer.gate_up_prepared);
     for (const MoeRowGrouping grouping : {MoeRowGrouping::Contiguous, MoeRowGrouping::Masked}) {
       SCOPED_TRACE(std::string(scheme_text) +
                    (grouping == MoeRowGrouping::Masked ? " masked" : " contiguous"));
