@@ -995,20 +995,12 @@ void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const Device
   problem.a_alignment = alignment_of(a.data, a.stride * a.dtype.storage_bytes());
   problem.ldc = c.stride;
   problem.c_alignment = alignment_of(c.data, 0);
-  const detail::PreparedWeight::PlanKey key = plan_key(problem);
-  GemmPlan plan;
-  {
-    std::shared_lock lock(w.plans_mutex);
-    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
-  }
-  if (!plan) {
+  const GemmPlan plan = w.plan_for(plan_key(problem), [&] {
     if (problem.a_alignment < 16 && !w.activation.is_quantized())
       log(LogLevel::Info, "gemm: A's rows are {}-byte aligned: the tensor-core kernels cannot "
           "copy them, dequantize + cuBLAS serves", problem.a_alignment);
-    plan = impl_->make_plan(problem, w);
-    std::unique_lock lock(w.plans_mutex);
-    w.plans.emplace(key, plan);
-  }
+    return impl_->make_plan(problem, w);
+  });
   impl_->ensure_workspace(stream, *plan.data_);
   run(plan, a, weight, c, stream, options.bias);
 }
@@ -1044,16 +1036,7 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
                 fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.k));
   detail::PreparedWeight::PlanKey key = plan_key(problem);
   key.input = "codes " + to_string(Scheme{"", {}, a.quant, formats::bf16});
-  GemmPlan plan;
-  {
-    std::shared_lock lock(w.plans_mutex);
-    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
-  }
-  if (!plan) {
-    plan = impl_->make_plan(problem, w);
-    std::unique_lock lock(w.plans_mutex);
-    w.plans.emplace(key, plan);
-  }
+  const GemmPlan plan = w.plan_for(key, [&] { return impl_->make_plan(problem, w); });
   impl_->ensure_workspace(stream, *plan.data_);
   run(plan, a, weight, c, stream, options.bias);
 }

@@ -81,6 +81,18 @@ struct PreparedWeight {
   };
   mutable std::shared_mutex plans_mutex;
   mutable std::map<PlanKey, GemmPlan> plans;
+  // The plan kept under `key`, made by `make()` on the key's first call (a call racing it makes
+  // one too; the first kept serves both).
+  template <class Make>
+  GemmPlan plan_for(const PlanKey& key, Make&& make) const {
+    {
+      std::shared_lock lock(plans_mutex);
+      if (auto found = plans.find(key); found != plans.end()) return found->second;
+    }
+    GemmPlan plan = make();
+    std::unique_lock lock(plans_mutex);
+    return plans.emplace(key, std::move(plan)).first->second;
+  }
 
   std::size_t bytes() const {
     return words.bytes() + scales.bytes() + zeros.bytes() + wgmma_words.bytes() +

@@ -33,6 +33,24 @@ namespace qgemm {
 using detail::aligned;
 using detail::at;
 
+namespace {
+
+// 16-bit rows 16 bytes apart: TMA reads the grouped GEMMs' A rows (it zero-fills past K).
+std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
+
+// A call's workspace carved into consecutive 256-byte aligned regions: take(bytes) is the next
+// one's offset, `used` the bytes they need in all.
+struct WorkspaceRegions {
+  std::size_t used = 0;
+  std::size_t take(std::size_t bytes) {
+    const std::size_t offset = used;
+    used += aligned(std::max<std::size_t>(bytes, 1));
+    return offset;
+  }
+};
+
+}  // namespace
+
 const char* glu_kind_name(GluKind kind) {
   switch (kind) {
     case GluKind::Silu: return "silu";
@@ -229,10 +247,12 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
           "weight's experts())");
   const detail::PreparedWeight& w = impl_->prepared(experts);
   require(!p.scheme.activation.is_quantized(),
-          "moe_gemm_grouped: the plan's activations are {} (rule: the plan of gemm_problem(experts, "
-          "...): the grouped kernels take 16-bit rows, quantized here as the experts say)",
+          "moe_gemm_grouped: the plan's activations are {} (rule: the plan of "
+          "gemm_problem(experts, ...): the grouped kernels take 16-bit rows, quantized here as "
+          "the experts say)",
           p.scheme.activation.format.name());
-  require((bias != nullptr) == p.bias, "moe_gemm_grouped: {} (rule: as the plan's problem.bias = {})",
+  require((bias != nullptr) == p.bias,
+          "moe_gemm_grouped: {} (rule: as the plan's problem.bias = {})",
           bias ? "a bias was given" : "no bias was given", p.bias);
   const std::int64_t rows = rows_in.rows;
   require(rows >= 0 && (rows == 0 || rows_in.data) && rows_in.cols == p.k &&
@@ -264,30 +284,25 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   shape.local_experts = w.experts;
   shape.block = route_block;
   const std::int64_t capacity = moe_routing_capacity(shape);
-  const std::int64_t ld_in = (p.k + 7) / 8 * 8;  // TMA reads A rows 16 bytes apart
-  const std::int64_t ld_out = (p.n + 7) / 8 * 8;
-  std::size_t used = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t offset = used;
-    used += aligned(std::max<std::size_t>(bytes, 1));
-    return offset;
-  };
-  const std::size_t ids_at = take(static_cast<std::size_t>(rows) * sizeof(std::int32_t));
-  const std::size_t map_at = take(static_cast<std::size_t>(w.experts + 1) * sizeof(std::int32_t));
-  const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
+  const std::int64_t ld_in = row_stride(p.k), ld_out = row_stride(p.n);
+  WorkspaceRegions regions;
+  const std::size_t ids_at = regions.take(static_cast<std::size_t>(rows) * sizeof(std::int32_t));
+  const std::size_t map_at =
+      regions.take(static_cast<std::size_t>(w.experts + 1) * sizeof(std::int32_t));
+  const std::size_t routing_at = regions.take(moe_routing_workspace_bytes(shape));
   const std::size_t gathered_bytes =
       static_cast<std::size_t>(capacity * ld_in) * rows_in.dtype.storage_bytes();
-  const std::size_t gathered_at = take(gathered_bytes);
+  const std::size_t gathered_at = regions.take(gathered_bytes);
   const ActivationQuant& quant = w.activation;
-  const std::size_t operand_at = quant.is_quantized() ? take(gathered_bytes) : 0;
+  const std::size_t operand_at = quant.is_quantized() ? regions.take(gathered_bytes) : 0;
   const std::size_t factors_at =
-      quant.is_quantized() ? take(static_cast<std::size_t>(capacity) * sizeof(float)) : 0;
-  const std::size_t absmax_at = quant.is_quantized() ? take(sizeof(float)) : 0;
+      quant.is_quantized() ? regions.take(static_cast<std::size_t>(capacity) * sizeof(float)) : 0;
+  const std::size_t absmax_at = quant.is_quantized() ? regions.take(sizeof(float)) : 0;
   const std::size_t gemm_rows_at =
-      take(static_cast<std::size_t>(capacity * ld_out) * rows_out.dtype.storage_bytes());
-  const std::size_t gemm_scratch_at = take(plan.data_->scratch_bytes);
-  impl_->ensure_workspace(stream, used, plan.data_->zeroed_bytes);
-  Impl::StreamSlot slot = impl_->stream_workspace(stream, used, plan.data_->zeroed_bytes);
+      regions.take(static_cast<std::size_t>(capacity * ld_out) * rows_out.dtype.storage_bytes());
+  const std::size_t gemm_scratch_at = regions.take(plan.data_->scratch_bytes);
+  impl_->ensure_workspace(stream, regions.used, plan.data_->zeroed_bytes);
+  Impl::StreamSlot slot = impl_->stream_workspace(stream, regions.used, plan.data_->zeroed_bytes);
   void* base = slot.scratch;
 
   impl_->make_current();
@@ -347,21 +362,14 @@ void Engine::moe_gemm_grouped(const MoeGroupedRows& groups, const DeviceMatrix& 
             rows_in.rows, rows_out.rows);
     return;  // nothing to plan or compute
   }
-  detail::PreparedWeight::PlanKey key{rows_in.rows, rows_in.dtype.name(), rows_out.dtype.name(),
-                                      "grouped rows", bias != nullptr, 0, 0, 0,
-                                      dispatch::tuning_table_generation()};
-  GemmPlan plan;
-  {
-    std::shared_lock lock(w.plans_mutex);
-    if (auto found = w.plans.find(key); found != w.plans.end()) plan = found->second;
-  }
-  if (!plan) {
+  const detail::PreparedWeight::PlanKey key{
+      rows_in.rows, rows_in.dtype.name(), rows_out.dtype.name(), "grouped rows", bias != nullptr,
+      0, 0, 0, dispatch::tuning_table_generation()};
+  const GemmPlan plan = w.plan_for(key, [&] {
     GemmProblem problem = gemm_problem(experts, rows_in.rows, rows_in.dtype, rows_out.dtype);
     problem.bias = bias != nullptr;
-    plan = impl_->make_plan(problem, w);
-    std::unique_lock lock(w.plans_mutex);
-    w.plans.emplace(key, plan);
-  }
+    return impl_->make_plan(problem, w);
+  });
   moe_gemm_grouped(plan, groups, rows_in, experts, rows_out, stream, bias);
 }
 
@@ -419,32 +427,23 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   // The tuning table's generation too: a table loaded later re-plans the layer, as dense calls.
   detail::PreparedWeight::PlanKey key{
       slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
-  GemmPlan up_plan, down_plan;
-  {
-    std::shared_lock lock(up_w.plans_mutex);
-    if (auto found = up_w.plans.find(key); found != up_w.plans.end()) up_plan = found->second;
-    key.candidate = "down";
-    if (auto found = up_w.plans.find(key); found != up_w.plans.end()) down_plan = found->second;
-    key.candidate.clear();
-  }
-  if (!up_plan || !down_plan) {
-    // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
-    // expanded before the gather).
+  // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
+  // expanded before the gather).
+  const GemmPlan up_plan = up_w.plan_for(key, [&] {
     GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
     problem.bias = options.gate_up_bias != nullptr;
     problem.candidate = options.gemm_candidate;
-    up_plan = impl_->make_plan(problem, up_w);
-    GemmProblem down_problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
-    down_problem.bias = options.down_bias != nullptr;
-    down_problem.route_block = up_plan.choice_for(slots).route_block;
-    down_problem.candidate = options.gemm_candidate;
-    down_plan = impl_->make_plan(down_problem, down_w);
-    std::unique_lock lock(up_w.plans_mutex);
-    up_w.plans.emplace(key, up_plan);
-    key.candidate = "down";
-    up_w.plans.emplace(key, down_plan);
-  }
+    return impl_->make_plan(problem, up_w);
+  });
   const int route_block = up_plan.choice_for(slots).route_block;
+  key.candidate = "down";
+  const GemmPlan down_plan = up_w.plan_for(key, [&] {
+    GemmProblem problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
+    problem.bias = options.down_bias != nullptr;
+    problem.route_block = route_block;
+    problem.candidate = options.gemm_candidate;
+    return impl_->make_plan(problem, down_w);
+  });
 
   // Workspace: the routing, the gathered rows, gate_up's rows, the activation's rows and the
   // down rows, then the larger of the GEMMs' scratch; their split-K regions share one.
@@ -456,34 +455,28 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   shape.block = route_block;
   const std::int64_t capacity = moe_routing_capacity(shape);
   const std::size_t half = hidden.dtype.storage_bytes();
-  // 16-bit rows 16 bytes apart (TMA reads the GEMMs' A rows; it zero-fills past K).
-  auto row_stride = [](std::int64_t columns) { return (columns + 7) / 8 * 8; };
   const std::int64_t ld_h = row_stride(h), ld_up = row_stride(2 * inter), ld_act = row_stride(inter);
-  std::size_t used = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t offset = used;
-    used += aligned(std::max<std::size_t>(bytes, 1));
-    return offset;
-  };
+  WorkspaceRegions regions;
   const ActivationQuant& quant = up_w.activation;
-  const std::size_t routing_at = take(moe_routing_workspace_bytes(shape));
+  const std::size_t routing_at = regions.take(moe_routing_workspace_bytes(shape));
   // Quantized hidden states: their 16-bit operand [M, H], the row factors the quantizer writes
   // (1: folded into the operand) and the tensor absmax some scalings take.
   const std::size_t operand_at =
-      quant.is_quantized() ? take(static_cast<std::size_t>(tokens * ld_h) * half) : 0;
+      quant.is_quantized() ? regions.take(static_cast<std::size_t>(tokens * ld_h) * half) : 0;
   const std::size_t factors_at =
-      quant.is_quantized() ? take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
-  const std::size_t absmax_at = quant.is_quantized() ? take(sizeof(float)) : 0;
-  const std::size_t gathered_at = take(static_cast<std::size_t>(capacity * ld_h) * half);
-  const std::size_t up_rows_at = take(static_cast<std::size_t>(capacity * ld_up) * half);
-  const std::size_t act_rows_at = take(static_cast<std::size_t>(capacity * ld_act) * half);
-  const std::size_t down_rows_at = take(static_cast<std::size_t>(capacity * h) * sizeof(float));
+      quant.is_quantized() ? regions.take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
+  const std::size_t absmax_at = quant.is_quantized() ? regions.take(sizeof(float)) : 0;
+  const std::size_t gathered_at = regions.take(static_cast<std::size_t>(capacity * ld_h) * half);
+  const std::size_t up_rows_at = regions.take(static_cast<std::size_t>(capacity * ld_up) * half);
+  const std::size_t act_rows_at = regions.take(static_cast<std::size_t>(capacity * ld_act) * half);
+  const std::size_t down_rows_at =
+      regions.take(static_cast<std::size_t>(capacity * h) * sizeof(float));
   const std::size_t gemm_scratch_at =
-      take(std::max(up_plan.data_->scratch_bytes, down_plan.data_->scratch_bytes));
+      regions.take(std::max(up_plan.data_->scratch_bytes, down_plan.data_->scratch_bytes));
   const std::size_t zeroed_bytes =
       std::max(up_plan.data_->zeroed_bytes, down_plan.data_->zeroed_bytes);
-  impl_->ensure_workspace(stream, used, zeroed_bytes);
-  Impl::StreamSlot slot = impl_->stream_workspace(stream, used, zeroed_bytes);
+  impl_->ensure_workspace(stream, regions.used, zeroed_bytes);
+  Impl::StreamSlot slot = impl_->stream_workspace(stream, regions.used, zeroed_bytes);
   void* base = slot.scratch;
 
   impl_->make_current();

@@ -21,6 +21,11 @@ constexpr int kMaxBlock = 256;  // the largest token tile of the GEMM families
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// A non-null device pointer to int32 values, 4-byte aligned.
+bool int32_array(const void* p) {
+  return p != nullptr && reinterpret_cast<std::uintptr_t>(p) % sizeof(std::int32_t) == 0;
+}
+
 // The arrays of the workspace, in order: counts, offsets, cursors, sorted_slots, block_experts,
 // slot_positions, invalid_ids (int32 each, every array 256-byte aligned).
 struct RoutingLayout {
@@ -130,13 +135,11 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
           "expert_map (rule: a map from global to local ids, -1 for other ranks' experts)",
           shape.local_experts, shape.global_experts);
   const std::int64_t slots = shape.tokens * shape.top_k;
-  require(slots == 0 || (expert_ids != nullptr &&
-                         reinterpret_cast<std::uintptr_t>(expert_ids) % sizeof(std::int32_t) == 0),
+  require(slots == 0 || int32_array(expert_ids),
           "moe routing: expert_ids = {} (rule: non-null, 4-byte aligned device int32 "
           "[tokens * top_k])",
           fmt::ptr(expert_ids));
-  require(expert_map == nullptr ||
-              reinterpret_cast<std::uintptr_t>(expert_map) % sizeof(std::int32_t) == 0,
+  require(expert_map == nullptr || int32_array(expert_map),
           "moe routing: expert_map = {} (rule: null, or 4-byte aligned device int32 "
           "[global_experts])",
           fmt::ptr(expert_map));
@@ -212,18 +215,15 @@ void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& grou
                           std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
                           CUstream stream) {
   const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
-  const auto aligned_int = [](const void* p) {
-    return p != nullptr && reinterpret_cast<std::uintptr_t>(p) % sizeof(std::int32_t) == 0;
-  };
   require(experts >= 1 && experts <= kMaxLocalExperts,
           "moe grouped rows: {} experts (rule: 1 .. {})", experts, kMaxLocalExperts);
   if (contiguous) {
-    require(aligned_int(groups.offsets),
+    require(int32_array(groups.offsets),
             "moe grouped rows: offsets = {} (rule: contiguous rows take non-null, 4-byte aligned "
             "device int32 [experts + 1])",
             fmt::ptr(groups.offsets));
   } else {
-    require(aligned_int(groups.counts),
+    require(int32_array(groups.counts),
             "moe grouped rows: counts = {} (rule: masked rows take non-null, 4-byte aligned "
             "device int32 [experts])",
             fmt::ptr(groups.counts));
