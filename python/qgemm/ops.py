@@ -231,6 +231,11 @@ def engine(device: int) -> Engine:
     return found
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The index of a CUDA device ("cuda" alone: the current one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def prepare(weight, device=None) -> QuantWeight:
     """Uploads a registered weight (a RegisteredWeight or its handle) to a CUDA device (default:
     the current one) now rather than at its first call."""
@@ -239,8 +244,7 @@ def prepare(weight, device=None) -> QuantWeight:
         torch.device(device)
     if device.type != "cuda":
         raise Error(f"qgemm.ops.prepare: device must be a CUDA device ({device} given)")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return lookup(handle).on_device(index)
+    return lookup(handle).on_device(_cuda_index(device))
 
 
 def _check(a: torch.Tensor, weight, n, bias: Optional[torch.Tensor],
@@ -305,7 +309,7 @@ def _gemm_cuda(a, weight, n, bias=None, out_dtype=None):
     a2 = _rows(a)
     if a2.shape[0] == 0:
         return out  # the Engine needs M ≥ 1; an empty batch has nothing to compute
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = _cuda_index(a.device)
     prepared = entry.on_device(device)
     if bias is not None and (bias.dtype != torch.float32 or bias.stride(0) != 1):
         bias = bias.to(torch.float32).contiguous()  # the epilogue reads fp32
@@ -344,6 +348,16 @@ def _gemm_cpu(a, weight, n, bias=None, out_dtype=None):
 
 
 # --- MoE ------------------------------------------------------------------------------------
+
+
+def _as_int32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A device array the Engine reads as int32 (routing ids, maps, groupings)."""
+    return None if t is None else t.to(torch.int32).contiguous()
+
+
+def _as_fp32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A device array the Engine reads as fp32 (router weights, biases)."""
+    return None if t is None else t.to(torch.float32).contiguous()
 
 GLU_ACTIVATIONS = ("silu", "gelu", "clamped-swiglu")
 
@@ -462,16 +476,13 @@ def _moe_cuda(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=
     out = torch.empty_like(hidden)
     if hidden.shape[0] == 0:
         return out
-    device = hidden.device.index if hidden.device.index is not None else \
-        torch.cuda.current_device()
+    device = _cuda_index(hidden.device)
     gate_up, down = entry.on_device(device)
-    as_fp32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
-    as_int32 = lambda t: None if t is None else t.to(torch.int32).contiguous()  # noqa: E731
     stream = torch.cuda.current_stream(hidden.device).cuda_stream
-    engine(device).moe(hidden.contiguous(), as_int32(topk_ids), as_fp32(topk_weights), gate_up,
+    engine(device).moe(hidden.contiguous(), _as_int32(topk_ids), _as_fp32(topk_weights), gate_up,
                        down, out, stream, activation=activation, alpha=alpha, limit=limit,
-                       gate_up_bias=as_fp32(gate_up_bias), down_bias=as_fp32(down_bias),
-                       expert_map=as_int32(expert_map),
+                       gate_up_bias=_as_fp32(gate_up_bias), down_bias=_as_fp32(down_bias),
+                       expert_map=_as_int32(expert_map),
                        global_experts=0 if expert_map is None else expert_map.shape[0])
     return out
 
@@ -623,14 +634,12 @@ def _grouped_gemm_cuda(rows, weight, n, offsets=None, counts=None, bias=None, ou
     rows2 = rows.reshape(-1, rows.shape[-1]).contiguous()
     if rows2.shape[0] == 0:
         return out
-    device = rows.device.index if rows.device.index is not None else torch.cuda.current_device()
-    as_int32 = lambda t: None if t is None else t.to(torch.int32).contiguous()  # noqa: E731
-    if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
+    device = _cuda_index(rows.device)
     stream = torch.cuda.current_stream(rows.device).cuda_stream
     engine(device).moe_gemm_grouped(rows2, entry.on_device(device), out.view(-1, n), stream,
-                                    offsets=as_int32(offsets), counts=as_int32(counts),
-                                    capacity=0 if counts is None else rows.shape[1], bias=bias)
+                                    offsets=_as_int32(offsets), counts=_as_int32(counts),
+                                    capacity=0 if counts is None else rows.shape[1],
+                                    bias=_as_fp32(bias))
     return out
 
 
