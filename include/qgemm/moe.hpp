@@ -64,10 +64,17 @@ struct MoeIndexedRouting {
 //   Masked      rows [experts · capacity, K], a fixed capacity per expert: expert e's rows are
 //               e · capacity .. e · capacity + counts[e] − 1 (int32 [experts], each in
 //               [0, capacity]); the rest belong to no expert
-// Rows of no expert come out zero. A grouping that breaks its rule (offsets that fall, a count
-// outside [0, capacity]) is seen on the device only: every row comes out zero and, where
-// `invalid_rows` is given, the call stores how many rows were routed nowhere for that reason
-// (0 for a valid grouping; read it after the stream, as route_moe's invalid_ids).
+// Rows of no expert come out zero (zero_rows_of_no_expert = false: the call need not write
+// them, so a masked layout's unused capacity costs nothing). A grouping that breaks its rule
+// (offsets that fall, a count outside [0, capacity]) is seen on the device only: every row is
+// then a row of no expert and, where `invalid_rows` is given, the call stores how many rows
+// were routed nowhere for that reason (0 for a valid grouping; read it after the stream, as
+// route_moe's invalid_ids).
+//
+// The kernels read the rows and write the output where they are (a table of token blocks per
+// expert, built on the device) when rows_in's rows are 16-byte aligned and, for experts with
+// quantized activations, the rows are contiguous and their scales row-local; otherwise the rows
+// are gathered by expert and put back (QGEMM_LOG_LEVEL >= 2 says why).
 enum class MoeRowGrouping { Contiguous, Masked };
 struct MoeGroupedRows {
   MoeRowGrouping grouping = MoeRowGrouping::Contiguous;
@@ -75,6 +82,7 @@ struct MoeGroupedRows {
   const std::int32_t* counts = nullptr;   // Masked
   std::int64_t capacity = 0;              // Masked: rows per expert
   std::int32_t* invalid_rows = nullptr;   // device int32 [1], or null
+  bool zero_rows_of_no_expert = true;
 };
 
 // The activation between an expert's gate_up GEMM (N = 2·I: gate rows 0 .. I−1, up rows

@@ -11,8 +11,15 @@ struct DenseGemmParams {
   const float* zeros;   // same shape, or null
   void* c;              // [M, ldc] output
   const float* bias;    // [N] fp32 (grouped: [experts][N]), or null
-  // [M] fp32 factors of A's rows (quantized activations: A = operand · factor), or null
-  const float* row_factors;
+  union {
+    // [M] fp32 factors of A's rows (quantized activations: A = operand · factor), or null
+    const float* row_factors;
+    // The grouped decode kernel over rows grouped in place by the caller (its rows are 16-bit,
+    // never factored; moe/routing_args.cuh, MoeRowBlocksArgs): token block y's row l is row
+    // row_blocks[3y] + l of A and C, stored for l in [row_blocks[3y + 1], + row_blocks[3y + 2])
+    // (its expert block_experts[y], blocks_per_route 1); null: the indexed layout.
+    const int* row_blocks;
+  };
   // Split-K (zero between calls) — or, in the grouped (MoE) decode kernel, which never splits K
   // (gemm/sm80_decode.cuh, kGrouped): A holds the routed rows in expert order; grid.y walks
   // token blocks of the kernel's rows, token block y lies in routing block y / blocks_per_route,
@@ -39,7 +46,9 @@ struct DenseGemmParams {
   float global_scale;
 };
 static_assert(sizeof(void*) != 8 || sizeof(DenseGemmParams) == 128,
-              "the dense kernels' argument keeps its 128 bytes (the grouped fields share unions)");
+              "the dense kernels' argument keeps its 128 bytes (the grouped fields share unions: "
+              "at 136 ptxas allocated the dense decode kernels differently, up to 8 registers "
+              "more)");
 
 enum OutputType { kOutFp16 = 0, kOutBf16 = 1, kOutFp32 = 2 };
 

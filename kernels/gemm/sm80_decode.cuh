@@ -48,14 +48,18 @@
 //
 //   grid   x: 64-column slices of ONE expert, y: token blocks of kRows rows, z: 1 (no split-K:
 //          a split's partial sums would cover every token block of the capacity)
-//   block (slice, y): rows [y · kRows, + kRows) of A and C; if y · kRows ≥ *routed_total it
-//          returns at once (the capacity is a bound, the routed total is known on the device
-//          only); else its expert e = block_experts[y / blocks_per_route] and
+//   block (slice, y): rows [y · kRows, + kRows) of A and C (rows grouped in place by the caller,
+//          params.row_blocks: kRows rows from row_blocks[3y], of which it stores
+//          row_blocks[3y + 2] from row_blocks[3y + 1] on: the table keeps them inside A); if
+//          y · kRows ≥ *routed_total it returns at once (the capacity is a bound, the routed
+//          total is known on the device only); else its expert e = block_experts[y /
+//          blocks_per_route] and
 //            codes   slice e · slices + slice of the whole (slices = n_padded / 64)
 //            scales  rows e · groups .. of the whole [E · groups][n_padded] (zeros likewise)
 //            bias    bias + e · n
-//          all kRows rows are multiplied (padding rows too: the gather writes them, the combine
-//          never reads them), so the block's M is kRows, not params.m.
+//          all kRows rows are multiplied (the indexed layout's padding rows too: the gather
+//          writes them, the combine never reads them; in place, the rows around an expert's are
+//          another expert's or none's, never stored), so the block's M is kRows, not params.m.
 // Offsets are int counts (expert · slices, expert · groups) turned into addresses where the
 // dense kernel already forms its per-lane pointers: nothing 64-bit is held for the expert.
 #pragma once
@@ -101,7 +105,6 @@ struct DecodeBlockWork {
   int weight_slice;  // 64-column slice of the whole prepared weight (expert · slices + slice)
   int scale_row0;    // first scale (and zero) row of [rows][n_padded] (expert · groups)
   int row0;          // first row of A and C
-  int rows;          // rows multiplied: kRows
 };
 
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
@@ -473,17 +476,30 @@ struct DecodeGemm {
     return kb0 + kStageBlocks >= kb_end || (kb0 + kStageBlocks) % kGroupBlocks == 0;
   }
 
+  // A grouped block's first row of A and C and the rows of its kRows it stores, [begin, end):
+  // all of its token block's, or the in-place table's (read again where they are needed rather
+  // than held through the main loop, where the kernel has no register to spare).
+  struct GroupedRows {
+    int row0, begin, end;
+  };
+  __device__ static GroupedRows grouped_rows(const DenseGemmParams& p) {
+    if (p.row_blocks != nullptr) {
+      const int begin = __ldg(p.row_blocks + 3 * blockIdx.y + 1);
+      return {__ldg(p.row_blocks + 3 * blockIdx.y), begin,
+              begin + __ldg(p.row_blocks + 3 * blockIdx.y + 2)};
+    }
+    return {static_cast<int>(blockIdx.y) * kRows, 0, kRows};
+  }
+
   // A grouped block's work (DecodeBlockWork); false when its token block lies at or past the
   // routed total (the whole block returns: uniform, before any barrier).
   __device__ static bool grouped_block_work(const DenseGemmParams& p, DecodeBlockWork& work) {
-    const int row0 = static_cast<int>(blockIdx.y) * kRows;
-    if (row0 >= __ldg(p.routed_total)) return false;
+    if (static_cast<int>(blockIdx.y) * kRows >= __ldg(p.routed_total)) return false;
     const int expert = __ldg(p.block_experts + blockIdx.y / p.blocks_per_route);
     if (expert < 0) return false;  // past the total: routing never leaves −1 below it
     work.weight_slice = expert * (p.n_padded / 64) + static_cast<int>(blockIdx.x);
     work.scale_row0 = expert * p.groups;
-    work.row0 = row0;
-    work.rows = kRows;
+    work.row0 = grouped_rows(p).row0;
     return true;
   }
 
@@ -571,9 +587,11 @@ struct DecodeGemm {
 
     if (!kSplitK && warp != 0) return;
     if constexpr (kGrouped) {
-      // The token block's rows of C and its expert's bias: the expert read again (not held
-      // through the main loop), the rows at their place in the capacity.
+      // The token block's rows of C and its expert's bias: both read again (not held through
+      // the main loop), the rows at their place in the capacity or the caller's rows.
+      const GroupedRows rows = grouped_rows(p);
       DenseGemmParams out = p;
+      out.row_factors = nullptr;  // row_blocks' storage (grouped rows are never factored)
       if (p.bias)
         out.bias =
             p.bias +
@@ -586,8 +604,8 @@ struct DecodeGemm {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int row = bt * 8 + 2 * t + e % 2, col = slice * 64 + (2 * q + e / 2) * 8 + g;
-            if (row >= kRows || col >= p.n) continue;
-            store_single<kOutput>(out, work.row0 + row, col, acc[q][bt][e] * p.global_scale);
+            if (row < rows.begin || row >= rows.end || col >= p.n) continue;
+            store_single<kOutput>(out, rows.row0 + row, col, acc[q][bt][e] * p.global_scale);
           }
       return;
     }

@@ -13,7 +13,9 @@
 //   grouped (MoE, kGrouped; params.block_experts): A holds the routed rows in expert order, each
 //           expert's run padded to whole token blocks; the units cover the token blocks below
 //           the routed total (read on the device), and a unit takes its weight, scales and
-//           bias from the expert of its token block
+//           bias from the expert of its token block. Rows grouped in place (params.row_blocks):
+//           a token block's rows start where the table says, and only the rows of its expert
+//           are stored
 //   block   warpgroup 0     producer: one thread waits for a free stage and issues its copies
 //                           (TMA for A, bulk copies for W and the scales) on the stage's `full`
 //                           barrier, which counts the bytes
@@ -174,6 +176,23 @@ struct WgmmaGemm {
   __device__ static int expert_of(const WgmmaGemmParams& p, int m_block) {
     return __ldg(p.block_experts + m_block / p.blocks_per_route);
   }
+  // Token block m_block's first row of A and C (its token l is row first + l), and the rows it
+  // stores, begin .. end − 1: m_block · kTokens up to M, or the in-place table's (which may
+  // start after `first`: the `begin` bound is checked in the grouped kernels only).
+  struct TokenRows {
+    int first, begin, end;
+    __device__ bool stores(int m) const { return m < end && (!kGrouped || m >= begin); }
+  };
+  __device__ static TokenRows token_rows(const WgmmaGemmParams& p, int m_block) {
+    if constexpr (kGrouped) {
+      if (p.row_blocks != nullptr) {
+        const int first = __ldg(p.row_blocks + 3 * m_block);
+        const int begin = first + __ldg(p.row_blocks + 3 * m_block + 1);
+        return {first, begin, begin + __ldg(p.row_blocks + 3 * m_block + 2)};
+      }
+    }
+    return {m_block * kTokens, m_block * kTokens, p.m};
+  }
 
   // Scale rows a stage at chunk c (of `chunks` inside K) carries: one when the group spans the
   // stage, else the stage's groups that start inside K.
@@ -236,6 +255,7 @@ struct WgmmaGemm {
       // tile t is tile e · n_tiles + t of the whole and its scale rows start at row e · groups
       // (int offsets: 64-bit pointers per expert cost the 40-register producer a spill).
       int w_tile0 = tile0, scale_row0 = 0;
+      const int a_row0 = token_rows(p, unit.m_block).first;
       if constexpr (kGrouped) {
         const int expert = expert_of(p, unit.m_block);
         w_tile0 += expert * p.n_tiles;
@@ -257,7 +277,7 @@ struct WgmmaGemm {
         const unsigned stage = stage_address(base, slot);
         for (int b = 0; b < boxes; ++b)
           ptx::tensor_copy_2d(stage + b * kShape.a_box_bytes, &p.activations,
-                              (c + (kFp8 ? 2 : 1) * b) * 64, unit.m_block * kTokens, full);
+                              (c + (kFp8 ? 2 : 1) * b) * 64, a_row0, full);
         for (int t = 0; t < tiles; ++t)
           ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
                          p.w + (static_cast<long long>(w_tile0 + t) * p.k_chunks + c) * 128 * kBits,
@@ -560,10 +580,12 @@ struct WgmmaGemm {
           // promoted, after its last chunk.
           if (group_start) {
             const int group = (unit.chunk0 + i) * 64 / kActGroup;
-            const int m = unit.m_block * kTokens + thread;
+            const TokenRows rows = token_rows(p, unit.m_block);
             if (thread < kTokens) {
               const float scale =
-                  m < p.m ? __ldg(p.act_scales + m * p.act_scale_stride + group) : 0.0f;
+                  rows.stores(rows.first + thread)
+                      ? __ldg(p.act_scales + (rows.first + thread) * p.act_scale_stride + group)
+                      : 0.0f;
               asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(act_scales_slot(groups) + thread * 4),
                            "f"(scale)
                            : "memory");
@@ -776,7 +798,9 @@ struct WgmmaGemm {
     __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile) {
       const int lane = thread % 32, warp = thread / 32;
       const int n0 = tile * 64 + warp * 16 + lane / 4;
-      const int m0 = m_block * kTokens + 2 * (lane % 4);
+      // The block's token l is C's row rows.first + l, stored where rows.stores says.
+      const TokenRows rows = token_rows(p, m_block);
+      const int m0 = rows.first + 2 * (lane % 4);
       float bias[2] = {0.0f, 0.0f};
       if (p.bias) {
         // Grouped: the block's expert's bias (looked up again here rather than kept in a
@@ -793,7 +817,7 @@ struct WgmmaGemm {
         for (int e = 0; e < 4; ++e) {
           const int m = m0 + 8 * j + e % 2;
           float v = acc[4 * j + e] * p.global_scale;
-          if (p.row_factors && m < p.m) v *= p.row_factors[m];
+          if (p.row_factors && rows.stores(m)) v *= p.row_factors[m];
           acc[4 * j + e] = v + bias[e / 2];
         }
       if constexpr (kOutput == kOutFp32) {
@@ -802,7 +826,7 @@ struct WgmmaGemm {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int n = n0 + 8 * (e / 2), m = m0 + 8 * j + e % 2;
-            if (m < p.m && n < p.n)
+            if (rows.stores(m) && n < p.n)
               static_cast<float*>(p.c)[static_cast<long long>(m) * p.ldc + n] = acc[4 * j + e];
           }
       } else {
@@ -815,7 +839,7 @@ struct WgmmaGemm {
         };
 #pragma unroll
         for (int s = 0; s < kTokens / kSlice; ++s) {
-          if (m_block * kTokens + s * kSlice >= p.m) break;  // the same for the warpgroup
+          if (rows.first + s * kSlice >= rows.end) break;  // the same for the warpgroup
           // Lane L addresses row L % 8 of matrix L / 8: (8 tokens j + (L / 8) / 2, n half
           // (L / 8) % 2) for x4, (j, L / 8) for x2.
           const int r = lane % 8, i = lane / 8;
@@ -838,8 +862,8 @@ struct WgmmaGemm {
 #pragma unroll
           for (int at = thread; at < kSlice * 8; at += 128) {
             const int row = at / 8, c = at % 8;
-            const int m = m_block * kTokens + s * kSlice + row, n = tile * 64 + 8 * c;
-            if (m < p.m && n < p.n) {
+            const int m = rows.first + s * kSlice + row, n = tile * 64 + 8 * c;
+            if (rows.stores(m) && n < p.n) {
               const uint4 piece = ptx::load_shared_16(staging + row * 128 + ((c ^ (row % 8)) << 4));
               unsigned short* out =
                   static_cast<unsigned short*>(p.c) + static_cast<long long>(m) * p.ldc + n;

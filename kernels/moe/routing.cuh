@@ -8,7 +8,8 @@
 //   scatter  grid-stride over slots: position = atomicAdd(cursors[e], 1)
 //   small    (slots ≤ kMoeSmallSlots) all of it, memsets included, in one block
 //
-// Rows grouped by the caller (contiguous or masked) first become top-1 ids (moe_group_ids).
+// Rows grouped by the caller (contiguous or masked) become top-1 ids (moe_group_ids) for that
+// routing, or a table of token blocks read in place (moe_row_blocks).
 //
 // All three read the slots at memory speed; the offsets step scans local_experts (≤ 512) counts
 // in one block of 512 threads and writes the capacity / block block entries.
@@ -48,16 +49,13 @@ __device__ void moe_count(const MoeRoutingArgs& args, int* histogram) {
     if (histogram[e] != 0) atomicAdd(&args.counts[e], histogram[e]);
 }
 
-// One block of kThreads ≥ local_experts threads (the host launches 512 for at most 512
-// experts): thread e holds expert e's padded count; a warp scan (shuffles), the warps' totals
-// scanned by warp 0, then each thread adds its warp's base: padded[e] = the inclusive sum.
+// The inclusive sum of `value` over the block's threads (in thread order): a warp scan
+// (shuffles), the warps' totals scanned by warp 0, then each thread adds its warp's base.
+// Every thread of the block calls it; `warp_sums` is kThreads / 32 shared ints.
 template <int kThreads>
-__device__ void moe_offsets(const MoeRoutingArgs& args, int* padded) {
+__device__ int block_inclusive_sum(int value, int* warp_sums) {
   static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "whole warps, at most 32");
-  __shared__ int warp_sums[kThreads / 32];
-  const int experts = args.local_experts;
-  const int e = threadIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int value = e < experts ? (args.counts[e] + args.block - 1) / args.block * args.block : 0;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int offset = 1; offset < 32; offset *= 2) {
     const int other = __shfl_up_sync(0xffffffffu, value, offset);
     if (lane >= offset) value += other;
@@ -73,7 +71,18 @@ __device__ void moe_offsets(const MoeRoutingArgs& args, int* padded) {
     if (lane < kThreads / 32) warp_sums[lane] = total;  // inclusive over warps
   }
   __syncthreads();
-  if (warp > 0) value += warp_sums[warp - 1];
+  return warp > 0 ? value + warp_sums[warp - 1] : value;
+}
+
+// One block of kThreads ≥ local_experts threads (the host launches 512 for at most 512
+// experts): thread e holds expert e's padded count, padded[e] = the inclusive sum.
+template <int kThreads>
+__device__ void moe_offsets(const MoeRoutingArgs& args, int* padded) {
+  __shared__ int warp_sums[kThreads / 32];
+  const int experts = args.local_experts;
+  const int e = threadIdx.x;
+  const int count = e < experts ? (args.counts[e] + args.block - 1) / args.block * args.block : 0;
+  const int value = block_inclusive_sum<kThreads>(count, warp_sums);
   if (e < experts) padded[e] = value;
   __syncthreads();
   // offsets[e] = inclusive[e − 1] (offsets[experts] = the total). The padding already holds the
@@ -158,47 +167,131 @@ __global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs ar
   }
 }
 
-// Grid-stride over rows. Every block first checks the whole grouping (at most 513 values, read
-// from L2), so that a grouping breaking its rule fails every row alike, never some of them.
+// Whether a grouping breaks its rule (offsets that fall, a count outside [0, capacity]), as
+// every block of a kernel that reads it sees it: each checks the whole grouping (at most 513
+// values, read from L2), so that a broken one fails every row alike, never some of them.
+template <int kThreads>
+__device__ bool moe_grouping_broken(const int* offsets, const int* counts, long long capacity,
+                                    int experts) {
+  bool broken = false;
+  if (offsets != nullptr) {
+    for (int e = threadIdx.x; e < experts; e += kThreads) broken |= offsets[e + 1] < offsets[e];
+  } else {
+    for (int e = threadIdx.x; e < experts; e += kThreads)
+      broken |= counts[e] < 0 || counts[e] > capacity;
+  }
+  return __syncthreads_or(broken);
+}
+
+// The expert of row r of a valid grouping, or −1 (a row of no expert).
+__device__ __forceinline__ int moe_grouped_row_expert(const int* offsets, const int* counts,
+                                                      long long capacity, int experts,
+                                                      long long r) {
+  if (offsets != nullptr) {
+    if (r < offsets[0] || r >= offsets[experts]) return -1;
+    // The last expert whose run starts at or before r (offsets do not fall).
+    int low = 0, high = experts - 1;
+    while (low < high) {
+      const int mid = (low + high + 1) / 2;
+      if (offsets[mid] <= r)
+        low = mid;
+      else
+        high = mid - 1;
+    }
+    return low;
+  }
+  const long long e = r / capacity;
+  return r - e * capacity < counts[e] ? static_cast<int>(e) : -1;
+}
+
+// Grid-stride over rows.
 template <int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) moe_group_ids_kernel(MoeGroupIdsArgs args) {
   static_assert(kDynamicSmemBytes == 0, "moe_group_ids uses no shared memory");
   const int experts = args.experts;
-  bool broken = false;
-  if (args.offsets != nullptr) {
-    for (int e = threadIdx.x; e < experts; e += kThreads)
-      broken |= args.offsets[e + 1] < args.offsets[e];
-  } else {
-    for (int e = threadIdx.x; e < experts; e += kThreads)
-      broken |= args.counts[e] < 0 || args.counts[e] > args.capacity;
-  }
-  broken = __syncthreads_or(broken);
+  const bool broken =
+      moe_grouping_broken<kThreads>(args.offsets, args.counts, args.capacity, experts);
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   const long long first = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
   for (long long e = first; e <= experts; e += stride)
     args.map[e] = e < experts ? static_cast<int>(e) : -1;
   for (long long r = first; r < args.rows; r += stride) {
-    int id = experts;
-    if (broken) {
-      id = -1;
-    } else if (args.offsets != nullptr) {
-      if (r >= args.offsets[0] && r < args.offsets[experts]) {
-        // The last expert whose run starts at or before r (offsets do not fall).
-        int low = 0, high = experts - 1;
-        while (low < high) {
-          const int mid = (low + high + 1) / 2;
-          if (args.offsets[mid] <= r)
-            low = mid;
-          else
-            high = mid - 1;
-        }
-        id = low;
-      }
-    } else {
-      const long long e = r / args.capacity;
-      if (r - e * args.capacity < args.counts[e]) id = static_cast<int>(e);
+    int id = -1;
+    if (!broken) {
+      id = moe_grouped_row_expert(args.offsets, args.counts, args.capacity, experts, r);
+      if (id < 0) id = experts;  // no expert's row: mapped to −1 as another rank's
     }
     args.ids[r] = id;
+  }
+}
+
+// Block 0 lays the table out: thread e finds expert e's rows and block count, a scan numbers
+// the blocks, then the block's threads stride over the blocks (each finds its expert by a
+// binary search over the scanned counts, so one expert of many blocks is not one thread's
+// work). Every block, when `out` is given, zeroes the rows of no expert it strides over (a warp
+// a row, 2-byte stores along it).
+template <int kThreads, int kDynamicSmemBytes>
+__global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksArgs args) {
+  static_assert(kDynamicSmemBytes == 0, "moe_row_blocks uses static shared memory only");
+  __shared__ int warp_sums[kThreads / 32];
+  __shared__ int first_row[kThreads], end_row[kThreads], blocks_after[kThreads];
+  const int experts = args.experts;
+  const bool broken =
+      moe_grouping_broken<kThreads>(args.offsets, args.counts, args.capacity, experts);
+  if (blockIdx.x == 0) {
+    const int e = threadIdx.x;
+    long long first = 0, end = 0;
+    if (e < experts && !broken) {
+      if (args.offsets != nullptr) {
+        first = args.offsets[e], end = args.offsets[e + 1];
+      } else {
+        first = e * args.capacity, end = first + args.counts[e];
+      }
+      first = min(max(first, 0LL), args.rows);
+      end = min(max(end, first), args.rows);
+    }
+    const int blocks = static_cast<int>((end - first + args.tile - 1) / args.tile);
+    first_row[e] = static_cast<int>(first);
+    end_row[e] = static_cast<int>(end);
+    blocks_after[e] = block_inclusive_sum<kThreads>(blocks, warp_sums);
+    __syncthreads();
+    const int total = blocks_after[kThreads - 1];
+    for (int b = threadIdx.x; b < total; b += kThreads) {
+      int low = 0, high = experts - 1;  // the first expert whose blocks end past b
+      while (low < high) {
+        const int mid = (low + high) / 2;
+        if (blocks_after[mid] > b)
+          high = mid;
+        else
+          low = mid + 1;
+      }
+      const int before = low == 0 ? 0 : blocks_after[low - 1];
+      const int row0 = first_row[low] + (b - before) * args.tile;
+      const int load0 =
+          row0 + args.tile > args.rows ? max(0, static_cast<int>(args.rows) - args.tile) : row0;
+      args.block_experts[b] = low;
+      args.row_blocks[3 * b] = load0;
+      args.row_blocks[3 * b + 1] = row0 - load0;
+      args.row_blocks[3 * b + 2] = min(args.tile, end_row[low] - row0);
+    }
+    if (threadIdx.x == 0) {
+      *args.routed_total = total * args.tile;
+      if (args.invalid_rows != nullptr)
+        *args.invalid_rows = broken ? static_cast<int>(args.rows) : 0;
+    }
+  }
+  if (args.out == nullptr) return;
+  const int lane = threadIdx.x % 32;
+  const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
+  const long long halves = static_cast<long long>(args.n) * args.out_bytes / 2;
+  for (long long r = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+       r < args.rows; r += warps) {
+    if (!broken &&
+        moe_grouped_row_expert(args.offsets, args.counts, args.capacity, experts, r) >= 0)
+      continue;
+    unsigned short* row = reinterpret_cast<unsigned short*>(static_cast<char*>(args.out) +
+                                                            r * args.ldo * args.out_bytes);
+    for (long long c = lane; c < halves; c += 32) row[c] = 0;
   }
 }
 

@@ -61,4 +61,42 @@ struct MoeGroupIdsArgs {
   int* map;     // [experts + 1]
 };
 
+// Rows the caller grouped, read where they are by the grouped GEMM (Engine::moe_gemm_grouped's
+// in-place path: no gather, no put-back): a table of token blocks of `tile` rows (the kernel's
+// token tile), each storing rows of one expert:
+//
+//   expert e's rows   first_e .. end_e − 1, clipped to [0, rows): contiguous offsets[e] ..
+//                     offsets[e+1] − 1; masked e · capacity .. e · capacity + counts[e] − 1
+//   its blocks        ceil((end_e − first_e) / tile), numbered after expert e − 1's (a scan)
+//   block b, the j-th of expert e, stores rows r_j = first_e + j · tile .. + count − 1
+//   (count = min(tile, end_e − r_j)):
+//     block_experts[b]       e
+//     row_blocks[3b]         load0: the first of the `tile` rows of A it reads; its token l is
+//                            row load0 + l of A and of C
+//     row_blocks[3b + 1]     skip = r_j − load0: its tokens before the expert's rows
+//     row_blocks[3b + 2]     count: the tokens from skip on that it stores
+//   *routed_total     blocks · tile: the token positions the kernels walk, as the routing's
+//
+//   load0 = r_j, skip = 0, except where r_j + tile would pass the last row: there load0 =
+//   max(0, rows − tile), so that a kernel reading `tile` whole rows (the decode kernel) stays
+//   inside A when rows >= tile. The tokens it reads and does not store (the next expert's or no
+//   expert's rows, or rows before r_j) are multiplied and never stored. A grouping that breaks
+//   its rule gives no block. With `out` given, the rows of no expert (every row of a broken
+//   grouping) are zeroed there.
+struct MoeRowBlocksArgs {
+  const int* offsets;  // contiguous: [experts + 1], or null
+  const int* counts;   // masked: [experts], or null
+  long long capacity;  // masked: rows per expert
+  long long rows;      // < 2^31
+  int experts;         // 1 .. 512
+  int tile;
+  int* block_experts;  // [ceil(rows / tile) + experts]: at most that many blocks
+  int* row_blocks;     // [ceil(rows / tile) + experts][3]
+  int* routed_total;   // [1]
+  int* invalid_rows;   // [1]: the rows of a broken grouping (0 for a valid one), or null
+  void* out;           // [rows][ldo] elements of out_bytes (2 or 4), n columns; or null
+  long long ldo;
+  int n, out_bytes;
+};
+
 }  // namespace qgemm::kernels

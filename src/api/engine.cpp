@@ -345,13 +345,6 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
 
 namespace {
 
-// A grouped plan step's token tile: the routing block it needs by default (wgmma: the config's
-// tokens; the streamed decode kernel: its rows, 8 or 16).
-int grouped_tile(const detail::PlanStep& step) {
-  if (step.launch.path == dispatch::Path::Wgmma) return step.launch.wgmma_config->block_m();
-  return step.launch.mma.rows;
-}
-
 void check_problem_against(const GemmProblem& p, const detail::PreparedWeight& w) {
   validate(p);
   if (p.n != w.n || p.k != w.k)
@@ -420,7 +413,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
     choice.predicted_us = selection.winner_us;
     choice.reason = selection.reason;
     if (problem.experts > 0)
-      choice.route_block = problem.route_block > 0 ? problem.route_block : grouped_tile(step);
+      choice.route_block = problem.route_block > 0 ? problem.route_block : step.grouped_tile();
     description += fmt::format("\n  M {}..{}: {}, {:.1f} µs ({})\n    {}", low, high,
                                choice.candidate, choice.predicted_us, choice.reason, choice.kernel);
     log(LogLevel::Info, "plan: {} M {}..{} N {} K {}: {} ({})", to_string(problem.scheme), low,
@@ -544,8 +537,8 @@ void Engine::Impl::run(const detail::PlanData& plan, const detail::PreparedWeigh
 
 void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWeight& weight,
                           const DeviceMatrix* a, const DeviceActivation* codes,
-                          const DeviceMatrix& c, void* stream, const float* bias,
-                          RunMemory memory, const MoeIndexedRouting* routing) {
+                          const DeviceMatrix& c, void* stream, const float* bias, RunMemory memory,
+                          const runtime::MoeGroupedBlocks* grouped) {
   const GemmProblem& p = plan.problem;
   if (plan.engine != this)
     throw Error(ErrorCode::InvalidArgument, "gemm run: the plan was made by another Engine");
@@ -553,8 +546,8 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
     throw Error(ErrorCode::InvalidArgument,
                 "gemm run: the plan was made for another prepared weight");
   const std::int64_t m = a ? a->rows : codes->rows;
-  // A grouped run's rows are the routing's positions; its plan step is chosen by its slots.
-  const std::int64_t step_m = routing ? routing->shape.tokens * routing->shape.top_k : m;
+  // A grouped run's plan step is chosen by its slots (the rows its caller routed or grouped).
+  const std::int64_t step_m = grouped ? grouped->slots : m;
   check_rows_in(p, step_m);
   if (a) {
     check_matrix(*a, "A", m, p.k);
@@ -601,32 +594,32 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
                 fmt::format("gemm run: {} (rule: as the plan's problem.bias = {})",
                             bias ? "a bias was given" : "no bias was given", p.bias));
 
-  // The step of M: buckets ascend.
-  const detail::PlanStep* step = &plan.steps.front();
-  for (const detail::PlanStep& s : plan.steps)
-    if (step_m >= s.m_low && step_m <= s.m_high) step = &s;
-  if (routing) {
-    const int route_block = p.route_block > 0 ? p.route_block : grouped_tile(*step);
-    if (routing->shape.block != route_block)
+  const detail::PlanStep* step = &plan.step_for(step_m);
+  if (grouped) {
+    // Rows grouped in place: a table made for the step's kernel tile. The indexed layout: the
+    // plan's routing block, and rows for every position of its capacity.
+    const bool in_place = grouped->row_blocks != nullptr;
+    const int route_block = in_place || p.route_block == 0 ? step->grouped_tile() : p.route_block;
+    if (grouped->route_block != route_block)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: the routing's block is {}, the plan's is {} at {} slots "
                               "(rule: route with GemmPlan::Choice::route_block, or plan with "
                               "problem.route_block)",
-                              routing->shape.block, route_block, step_m));
-    if (routing->shape.local_experts != weight.experts)
+                              grouped->route_block, route_block, step_m));
+    if (grouped->experts != weight.experts)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: the routing has {} local experts, the weight {} (rule: "
                               "equal)",
-                              routing->shape.local_experts, weight.experts));
-    if (m < routing->capacity)
+                              grouped->experts, weight.experts));
+    if (!in_place && m < grouped->positions)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: the rows are {} (rule: at least the routing's capacity "
                               "{})",
-                              m, routing->capacity));
-    if (!routing->block_experts || !routing->offsets)
+                              m, grouped->positions));
+    if (!grouped->block_experts || !grouped->routed_total)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: the routing's {} is null",
-                              routing->block_experts ? "offsets" : "block_experts"));
+                              grouped->block_experts ? "offsets" : "block_experts"));
   }
 
   void* scratch = memory.scratch;
@@ -697,7 +690,7 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
       return;
     case dispatch::Path::Wgmma:
       run_wgmma(*step, weight, operand, c, cu_stream, bias, row_factors, group_scales, zeroed,
-                routing);
+                grouped);
       return;
     case dispatch::Path::CublasLtFp8:
     case dispatch::Path::MmaStreamed:
@@ -728,22 +721,24 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
   params.blocks_per_warp = launch.blocks_per_warp;
   params.global_scale = static_cast<float>(w.global_scale);
   unsigned grid_y = launch.grid_y(*chosen.config, m);
-  if (routing) {
-    // Grouped decode: one grid row per token block of the capacity (the device stops at the
+  if (grouped) {
+    // Grouped decode: one grid row per token block of the positions (the device stops at the
     // routed total), each expert's weight a fixed stride from the last (prepare_experts).
-    if (!launch.grouped)
-      throw Error(ErrorCode::Internal, "moe_gemm: a grouped plan step without a grouped launch");
-    params.block_experts = routing->block_experts;
-    params.routed_total = routing->offsets + routing->shape.local_experts;
-    params.blocks_per_route = routing->shape.block / launch.rows;
-    grid_y = launch.grid_y(*chosen.config, routing->capacity);
-    if (routing->capacity % launch.rows != 0 || routing->shape.block % launch.rows != 0 ||
+    if (!launch.grouped || row_factors != nullptr)
+      throw Error(ErrorCode::Internal,
+                  "moe_gemm: a grouped plan step without a grouped launch, or with row factors");
+    params.block_experts = grouped->block_experts;
+    params.routed_total = grouped->routed_total;
+    params.row_blocks = grouped->row_blocks;
+    params.blocks_per_route = grouped->route_block / launch.rows;
+    grid_y = launch.grid_y(*chosen.config, grouped->positions);
+    if (grouped->positions % launch.rows != 0 || grouped->route_block % launch.rows != 0 ||
         grid_y > 65535)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("moe_gemm: a capacity of {} positions in routing blocks of {} "
                               "(rule: both multiples of the decode kernel's {} rows, at most "
                               "65535 token blocks)",
-                              routing->capacity, routing->shape.block, launch.rows));
+                              grouped->positions, grouped->route_block, launch.rows));
   }
   if (launch.splits > 1) {
     // [M][N] fp32 sums, then the per-tile counters (dispatch::mma_zeroed_bytes).
@@ -855,9 +850,8 @@ void Engine::Impl::launch_dequantize(const detail::PreparedWeight& weight,
 // address changes; host work of about a microsecond), the rest comes from the plan.
 void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                              const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream,
-                             const float* bias, const float* row_factors,
-                             const float* group_scales, void* zeroed,
-                             const MoeIndexedRouting* routing) {
+                             const float* bias, const float* row_factors, const float* group_scales,
+                             void* zeroed, const runtime::MoeGroupedBlocks* grouped) {
   const layout::MmaWeight& w = *weight.facts.wgmma;
   const dispatch::WgmmaLaunch& planned = step.launch.wgmma;
   const dispatch::WgmmaConfig& config = *step.launch.wgmma_config;
@@ -890,13 +884,14 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
   params.groups = w.groups;
   params.n_blocks = planned.n_blocks;
   params.m_blocks = static_cast<int>((a.rows + config.block_m() - 1) / config.block_m());
-  if (routing) {
-    // Grouped: the routing's capacity in token blocks (the device stops at its total), each
-    // expert's weight a fixed stride from the last (prepare_experts).
-    params.m_blocks = static_cast<int>(routing->capacity / config.block_m());
-    params.block_experts = routing->block_experts;
-    params.routed_total = routing->offsets + routing->shape.local_experts;
-    params.blocks_per_route = routing->shape.block / config.block_m();
+  if (grouped) {
+    // Grouped: the positions in token blocks (the device stops at its total), each expert's
+    // weight a fixed stride from the last (prepare_experts).
+    params.m_blocks = static_cast<int>(grouped->positions / config.block_m());
+    params.block_experts = grouped->block_experts;
+    params.routed_total = grouped->routed_total;
+    params.row_blocks = grouped->row_blocks;
+    params.blocks_per_route = grouped->route_block / config.block_m();
   }
   params.splits = planned.splits;
   params.chunks_per_split = planned.chunks_per_split;

@@ -296,11 +296,12 @@ struct Engine::Impl {
     void* scratch = nullptr;
     void* zeroed = nullptr;
   };
-  // The run itself; `routing`: a grouped (MoE) run over the rows that routing placed.
+  // The run itself; `grouped`: a grouped (MoE) run over the token blocks it describes (the
+  // indexed routing's, or rows grouped in place by the caller).
   void run_in(const detail::PlanData& plan, const detail::PreparedWeight& weight,
               const DeviceMatrix* a, const DeviceActivation* codes, const DeviceMatrix& c,
               void* stream, const float* bias, RunMemory memory,
-              const MoeIndexedRouting* routing);
+              const runtime::MoeGroupedBlocks* grouped);
   void run_fp8(const detail::PlanData& plan, const detail::PlanStep& step,
                const detail::PreparedWeight& weight, const DeviceMatrix* a,
                const DeviceActivation* codes, const DeviceMatrix& c, void* stream, void* scratch);
@@ -323,7 +324,7 @@ struct Engine::Impl {
   void run_wgmma(const detail::PlanStep& step, const detail::PreparedWeight& weight,
                  const DeviceMatrix& a, const DeviceMatrix& c, CUstream stream, const float* bias,
                  const float* row_factors, const float* group_scales, void* zeroed,
-                 const MoeIndexedRouting* routing);
+                 const runtime::MoeGroupedBlocks* grouped);
 };
 
 }  // namespace qgemm

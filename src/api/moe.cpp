@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "api/engine_impl.hpp"
@@ -234,8 +235,9 @@ void Engine::moe_gemm(const GemmPlan& plan, const MoeIndexedRouting& routing,
                             bias ? "a bias was given" : "no bias was given", p.bias));
   Impl::StreamSlot slot = impl_->stream_workspace(stream, plan.data_->scratch_bytes,
                                                   plan.data_->zeroed_bytes);
+  const runtime::MoeGroupedBlocks blocks = runtime::MoeGroupedBlocks::of(routing);
   impl_->run_in(*plan.data_, w, &rows_in, nullptr, rows_out, stream, bias,
-                {slot.scratch, slot.zeroed}, &routing);
+                {slot.scratch, slot.zeroed}, &blocks);
 }
 
 void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups,
@@ -272,6 +274,67 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
           rows, w.experts, groups.capacity);
   if (rows == 0) return;
   const int route_block = plan.choice_for(rows).route_block;  // names an M outside the plan
+  const ActivationQuant& quant = w.activation;
+  const auto cu_stream = static_cast<CUstream>(stream);
+
+  // In place: the kernels read the caller's rows (or their quantized operand) and write the
+  // caller's output rows where they are, through a table of token blocks — no gather, no
+  // put-back. It needs rows TMA and 16-byte copies can read, and, for quantized activations,
+  // contiguous rows with row-local scales: the quantizer then passes over every row, and a
+  // masked layout's are mostly unused capacity (whatever the caller left there, which a tensor
+  // absmax must not see either): those are quantized after a gather, below.
+  const detail::PlanStep& step = plan.data_->step_for(rows);
+  const int tile = step.grouped_tile();
+  const char* gather_because = nullptr;
+  if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
+    gather_because = "its activation scale is the routed rows' absmax";
+  else if (quant.is_quantized() && groups.grouping == MoeRowGrouping::Masked)
+    gather_because = "masked rows are quantized once routed (the capacity is mostly unused)";
+  else if (!quant.is_quantized() &&
+           (reinterpret_cast<std::uintptr_t>(rows_in.data) % 16 != 0 || rows_in.stride % 8 != 0))
+    gather_because = "rows_in's rows are not 16-byte aligned";
+  else if (runtime::moe_row_blocks_max(rows, w.experts, tile) * tile >
+           std::numeric_limits<std::int32_t>::max())
+    gather_because = "its token blocks would pass 2^31 rows";
+  else if (step.launch.path != dispatch::Path::Wgmma &&
+           runtime::moe_row_blocks_max(rows, w.experts, tile) > 65535)
+    gather_because = "the decode kernel's grid takes at most 65535 token blocks";
+  else if (step.launch.path != dispatch::Path::Wgmma && rows < tile)
+    gather_because = "the decode kernel reads whole token blocks, more rows than rows_in has";
+  if (gather_because == nullptr) {
+    WorkspaceRegions regions;
+    const std::size_t table_at = regions.take(runtime::moe_row_blocks_bytes(rows, w.experts, tile));
+    const std::int64_t ld_in = row_stride(p.k);
+    const std::size_t operand_at =
+        quant.is_quantized()
+            ? regions.take(static_cast<std::size_t>(rows * ld_in) * rows_in.dtype.storage_bytes())
+            : 0;
+    const std::size_t factors_at =
+        quant.is_quantized() ? regions.take(static_cast<std::size_t>(rows) * sizeof(float)) : 0;
+    const std::size_t gemm_scratch_at = regions.take(plan.data_->scratch_bytes);
+    impl_->ensure_workspace(stream, regions.used, plan.data_->zeroed_bytes);
+    Impl::StreamSlot slot = impl_->stream_workspace(stream, regions.used, plan.data_->zeroed_bytes);
+    void* base = slot.scratch;
+    impl_->make_current();
+    const runtime::MoeGroupedBlocks blocks = runtime::launch_moe_row_blocks(
+        impl_->kernel(jit::moe_row_blocks_spec(impl_->arch)), groups, rows, w.experts, tile,
+        at<void>(base, table_at), groups.zero_rows_of_no_expert ? rows_out.data : nullptr,
+        rows_out.stride, p.n, static_cast<int>(rows_out.dtype.storage_bytes()), cu_stream);
+    DeviceMatrix operand = rows_in;
+    if (quant.is_quantized()) {
+      // Every row, routed or not (row-local scales: a row of no expert changes no other row).
+      operand = {at<void>(base, operand_at), rows, p.k, ld_in, rows_in.dtype};
+      impl_->quantize_to_operand(quant, rows_in, operand.data, ld_in, at<float>(base, factors_at),
+                                 nullptr, cu_stream);
+    }
+    impl_->run_in(*plan.data_, w, &operand, nullptr, rows_out, stream, bias,
+                  {at<void>(base, gemm_scratch_at), slot.zeroed}, &blocks);
+    return;
+  }
+  log(LogLevel::Info,
+      "moe_gemm_grouped: {} rows gathered by expert and put back, not read in "
+      "place: {}",
+      rows, gather_because);
 
   // Each row a top-1 slot: ids from the grouping, expert `experts` (no expert's rows) mapped
   // to -1 as another rank's. Workspace: ids, map, the routing, the gathered rows, (experts
@@ -293,7 +356,6 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   const std::size_t gathered_bytes =
       static_cast<std::size_t>(capacity * ld_in) * rows_in.dtype.storage_bytes();
   const std::size_t gathered_at = regions.take(gathered_bytes);
-  const ActivationQuant& quant = w.activation;
   const std::size_t operand_at = quant.is_quantized() ? regions.take(gathered_bytes) : 0;
   const std::size_t factors_at =
       quant.is_quantized() ? regions.take(static_cast<std::size_t>(capacity) * sizeof(float)) : 0;
@@ -306,7 +368,6 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   void* base = slot.scratch;
 
   impl_->make_current();
-  const auto cu_stream = static_cast<CUstream>(stream);
   runtime::launch_moe_group_ids(impl_->kernel(jit::moe_group_ids_spec(impl_->arch)), groups, rows,
                                 w.experts, at<std::int32_t>(base, ids_at),
                                 at<std::int32_t>(base, map_at), cu_stream);
@@ -336,8 +397,9 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   }
   const DeviceMatrix gemm_rows{at<void>(base, gemm_rows_at), capacity, p.n, ld_out,
                                rows_out.dtype};
+  const runtime::MoeGroupedBlocks blocks = runtime::MoeGroupedBlocks::of(routing);
   impl_->run_in(*plan.data_, w, &operand, nullptr, gemm_rows, stream, bias,
-                {at<void>(base, gemm_scratch_at), slot.zeroed}, &routing);
+                {at<void>(base, gemm_scratch_at), slot.zeroed}, &blocks);
   // Back into the caller's rows (weights null: each row's one choice times 1, exact).
   runtime::launch_moe_combine(
       impl_->kernel(jit::moe_combine_spec(rows_out.dtype, rows_out.dtype, impl_->arch)), routing,
@@ -503,16 +565,17 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
                              hidden.dtype};
   const Impl::RunMemory memory{at<void>(base, gemm_scratch_at), slot.zeroed};
+  const runtime::MoeGroupedBlocks blocks = runtime::MoeGroupedBlocks::of(routing);
   impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream, options.gate_up_bias,
-                memory, &routing);
+                memory, &blocks);
   const DeviceMatrix act_rows{at<void>(base, act_rows_at), capacity, inter, ld_act,
                               hidden.dtype};
   runtime::launch_moe_glu(
       impl_->kernel(jit::moe_glu_spec(hidden.dtype, hidden.dtype, impl_->arch)), routing,
       options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act, cu_stream);
   const DeviceMatrix down_rows{at<void>(base, down_rows_at), capacity, h, h, formats::fp32};
-  impl_->run_in(*down_plan.data_, down_w, &act_rows, nullptr, down_rows, stream,
-                options.down_bias, memory, &routing);
+  impl_->run_in(*down_plan.data_, down_w, &act_rows, nullptr, down_rows, stream, options.down_bias,
+                memory, &blocks);
   runtime::launch_moe_combine(
       impl_->kernel(jit::moe_combine_spec(formats::fp32, out.dtype, impl_->arch)), routing,
       down_rows.data, h, topk_weights, h, out.data, out.stride, cu_stream);

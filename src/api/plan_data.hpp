@@ -46,6 +46,13 @@ struct PlanStep {
   std::shared_ptr<Fp8Step> fp8;  // cuBLASLt FP8
   ScratchLayout scratch;
   std::size_t zeroed_bytes = 0;  // split-K sums and counters
+
+  // A grouped step's token tile: the routing block it needs by default (wgmma: the config's
+  // tokens; the streamed decode kernel: its rows, 8 or 16), and the rows of an in-place table.
+  int grouped_tile() const {
+    if (launch.path == dispatch::Path::Wgmma) return launch.wgmma_config->block_m();
+    return launch.mma.rows;
+  }
 };
 
 struct PlanData {
@@ -57,6 +64,14 @@ struct PlanData {
   const void* engine = nullptr;  // the Engine::Impl that made it
   const void* weight = nullptr;  // the PreparedWeight it was made for
   std::string description;
+
+  // The step of M (buckets ascend; the caller checked M against the problem's range).
+  const PlanStep& step_for(std::int64_t m) const {
+    const PlanStep* step = &steps.front();
+    for (const PlanStep& s : steps)
+      if (m >= s.m_low && m <= s.m_high) step = &s;
+    return *step;
+  }
 };
 
 }  // namespace qgemm::detail

@@ -166,6 +166,10 @@ KernelSpec moe_group_ids_spec(Arch arch) {
   return utility_spec("moe_group_ids", arch, {}, kMoeRoutingThreads);
 }
 
+KernelSpec moe_row_blocks_spec(Arch arch) {
+  return utility_spec("moe_row_blocks", arch, {}, kMoeRoutingThreads);
+}
+
 namespace {
 std::string glue_type_choice(const Format& format, const char* what) {
   if (format == formats::fp32) return "fp32";
@@ -287,6 +291,7 @@ std::vector<KernelSpec> catalog_specs(Arch arch) {
   for (const char* step : {"count", "offsets", "scatter", "small"})
     specs.push_back(moe_routing_spec(step, arch));
   specs.push_back(moe_group_ids_spec(arch));
+  specs.push_back(moe_row_blocks_spec(arch));
   for (const Format& type : {formats::bf16, formats::fp16}) {
     specs.push_back(moe_gather_spec(type, arch));
     specs.push_back(moe_combine_spec(formats::fp32, type, arch));

@@ -48,8 +48,11 @@ KernelSpec tensor_absmax_spec(const Format& input, Arch arch);
 // "scatter"; 512 threads (the offsets step scans up to 512 experts in one block).
 KernelSpec moe_routing_spec(const std::string& step, Arch arch);
 inline constexpr int kMoeRoutingThreads = 512;
-// Rows the caller grouped by expert (contiguous or masked) -> top-1 ids for the routing steps.
+// Rows the caller grouped by expert (contiguous or masked) -> top-1 ids for the routing steps,
+// or the token-block table the grouped kernels read them in place with (and the rows of no
+// expert zeroed in the output).
 KernelSpec moe_group_ids_spec(Arch arch);
+KernelSpec moe_row_blocks_spec(Arch arch);
 // The MoE glue (kernels/moe/glue.cuh): gather of 16-bit `rows` (bf16 / fp16) into expert
 // order, or the top-k combine of the grouped GEMM's `rows` (bf16 / fp16 / fp32) into `output`.
 KernelSpec moe_gather_spec(const Format& rows, Arch arch);

@@ -190,6 +190,14 @@ const std::vector<KernelFamily>& kernel_families() {
        "qgemm::kernels::MoeGroupIdsArgs",
        {},
        false},
+      // kernels/moe/routing.cuh: rows the caller grouped by expert -> the token-block table the
+      // grouped kernels read them in place with.
+      {"moe_row_blocks",
+       "moe/routing.cuh",
+       "qgemm::kernels::moe_row_blocks_kernel",
+       "qgemm::kernels::MoeRowBlocksArgs",
+       {},
+       false},
       // kernels/moe/glue.cuh: gather before the grouped GEMM, combine after it.
       {"moe_glue",
        "moe/glue.cuh",

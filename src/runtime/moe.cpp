@@ -211,13 +211,25 @@ LaunchGrid glue_grid(std::int64_t rows) {
 
 }  // namespace
 
-void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
-                          std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
-                          CUstream stream) {
-  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
+MoeGroupedBlocks MoeGroupedBlocks::of(const MoeIndexedRouting& routing) {
+  MoeGroupedBlocks blocks;
+  blocks.block_experts = routing.block_experts;
+  blocks.routed_total =
+      routing.offsets != nullptr ? routing.offsets + routing.shape.local_experts : nullptr;
+  blocks.positions = routing.capacity;
+  blocks.route_block = routing.shape.block;
+  blocks.slots = routing.shape.tokens * routing.shape.top_k;
+  blocks.experts = routing.shape.local_experts;
+  return blocks;
+}
+
+namespace {
+
+// The host fields of a grouping of `rows` rows over `experts` experts.
+void check_grouped_rows(const MoeGroupedRows& groups, std::int64_t rows, int experts) {
   require(experts >= 1 && experts <= kMaxLocalExperts,
           "moe grouped rows: {} experts (rule: 1 .. {})", experts, kMaxLocalExperts);
-  if (contiguous) {
+  if (groups.grouping == MoeRowGrouping::Contiguous) {
     require(int32_array(groups.offsets),
             "moe grouped rows: offsets = {} (rule: contiguous rows take non-null, 4-byte aligned "
             "device int32 [experts + 1])",
@@ -233,7 +245,16 @@ void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& grou
             "experts x capacity, 1 <= capacity < 2^31)",
             rows, groups.capacity, experts);
   }
+}
+
+}  // namespace
+
+void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
+                          std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
+                          CUstream stream) {
+  check_grouped_rows(groups, rows, experts);
   require(ids != nullptr && map != nullptr, "moe grouped rows: null ids or map workspace");
+  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
   kernels::MoeGroupIdsArgs args{};
   args.offsets = contiguous ? groups.offsets : nullptr;
   args.counts = contiguous ? nullptr : groups.counts;
@@ -247,6 +268,72 @@ void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& grou
       std::clamp<std::int64_t>((std::max<std::int64_t>(rows, experts + 1) + threads - 1) / threads,
                                1, 1024));
   launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+}
+
+std::int64_t moe_row_blocks_max(std::int64_t rows, int experts, int tile) {
+  return (rows + tile - 1) / tile + experts;
+}
+
+// block_experts [max], row_blocks [max][2], routed_total [1], invalid_rows [1]: int32 each,
+// 256-byte aligned.
+std::size_t moe_row_blocks_bytes(std::int64_t rows, int experts, int tile) {
+  const auto most = static_cast<std::size_t>(moe_row_blocks_max(rows, experts, tile));
+  return aligned(most * 4) + aligned(most * 8) + aligned(4);
+}
+
+MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGroupedRows& groups,
+                                       std::int64_t rows, int experts, int tile, void* workspace,
+                                       void* zero_out, std::int64_t ld_out, std::int64_t n,
+                                       int out_bytes, CUstream stream) {
+  check_grouped_rows(groups, rows, experts);
+  require(rows >= 1 && tile >= 1 && tile <= kMaxBlock &&
+              moe_row_blocks_max(rows, experts, tile) * tile <=
+                  std::numeric_limits<std::int32_t>::max(),
+          "moe row blocks: {} rows of {} experts in tiles of {} (rule: tiles of 1 .. {}, at most "
+          "2^31 - 1 token positions: (ceil(rows / tile) + experts) x tile)",
+          rows, experts, tile, kMaxBlock);
+  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % kAlign == 0,
+          "moe row blocks: workspace at {} (rule: 256-byte aligned)", workspace);
+  require(zero_out == nullptr || (ld_out >= n && n >= 1 && (out_bytes == 2 || out_bytes == 4)),
+          "moe row blocks: an output of {} columns, stride {}, {}-byte elements (rule: stride >= "
+          "columns >= 1, 2- or 4-byte elements)",
+          n, ld_out, out_bytes);
+  const std::int64_t most = moe_row_blocks_max(rows, experts, tile);
+  auto at = [&](std::size_t offset) {
+    return reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) + offset);
+  };
+  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
+  kernels::MoeRowBlocksArgs args{};
+  args.offsets = contiguous ? groups.offsets : nullptr;
+  args.counts = contiguous ? nullptr : groups.counts;
+  args.capacity = groups.capacity;
+  args.rows = rows;
+  args.experts = experts;
+  args.tile = tile;
+  args.block_experts = at(0);
+  args.row_blocks = at(aligned(static_cast<std::size_t>(most) * 4));
+  args.routed_total =
+      at(aligned(static_cast<std::size_t>(most) * 4) + aligned(static_cast<std::size_t>(most) * 8));
+  args.invalid_rows = groups.invalid_rows;
+  args.out = zero_out;
+  args.ldo = ld_out;
+  args.n = static_cast<int>(n);
+  args.out_bytes = out_bytes;
+  // Block 0 lays the table out; zeroing the rows of no expert takes a warp a row.
+  const int warps = kernel.launch.threads_per_block / 32;
+  const auto blocks = static_cast<unsigned>(
+      zero_out ? std::clamp<std::int64_t>((rows + warps - 1) / warps, 1, 1024) : 1);
+  launch_kernel(kernel, LaunchGrid{blocks, 1, 1}, args, stream);
+
+  MoeGroupedBlocks out;
+  out.block_experts = args.block_experts;
+  out.routed_total = args.routed_total;
+  out.row_blocks = args.row_blocks;
+  out.positions = most * tile;
+  out.route_block = tile;
+  out.slots = rows;
+  out.experts = experts;
+  return out;
 }
 
 void launch_moe_gather(const LoadedKernel& kernel, const MoeIndexedRouting& routing,

@@ -26,12 +26,41 @@ MoeIndexedRouting launch_moe_routing(const MoeRoutingKernels& kernels, const Moe
                                      const std::int32_t* expert_ids, const std::int32_t* expert_map,
                                      void* workspace, std::size_t workspace_bytes, CUstream stream);
 
+// A grouped GEMM's token blocks as its kernels read them (their grouped mode): block b of
+// `tile` token positions belongs to expert block_experts[b / (route_block / tile)] and holds
+// rows b · tile .. of A and C (the indexed layout, row_blocks null), or the rows the in-place
+// table gives (row_blocks, route_block = tile); the kernels stop at *routed_total positions,
+// the launch covers `positions`.
+struct MoeGroupedBlocks {
+  const std::int32_t* block_experts = nullptr;
+  const std::int32_t* routed_total = nullptr;
+  const std::int32_t* row_blocks = nullptr;
+  std::int64_t positions = 0;
+  int route_block = 0;
+  std::int64_t slots = 0;  // the rows the plan's step is chosen by
+  int experts = 0;
+
+  static MoeGroupedBlocks of(const MoeIndexedRouting& routing);
+};
+
 // Rows the caller grouped by expert -> one top-1 id per row and the map the routing sends them
 // through (kernels/moe/routing_args.cuh, MoeGroupIdsArgs): ids [rows], map [experts + 1] of
 // device int32; `kernel` from jit::moe_group_ids_spec. Validates the grouping's host fields.
 void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
                           std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
                           CUstream stream);
+
+// Rows the caller grouped by expert, read in place: the table of token blocks of `tile` rows
+// (kernels/moe/routing_args.cuh, MoeRowBlocksArgs) laid out in `workspace`
+// (moe_row_blocks_bytes), and its kernel enqueued (jit::moe_row_blocks_spec). `zero_out`
+// non-null: the rows of no expert of that output ([rows][ld_out] elements of out_bytes, n
+// columns) are zeroed too. Validates the grouping's host fields.
+std::int64_t moe_row_blocks_max(std::int64_t rows, int experts, int tile);
+std::size_t moe_row_blocks_bytes(std::int64_t rows, int experts, int tile);
+MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGroupedRows& groups,
+                                       std::int64_t rows, int experts, int tile, void* workspace,
+                                       void* zero_out, std::int64_t ld_out, std::int64_t n,
+                                       int out_bytes, CUstream stream);
 
 // rows_out[p] = input[sorted_slots[p] / top_k] (16-bit rows of `columns`; zero for padding) for
 // p below the padded total the device holds; `kernel` from jit::moe_gather_spec.

@@ -571,7 +571,11 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
 // exact product with W_e (bound as check_grouped_gemm_alone's, plus the output's rounding), rows
 // of no expert exactly zero, `invalid_rows` 0. Contiguous: rows before offsets[0] and after
 // offsets[E], empty experts, one expert over several token blocks. Masked: counts of 0, of the
-// whole capacity and between. Then groupings that break their rule (offsets that fall, a count
+// whole capacity and between. Read in place (16-byte aligned rows) by the selector's choice and
+// by each grouped kernel forced (the decode kernel's 8/16-row blocks, wgmma tiles of 16 to 128
+// tokens: partial blocks of every size), with zero_rows_of_no_expert off (those rows keep the
+// poison: nothing is written past an expert's rows); gathered and put back where rows_in's rows
+// are not 16-byte aligned. Then groupings that break their rule (offsets that fall, a count
 // past the capacity): every row zero and counted. Last, one call captured and replayed on new
 // offsets and counts written into the same device arrays.
 struct GroupedRowsCase {
@@ -607,14 +611,21 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
   const auto& driver = runtime::Driver::get();
   DeviceBuffer invalid(4);
 
-  // rows_in [rows, k] with a row stride of k + 8 (a caller's view into a larger tensor).
-  const std::int64_t ld_in = k + 8;
-  auto run = [&](GroupedRowsCase& g, const Format& output, const GemmPlan& plan,
-                 bool expect_broken, CUstream stream) {
+  // rows_in [rows, k] with a row stride of k + 8 (a caller's view into a larger tensor: its
+  // rows 16-byte aligned, read in place), or k + 1 from one element in (not aligned: gathered).
+  struct View {
+    std::int64_t ld, first;
+  };
+  const View aligned_view{k + 8, 0}, unaligned_view{k + 1, 1};
+  auto run = [&](GroupedRowsCase& g, const Format& output, const GemmPlan& plan, bool expect_broken,
+                 CUstream stream, View view, bool zero_other_rows = true) {
+    const std::int64_t ld_in = view.ld;
     std::normal_distribution<double> normal(0.0, 1.0);
-    std::vector<std::uint16_t> bits(static_cast<std::size_t>(g.rows * ld_in));
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(view.first + g.rows * ld_in));
     for (auto& b : bits) b = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
-    const DeviceBuffer rows_in = DeviceBuffer::from(bits);
+    const DeviceBuffer rows_buffer = DeviceBuffer::from(bits);
+    bits.erase(bits.begin(), bits.begin() + view.first);  // bits[r * ld_in + i] is row r's
+    g.groups.zero_rows_of_no_expert = zero_other_rows;
     const DeviceBuffer offsets = DeviceBuffer::from(g.offsets.empty() ? std::vector<std::int32_t>{0} : g.offsets);
     const DeviceBuffer counts = DeviceBuffer::from(g.counts.empty() ? std::vector<std::int32_t>{0} : g.counts);
     g.groups.offsets = offsets.as<const std::int32_t>();
@@ -624,17 +635,25 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
     const std::size_t out_bytes = output.storage_bytes();
     DeviceBuffer out(static_cast<std::size_t>(g.rows * n) * out_bytes);
     out.fill_bytes(0xff);  // NaN in every type
-    engine.moe_gemm_grouped(plan, g.groups,
-                            {rows_in.as<void>(), g.rows, k, ld_in, formats::bf16},
-                            layer.gate_up_prepared, {out.as<void>(), g.rows, n, n, output}, stream);
+    engine.moe_gemm_grouped(
+        plan, g.groups,
+        {rows_buffer.as<std::uint16_t>() + view.first, g.rows, k, ld_in, formats::bf16},
+        layer.gate_up_prepared, {out.as<void>(), g.rows, n, n, output}, stream);
     driver.check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize");
     const auto raw = out.to_vector<std::uint8_t>(static_cast<std::size_t>(g.rows * n) * out_bytes);
     const std::vector<int> expert = experts_of_rows(g, c.experts);
+    std::vector<double> a_values(static_cast<std::size_t>(g.rows * k));
+    for (std::int64_t r = 0; r < g.rows; ++r)
+      for (std::int64_t i = 0; i < k; ++i)
+        a_values[static_cast<std::size_t>(r * k + i)] =
+            decode(formats::bf16, bits[static_cast<std::size_t>(r * ld_in + i)]);
     int wrong = 0, checked = 0;
     for (std::int64_t r = 0; r < g.rows; ++r)
       for (std::int64_t j = 0; j < n; ++j) {
         const std::size_t at = static_cast<std::size_t>(r * n + j);
         double value;
+        bool poisoned = true;  // every byte still 0xff
+        for (std::size_t b = 0; b < out_bytes; ++b) poisoned &= raw[at * out_bytes + b] == 0xff;
         if (output == formats::fp32) {
           float f;
           std::memcpy(&f, raw.data() + at * 4, 4);
@@ -649,7 +668,7 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
         if (e >= 0) {
           const std::vector<double>& w = layer.gate_up_values[static_cast<std::size_t>(e)];
           for (std::int64_t i = 0; i < k; ++i) {
-            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * ld_in + i)]);
+            const double a = a_values[static_cast<std::size_t>(r * k + i)];
             sum += a * w[static_cast<std::size_t>(j * k + i)];
             magnitude += std::fabs(a * w[static_cast<std::size_t>(j * k + i)]);
           }
@@ -657,7 +676,9 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
         const double bound = std::ldexp(magnitude, -8) + 1e-6 +
                              (output == formats::fp32 ? 0.0 : std::ldexp(std::fabs(sum), -7));
         ++checked;
-        const bool ok = e < 0 ? value == 0.0 : std::fabs(value - sum) <= bound;
+        const bool ok = e >= 0            ? std::fabs(value - sum) <= bound
+                        : zero_other_rows ? value == 0.0
+                                          : poisoned;
         if (!ok && wrong++ < 3)
           ADD_FAILURE() << "row " << r << " (expert " << e << ") column " << j << ": got "
                         << value << ", expected " << sum << " within " << bound;
@@ -683,15 +704,40 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
   masked.counts = {0, 24, 1, 17, 0, 8, 23, 5};
   for (const GemmPlan* plan : {&plan32, &plan16}) {
     const Format output = plan->problem().scheme.output;
-    run(contiguous, output, *plan, false, nullptr);
-    run(masked, output, *plan, false, nullptr);
+    run(contiguous, output, *plan, false, nullptr, aligned_view);
+    run(masked, output, *plan, false, nullptr, aligned_view);
+    run(contiguous, output, *plan, false, nullptr, unaligned_view);
+    run(masked, output, *plan, false, nullptr, unaligned_view);
+  }
+  // Each grouped kernel forced, on rows enough for 128-token tiles (the selector refuses a tile
+  // that more than half of an expert's expected rows leave empty): experts of 1, 129, 170, 119,
+  // 135, 45 rows and empty ones in place; 0 to all 80 of a masked expert's capacity.
+  GroupedRowsCase wide;
+  wide.rows = 600;
+  wide.offsets = {0, 1, 130, 130, 300, 301, 420, 555, 600};
+  GroupedRowsCase wide_masked;
+  wide_masked.groups.grouping = MoeRowGrouping::Masked;
+  wide_masked.groups.capacity = 80;
+  wide_masked.rows = 80 * c.experts;
+  wide_masked.counts = {80, 0, 65, 1, 79, 17, 33, 64};
+  for (const char* forced : {"decode", "wgmma-16", "wgmma-32", "wgmma-64", "wgmma-128"}) {
+    SCOPED_TRACE(forced);
+    auto forced_plan = [&](std::int64_t rows) {
+      GemmProblem one = gemm_problem(layer.gate_up_prepared, rows, formats::bf16, formats::bf16);
+      one.candidate = forced;
+      return engine.plan(one, layer.gate_up_prepared);
+    };
+    const GemmPlan plan = forced_plan(wide.rows), masked_plan = forced_plan(wide_masked.rows);
+    run(wide, formats::bf16, plan, false, nullptr, aligned_view);
+    run(wide_masked, formats::bf16, masked_plan, false, nullptr, aligned_view, false);
+    run(wide, formats::bf16, plan, false, nullptr, unaligned_view);
   }
   GroupedRowsCase falling = contiguous;
   falling.offsets[4] = 40;  // expert 3's run would end before it starts
-  run(falling, formats::fp32, plan32, true, nullptr);
+  run(falling, formats::fp32, plan32, true, nullptr, aligned_view);
   GroupedRowsCase overfull = masked;
   overfull.counts[6] = 25;
-  run(overfull, formats::fp32, plan32, true, nullptr);
+  run(overfull, formats::fp32, plan32, true, nullptr, aligned_view);
 
   // Host-side rules, named.
   const DeviceBuffer rows_in(static_cast<std::size_t>(masked.rows * k) * 2);

@@ -302,5 +302,114 @@ TEST(MoeRoutingGpu, GatherAndCombineMatchTheHost) {
   EXPECT_EQ(wrong, 0u) << "combined elements differ from the fp32 sums in choice order";
 }
 
+// The token-block table of rows grouped by their caller (kernels/moe/routing.cuh,
+// moe_row_blocks), read in place by the grouped kernels: against a host twin (experts in order,
+// each expert's rows clipped to [0, rows), ceil(count / tile) blocks of at most `tile` rows, a
+// block near the end reading the last `tile` rows),
+// entry for entry, with the routed total and invalid_rows; the output's rows of no expert zeroed
+// and every other row untouched (poisoned before). Contiguous groupings with rows before the
+// first expert, after the last, offsets below 0 and past the rows, empty experts and one expert
+// of many blocks; masked ones with counts 0 .. capacity; a broken one of each (no block, every
+// row zeroed and counted); tiles of 8, 16 and 128.
+TEST(MoeRoutingGpu, RowBlockTableCoversEachExpertsRowsOnce) {
+  QGEMM_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  Engine engine(0);  // the context the kernels load in
+  const jit::Arch arch = test::device_arch();
+  const runtime::LoadedKernel kernel = load(jit::moe_row_blocks_spec(arch));
+  const runtime::Driver& driver = runtime::Driver::get();
+  struct Grouping {
+    std::string label;
+    MoeRowGrouping kind;
+    std::vector<int> values;  // offsets [E + 1] or counts [E]
+    std::int64_t rows, capacity;
+    bool broken;
+  };
+  std::vector<Grouping> cases = {
+      {"contiguous", MoeRowGrouping::Contiguous, {5, 5, 17, 300, 301, 301, 320}, 333, 0, false},
+      {"contiguous past the ends", MoeRowGrouping::Contiguous, {-7, 3, 40, 90, 120}, 100, 0, false},
+      {"falling offsets", MoeRowGrouping::Contiguous, {0, 10, 9, 20}, 30, 0, true},
+      {"masked", MoeRowGrouping::Masked, {0, 40, 1, 39, 17}, 200, 40, false},
+      {"count past the capacity", MoeRowGrouping::Masked, {3, 41, 0}, 120, 40, true},
+  };
+  {  // random contiguous and masked groupings of 64 experts
+    std::uniform_int_distribution<int> cut(0, 2000), count(0, 48);
+    Grouping random_contiguous{"random contiguous", MoeRowGrouping::Contiguous, {}, 2000, 0, false};
+    for (int e = 0; e <= 64; ++e) random_contiguous.values.push_back(cut(rng));
+    std::sort(random_contiguous.values.begin(), random_contiguous.values.end());
+    Grouping random_masked{"random masked", MoeRowGrouping::Masked, {}, 64 * 48, 48, false};
+    for (int e = 0; e < 64; ++e) random_masked.values.push_back(count(rng));
+    cases.push_back(random_contiguous);
+    cases.push_back(random_masked);
+  }
+  const std::int64_t n = 24;
+  for (const Grouping& g : cases)
+    for (const int tile : {8, 16, 128})
+      for (const int out_bytes : {2, 4}) {
+        SCOPED_TRACE(g.label + ", tile " + std::to_string(tile) + ", " + std::to_string(out_bytes) +
+                     "-byte output");
+        const bool contiguous = g.kind == MoeRowGrouping::Contiguous;
+        const int experts = static_cast<int>(contiguous ? g.values.size() - 1 : g.values.size());
+        // The host twin.
+        std::vector<int> expert_of_row(static_cast<std::size_t>(g.rows), -1);
+        std::vector<int> block_experts, row_blocks;
+        for (int e = 0; e < experts && !g.broken; ++e) {
+          std::int64_t first = contiguous ? g.values[e] : e * g.capacity;
+          std::int64_t end = contiguous ? g.values[e + 1] : first + g.values[e];
+          first = std::clamp<std::int64_t>(first, 0, g.rows);
+          end = std::clamp<std::int64_t>(end, first, g.rows);
+          for (std::int64_t r = first; r < end; ++r) expert_of_row[r] = e;
+          for (std::int64_t row0 = first; row0 < end; row0 += tile) {
+            // A block that would read past the last row reads the last `tile` rows instead.
+            const std::int64_t load0 =
+                row0 + tile > g.rows ? std::max<std::int64_t>(0, g.rows - tile) : row0;
+            block_experts.push_back(e);
+            row_blocks.push_back(static_cast<int>(load0));
+            row_blocks.push_back(static_cast<int>(row0 - load0));
+            row_blocks.push_back(static_cast<int>(std::min<std::int64_t>(tile, end - row0)));
+          }
+        }
+        const DeviceBuffer values = DeviceBuffer::from(g.values);
+        MoeGroupedRows groups;
+        groups.grouping = g.kind;
+        groups.offsets = contiguous ? values.as<const std::int32_t>() : nullptr;
+        groups.counts = contiguous ? nullptr : values.as<const std::int32_t>();
+        groups.capacity = g.capacity;
+        DeviceBuffer invalid(4), workspace(runtime::moe_row_blocks_bytes(g.rows, experts, tile));
+        invalid.fill_bytes(0x7f);
+        workspace.fill_bytes(0xee);
+        groups.invalid_rows = invalid.as<std::int32_t>();
+        const std::int64_t ld = n + 3;
+        DeviceBuffer out(static_cast<std::size_t>(g.rows * ld) * out_bytes);
+        out.fill_bytes(0xff);
+        const runtime::MoeGroupedBlocks table = runtime::launch_moe_row_blocks(
+            kernel, groups, g.rows, experts, tile, workspace.as<void>(), out.as<void>(), ld, n,
+            out_bytes, nullptr);
+        driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+        EXPECT_EQ(table.route_block, tile);
+        EXPECT_EQ(table.positions, runtime::moe_row_blocks_max(g.rows, experts, tile) * tile);
+        const std::size_t blocks = block_experts.size();
+        ASSERT_LE(static_cast<std::int64_t>(blocks), table.positions / tile);
+        EXPECT_EQ(read_ints(table.routed_total, 1)[0], static_cast<int>(blocks) * tile);
+        if (blocks > 0) {
+          EXPECT_EQ(read_ints(table.block_experts, blocks), block_experts);
+          EXPECT_EQ(read_ints(table.row_blocks, 3 * blocks), row_blocks);
+        }
+        EXPECT_EQ(invalid.to_vector<std::int32_t>(1)[0], g.broken ? g.rows : 0);
+        const auto bytes =
+            out.to_vector<std::uint8_t>(static_cast<std::size_t>(g.rows * ld) * out_bytes);
+        int wrong = 0;
+        for (std::int64_t r = 0; r < g.rows; ++r)
+          for (std::int64_t b = 0; b < ld * out_bytes; ++b) {
+            // Columns < n of a row of no expert are zero; everything else keeps the poison.
+            const bool zeroed = expert_of_row[r] < 0 && b < n * out_bytes;
+            wrong += bytes[r * ld * out_bytes + b] != (zeroed ? 0x00 : 0xff);
+          }
+        EXPECT_EQ(wrong, 0) << "output bytes zeroed where they should not be, or not zeroed";
+      }
+}
+
 }  // namespace
 }  // namespace qgemm
