@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes kernels/ptx/wgmma.cuh: the wgmma.mma_async wrappers of the SM90 family.
 
-One inline-asm statement per (tokens N, activation type: bf16, fp16, and e4m3 for the
-m64nNk32 FP8 steps): wgmma names every accumulator
+One inline-asm statement per (tokens N, activation type: bf16, fp16, and e4m3 / s8 for the
+m64nNk32 8-bit steps): wgmma names every accumulator
 register in its operand list (N / 2 floats per thread for m64nNk16), which C++ cannot spell
 generically, so the statements are generated. Run it after changing the N list:
     python3 scripts/gen_wgmma_ptx.py > kernels/ptx/wgmma.cuh
@@ -47,6 +47,7 @@ __device__ __forceinline__ void warpgroup_wait_group() {
 // Pins the accumulators in place across code the compiler might otherwise move them through
 // (a no-op instruction-wise).
 __device__ __forceinline__ void fence_operand(float& value) { asm volatile("" : "+f"(value)::"memory"); }
+__device__ __forceinline__ void fence_operand(int& value) { asm volatile("" : "+r"(value)::"memory"); }
 
 // The 64-bit descriptor of a K-major tile of rows of 64 16-bit values (128 bytes), stored
 // with the 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B), 1024-byte aligned groups of 8
@@ -118,12 +119,13 @@ def statement(n, bf16):
 
 E4M3_HEAD = '''
 // WgmmaE4m3<N>::mma(d, a, b_descriptor, accumulate): one m64nNk32 step on e4m3 codes (FP8
-// tensor cores: twice the K of a 16-bit step per instruction), A in registers, B in shared memory
-// (8-bit operands are K-major only: no transpose immediates):
+// tensor cores: twice the K of a 16-bit step per instruction), f32 sums; WgmmaS8<N> the same on
+// s8 codes (INT8 tensor cores), exact s32 sums (int accumulators, no scale immediates). A in
+// registers, B in shared memory (8-bit operands are K-major only: no transpose immediates):
 //
 //   D[64 x N] (+)= A[64 x 32] · B[32 x N]
 //
-//   A   4 registers of 4 e4m3 bytes per thread (CuTe's ALayout_64x32; g = lane / 4,
+//   A   4 registers of 4 8-bit codes per thread (CuTe's ALayout_64x32; g = lane / 4,
 //       t = lane % 4, byte v of a register = k 4t + v):
 //         a0 (row g,     k 4t .. 4t+3)       a1 (row g + 8, k 4t .. 4t+3)
 //         a2 (row g,     k 16+4t .. 16+4t+3) a3 (row g + 8, k 16+4t .. 16+4t+3)
@@ -133,15 +135,22 @@ E4M3_HEAD = '''
 //   D   as above: d[4j + e] = row 16w + g + 8 (e / 2), column 8j + 2t + e % 2
 template <int kTokens>
 struct WgmmaE4m3;
+template <int kTokens>
+struct WgmmaS8;
 '''
 
 
-def e4m3_statement(n):
+def k32_statement(n, s8):
+    """One m64nNk32 step: e4m3 x e4m3 -> f32 (with the scale immediates), or s8 x s8 -> s32."""
     regs = n // 2
     a0 = regs
-    lines = [f"template <>\nstruct WgmmaE4m3<{n}> {{",
+    name, acc, types, c = ("WgmmaS8", "int", "s32.s8.s8", "r") if s8 else \
+                          ("WgmmaE4m3", "float", "f32.e4m3.e4m3", "f")
+    scales = "" if s8 else ", 1, 1"
+    lines = [f"template <>\nstruct {name}<{n}> {{",
              f"  static constexpr int kAccumulators = {regs};",
-             "  __device__ __forceinline__ static void mma(float (&d)[kAccumulators], const unsigned (&a)[4],",
+             f"  __device__ __forceinline__ static void mma({acc} (&d)[kAccumulators], "
+             "const unsigned (&a)[4],",
              "                                         unsigned long long b, int accumulate) {",
              "    asm volatile("]
     names = [f"%{i}" for i in range(regs)]
@@ -149,14 +158,14 @@ def e4m3_statement(n):
     lines += ['        "{\\n"',
               '        ".reg .pred p;\\n"',
               f'        "setp.ne.b32 p, %{a0 + 5}, 0;\\n"',
-              f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "',
+              f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.{types} "',
               '        "{"']
-    for ci, c in enumerate(chunks):
+    for ci, chunk in enumerate(chunks):
         sep = ", " if ci + 1 < len(chunks) else ""
-        lines.append(f'        "{c}{sep}"')
-    lines.append(f'        "}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p, 1, 1;\\n"')
+        lines.append(f'        "{chunk}{sep}"')
+    lines.append(f'        "}}, {{%{a0}, %{a0 + 1}, %{a0 + 2}, %{a0 + 3}}}, %{a0 + 4}, p{scales};\\n"')
     lines.append('        "}\\n"')
-    outs = [f'"+f"(d[{i}])' for i in range(regs)]
+    outs = [f'"+{c}"(d[{i}])' for i in range(regs)]
     out_lines = ["          " + ", ".join(outs[i:i + 8]) for i in range(0, regs, 8)]
     lines.append("        : " + (",\n".join(out_lines)).lstrip())
     lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));')
@@ -170,7 +179,8 @@ for n in TOKENS:
     for bf16 in (True, False):
         out.append(statement(n, bf16))
 out.append(E4M3_HEAD)
-for n in TOKENS:
-    out.append(e4m3_statement(n))
+for s8 in (False, True):
+    for n in TOKENS:
+        out.append(k32_statement(n, s8))
 out.append("}  // namespace qgemm::ptx\n")
 print("\n".join(out), end="")

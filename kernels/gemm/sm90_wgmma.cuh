@@ -42,16 +42,18 @@
 //     transform:  [wait drained b] dequant tiles → stmatrix → buf b  fence.proxy.async  arrive filled b
 //     consumer:   [wait filled b] 4 × wgmma(buf b, A box)  commit  wait(≤ 1)  arrive drained b'
 //
-//   FP8 (kFp8: e4m3 activation codes, the tile's fp8): the same ring and warps, but
+//   8-bit (kEightBit, the tile's eight_bit: e4m3 activation codes on the FP8 tensor cores, or
+//   int8 codes on the INT8 ones, kS8): the same ring and warps, but
 //
 //     A      the codes as the activation quantizer writes them for the 8-bit mma (rows of K
 //            bytes, K permuted inside each run of 16: MmaWeightLayout::operand8_position), one
 //            TMA box of kTokens rows × 128 codes per two chunks (128-byte swizzle)
-//     weight the same prepared words as the 16-bit path, turned into exact e4m3 codes with a few
-//            PRMT (dequant/wgmma_e4m3.cuh, which draws how the permuted K lines up)
+//     weight the same prepared words as the 16-bit path, turned into exact e4m3 or s8 codes
+//            with a few PRMT (dequant/wgmma_codes8.cuh, which draws how the permuted K lines up)
 //     wgmma  2 × m64nNk32 per chunk (k32 step s of chunk ch at byte (ch % 2) · 64 + 32 s of
-//            box ch / 2), into a group accumulator: every scale group is promoted (fp32 sums ×
-//            the group's scale, once per group of whole chunks); per-token and per-tensor
+//            box ch / 2), into a group accumulator (fp32, or exact s32 sums converted when
+//            promoted): every scale group is promoted (sums × the group's scale, once per group
+//            of whole chunks); per-token and per-tensor
 //            factors and the global scale are applied in the epilogue (row factors); 1x128
 //            activation groups (kActGroupScales, fp8-block) are promoted with the weight's
 //            scale: sums × weight row scale × the token's group scale (DeepGEMM's way)
@@ -74,7 +76,7 @@
 #pragma once
 
 #include "dequant/wgmma_dequant.cuh"
-#include "dequant/wgmma_e4m3.cuh"
+#include "dequant/wgmma_codes8.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/sm90_wgmma_shape.cuh"
 #include "gemm/wgmma_gemm_params.cuh"
@@ -87,45 +89,65 @@
 
 namespace qgemm::kernels {
 
-// The wgmma step of a tile: m64nNk16 on bf16/fp16, or m64nNk32 on e4m3 codes (kFp8).
-template <bool kFp8, int kTokens, bool kBf16>
+// The wgmma step of a tile: m64nNk16 on bf16/fp16 (kCodes8 −1), or m64nNk32 on e4m3 or s8
+// codes (kCodes8 = WgmmaCodes8).
+template <int kCodes8, int kTokens, bool kBf16>
 struct WgmmaStep {
   using Type = ptx::Wgmma<kTokens, kBf16>;
 };
 template <int kTokens, bool kBf16>
-struct WgmmaStep<true, kTokens, kBf16> {
+struct WgmmaStep<kCodes8E4m3, kTokens, kBf16> {
   using Type = ptx::WgmmaE4m3<kTokens>;
+};
+template <int kTokens, bool kBf16>
+struct WgmmaStep<kCodes8S8, kTokens, kBf16> {
+  using Type = ptx::WgmmaS8<kTokens>;
+};
+
+template <bool kS8>
+struct WgmmaSumOf {
+  using Type = float;
+};
+template <>
+struct WgmmaSumOf<true> {
+  using Type = int;
 };
 
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, int kDequant, bool kGrouped, bool kFp8 = false,
+          bool kSplitK, int kDequant, bool kGrouped, int kCodes8 = -1,
           bool kActGroupScales = false>
 struct WgmmaGemm {
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
+  // 8-bit tiles (kCodes8 = WgmmaCodes8): activation codes and the weight as exact codes of that
+  // type (dequant/wgmma_codes8.cuh); kS8: the INT8 tensor cores, exact s32 sums.
+  static constexpr bool kEightBit = kCodes8 >= 0;
+  static constexpr bool kS8 = kCodes8 == kCodes8S8;
   static constexpr WgmmaTile kTile = {kConsumers, kTokens, kStageChunks, kStages, kTransform,
-                                      kFp8};
+                                      kEightBit};
   static constexpr WgmmaShape kShape = wgmma_shape(kTile, kBits, kGroup, kStoredZeros);
   static_assert(wgmma_tile_error(kTile, kGroup) == nullptr,
                 "wgmma config and weight disagree (wgmma_tile_error says why)");
-  // FP8 (kFp8): e4m3 activation codes, the weight as exact e4m3 codes (dequant/wgmma_e4m3.cuh).
-  static_assert(kFp8 == (kDequant == kWgmmaE4m3),
-                "the e4m3 dequantization serves the FP8 tiles, and only it");
-  static_assert(!kFp8 || (!kStoredZeros && kZeroMode != kZeroFloat &&
-                          (kBits == 4 || (kBits == 8 && kF.is_float() && kF.exponent_bits == 4 &&
-                                          kF.mantissa_bits == 3 && kF.is_signed))),
-                "the FP8 wgmma takes 4-bit codes with at most a constant zero, or e4m3 codes");
-  static_assert(!kFp8 || kBits != 4 || wgmma_e4m3_table_exact(kFormat, kZeroMode == kZeroConstant),
-                "every value of the 4-bit weight must be exact in e4m3");
+  static_assert((kCodes8 == kCodes8E4m3) == (kDequant == kWgmmaE4m3) &&
+                    (kCodes8 == kCodes8S8) == (kDequant == kWgmmaS8),
+                "the e4m3 and s8 dequantizations serve the 8-bit tiles of their type, and only "
+                "them");
+  static_assert(!kEightBit ||
+                    (!kStoredZeros && wgmma_codes8_exact(kFormat, kZeroMode == kZeroConstant,
+                                                         kCodes8)),
+                "the 8-bit wgmma takes 4- and 8-bit codes with at most a constant zero, every "
+                "value exact in its type");
   // 1x128 activation groups (fp8-block's): each promoted group's sums are scaled by the weight
   // row's scale times the token's group scale, so the promotion groups must be the activation's.
   static constexpr int kActGroup = 128;
-  static_assert(!kActGroupScales || (kFp8 && (kGroup == 0 || kGroup == kActGroup)),
-                "activation group scales: FP8 tiles whose weight groups are the activation's (or "
-                "one per row)");
-  using Mma = typename WgmmaStep<kFp8, kTokens, kBf16>::Type;
+  static_assert(!kActGroupScales || (kEightBit && (kGroup == 0 || kGroup == kActGroup)),
+                "activation group scales: 8-bit tiles whose weight groups are the activation's "
+                "(or one per row)");
+  using Mma = typename WgmmaStep<kCodes8, kTokens, kBf16>::Type;
+  // What the wgmma add into: fp32, or the INT8 tensor cores' s32 (promoted groups only).
+  using Sum = typename WgmmaSumOf<kS8>::Type;
   static constexpr int kAccumulators = Mma::kAccumulators;
   // k16 steps of a chunk that share a scale group, and the groups a chunk spans (1, 2 or 4).
   static constexpr int kStepsPerGroup = kGroup == 0 || kGroup >= 64 ? 4 : kGroup / 16;
@@ -267,9 +289,9 @@ struct WgmmaGemm {
         const int c = unit.chunk0 + i;
         const int chunks = min(kStageChunks, unit.chunks - i);
         const int rows = stage_scale_rows(p, c, chunks);
-        // A box per chunk of 16-bit activations, per two chunks of e4m3 codes (a box's
+        // A box per chunk of 16-bit activations, per two chunks of 8-bit codes (a box's
         // bytes all arrive, zero-filled past K).
-        const int boxes = kFp8 ? (chunks + 1) / 2 : chunks;
+        const int boxes = kEightBit ? (chunks + 1) / 2 : chunks;
         const unsigned bytes = boxes * kShape.a_box_bytes + chunks * tiles * kShape.w_chunk_bytes +
                                rows * tiles * 256 * (kStoredZeros ? 2 : 1);
         const unsigned full = full_barrier(base, slot);
@@ -277,7 +299,7 @@ struct WgmmaGemm {
         const unsigned stage = stage_address(base, slot);
         for (int b = 0; b < boxes; ++b)
           ptx::tensor_copy_2d(stage + b * kShape.a_box_bytes, &p.activations,
-                              (c + (kFp8 ? 2 : 1) * b) * 64, a_row0, full);
+                              (c + (kEightBit ? 2 : 1) * b) * 64, a_row0, full);
         for (int t = 0; t < tiles; ++t)
           ptx::bulk_copy(stage + kShape.a_bytes + t * kShape.w_tile_bytes,
                          p.w + (static_cast<long long>(w_tile0 + t) * p.k_chunks + c) * 128 * kBits,
@@ -365,10 +387,10 @@ struct WgmmaGemm {
     return first;
   }
 
-  // FP8: the 8 A registers of thread `thread` for weight tile `tile` in chunk i (frag[0..1]: the
-  // chunk's two k32 steps; dequant/wgmma_e4m3.cuh draws their bytes), unscaled. Returns the
-  // scales of the chunk's group (rows g and g + 8; groups cover whole chunks).
-  __device__ static float2 e4m3_tile_chunk(const WgmmaGemmParams& p, const Unit& unit,
+  // 8-bit: the 8 A registers of thread `thread` for weight tile `tile` in chunk i (frag[0..1]:
+  // the chunk's two k32 steps; dequant/wgmma_codes8.cuh draws their bytes), unscaled. Returns
+  // the scales of the chunk's group (rows g and g + 8; groups cover whole chunks).
+  __device__ static float2 codes8_tile_chunk(const WgmmaGemmParams& p, const Unit& unit,
                                            unsigned stage, int i, int tile, int thread,
                                            unsigned (&frag)[4][4]) {
     const int ch = i % kStageChunks;
@@ -376,10 +398,11 @@ struct WgmmaGemm {
     load_words(stage + kShape.a_bytes + tile * kShape.w_tile_bytes + ch * kShape.w_chunk_bytes +
                    thread * kBits * 4,
                words);
-    // The 4-bit format's e4m3 table, a compile-time constant (four immediates in registers).
-    constexpr WgmmaE4m3Table table = wgmma_e4m3_table(kFormat, kZeroMode == kZeroConstant);
+    // The 4-bit format's table, a compile-time constant (four immediates in registers).
+    constexpr WgmmaCodes8Table table =
+        wgmma_codes8_table(kFormat, kZeroMode == kZeroConstant, kCodes8);
     unsigned steps[2][4];
-    wgmma_e4m3_fragments<kBits>(words, table, steps);
+    wgmma_codes8_fragments<kBits>(words, table, steps);
 #pragma unroll
     for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -454,11 +477,12 @@ struct WgmmaGemm {
   // Scales promoted into fp32 sums (gemm/sm90_wgmma_shape.cuh): the groups' chunks and the
   // kDequant codes of dequant/wgmma_dequant.cuh agree (kWgmmaFp32 = 0).
   static constexpr bool kPromote = wgmma_promotes_scales(kTile, kGroup, kDequant);
-  // Chunks per promoted group (0: one group per row). The FP8 tiles promote channel and tensor
-  // scales every two chunks too: Hopper's FP8 tensor cores keep fewer bits than fp32 in their
-  // sums (about 14, DeepSeek-V3), so no wgmma sum runs over more than 128 K (DeepGEMM's
+  // Chunks per promoted group (0: one group per row). The 8-bit tiles promote channel and
+  // tensor scales every two chunks too: Hopper's FP8 tensor cores keep fewer bits than fp32 in
+  // their sums (about 14, DeepSeek-V3), so no wgmma sum runs over more than 128 K (DeepGEMM's
   // interval) before it is added into the fp32 result; the scale is the same for every group.
-  static constexpr int kGroupChunks = kFp8 && kGroup == 0 ? 2 : kGroup / 64;
+  // (The INT8 sums are exact; 128 K of them, at most 2^21, convert to fp32 exactly.)
+  static constexpr int kGroupChunks = kEightBit && kGroup == 0 ? 2 : kGroup / 64;
   static_assert(!kActGroupScales || kGroupChunks * 64 == kActGroup,
                 "the promotion groups are the activation groups");
   // Group accumulator sets (wgmma_promote_sets): group j adds into set j % kPromoteSets.
@@ -484,10 +508,11 @@ struct WgmmaGemm {
     unsigned base;
     volatile unsigned* flags;  // one split-K flag per consumer warpgroup (shared memory)
     // The unit's result. Scales in the weights: the wgmma add into it directly. Promoted: group
-    // j's wgmma add into group_acc[j % 2], which is scaled into acc (by group_scale[j % 2]: rows
-    // g and g + 8) once the next group's first chunk has been dequantized.
+    // j's wgmma add into group_acc[j % 2] (s32 on the INT8 tensor cores), which is scaled into
+    // acc (by group_scale[j % 2]: rows g and g + 8) once the next group's first chunk has been
+    // dequantized.
     float acc[kAccumulators];
-    float group_acc[kPromote ? kPromoteSets : 1][kPromote ? kAccumulators : 1];
+    Sum group_acc[kPromote ? kPromoteSets : 1][kPromote ? kAccumulators : 1];
     float2 group_scale[kPromoteSets];
     // Activation group scales (kActGroupScales): group G of this consumer (groups counts them
     // across units) has its token block's kTokens scales in shared slot G % 2, written by thread
@@ -535,7 +560,7 @@ struct WgmmaGemm {
                                          (8 * (i / 4) + 2 * (thread % 4)) * 4);
             scale *= i % 2 == 0 ? token_scales.x : token_scales.y;
           }
-          acc[i] = fmaf(scale, group_acc[kSet][i], acc[i]);
+          acc[i] = fmaf(scale, static_cast<float>(group_acc[kSet][i]), acc[i]);
         }
       }
     }
@@ -552,8 +577,8 @@ struct WgmmaGemm {
       if (active) {
         const unsigned stage = stage_address(base, slot);
         float2 first_scale;
-        if constexpr (kFp8) {
-          first_scale = e4m3_tile_chunk(p, unit, stage, i, warpgroup, thread, frag[kBuffer]);
+        if constexpr (kEightBit) {
+          first_scale = codes8_tile_chunk(p, unit, stage, i, warpgroup, thread, frag[kBuffer]);
         } else {
           first_scale = dequantize_tile_chunk<!kPromote>(p, unit, stage, i, warpgroup, thread,
                                                          frag[kBuffer]);
@@ -593,7 +618,7 @@ struct WgmmaGemm {
             ++groups;
           }
         }
-        if constexpr (kFp8) {
+        if constexpr (kEightBit) {
           // Both steps' A registers are computed here, before the fence: otherwise the compiler
           // sinks the second step's PRMTs past the first wgmma into the same registers, and
           // ptxas then waits for that wgmma before each next one (C7520, seen in the SASS).
@@ -603,8 +628,8 @@ struct WgmmaGemm {
             for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(frag[kBuffer][s][r])::"memory");
         }
         ptx::warpgroup_fence();
-        float(&target)[kAccumulators] = accumulators<kSet>();
-        if constexpr (kFp8) {
+        auto& target = accumulators<kSet>();
+        if constexpr (kEightBit) {
           // Chunk ch is the (ch % 2)-th half of box ch / 2 (128 codes a token row); its k32
           // step s starts (ch % 2) · 64 + 32 s bytes into the swizzled rows.
           const unsigned a_box = stage + (ch / 2) * kShape.a_box_bytes;
@@ -666,7 +691,7 @@ struct WgmmaGemm {
     }
 
     template <int kSet>
-    __device__ auto accumulators() -> float (&)[kAccumulators] {
+    __device__ auto accumulators() -> auto& {
       if constexpr (kPromote && kSet >= 0) {
         return group_acc[kSet];
       } else {
@@ -929,9 +954,9 @@ struct WgmmaGemm {
 
 // Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16 / 2 e4m3 codes (the FP8 tiles, kDequant kWgmmaE4m3) / 3 e4m3 codes
-// with 1x128 group scales (params.act_scales, promoted with the weight's); kDequant =
-// WgmmaDequant; kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes
-// with the same wgmma_shape, and must agree.
+// with 1x128 group scales (params.act_scales, promoted with the weight's) / 4 int8 codes (the
+// INT8 tiles, kDequant kWgmmaS8); kDequant = WgmmaDequant; kThreads and kDynamicSmemBytes come
+// from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
           bool kSplitK, int kDequant, bool kGrouped, int kThreads, int kDynamicSmemBytes>
@@ -939,7 +964,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
   using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
                          kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant,
-                         kGrouped, kActivation >= 2, kActivation == 3>;
+                         kGrouped,
+                         kActivation == 4   ? kCodes8S8
+                         : kActivation >= 2 ? kCodes8E4m3
+                                            : -1,
+                         kActivation == 3>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

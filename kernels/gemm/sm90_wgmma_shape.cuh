@@ -6,7 +6,7 @@
 //           `transform`, warps 1-3 dequantize every weight tile of a chunk into shared memory
 //           warpgroups 1 .. consumers: one 64-row weight tile each (block_n = 64 · consumers)
 //   stage   A  stage_chunks boxes of tokens × 64 activations (128-byte rows, 128-byte swizzle,
-//              1024-byte aligned: wgmma's B operand as TMA writes it); e4m3 activations (fp8):
+//              1024-byte aligned: wgmma's B operand as TMA writes it); 8-bit codes (eight_bit):
 //              stage_chunks / 2 boxes of tokens × 128 one-byte codes, a box per two chunks
 //           W  consumers × stage_chunks × 128 threads × bits words (gemm/wgmma_weight_layout.cuh)
 //           S  scale rows × block_n floats (the stage's groups), then as many zero rows
@@ -16,10 +16,10 @@
 //           rows as A (wgmma's A operand from shared memory), 8 KB a tile
 //   staging (16-bit outputs): per consumer, epilogue_tokens rows × 64 outputs (128-byte rows):
 //           the accumulators transposed by stmatrix so that C is written along its rows
-//   activation group scales (fp8 tiles): per consumer, two slots of tokens floats (the 1x128
+//   activation group scales (8-bit tiles): per consumer, two slots of tokens floats (the 1x128
 //           group scales of its token block for two groups in turn)
 //   shared  [1024 alignment slack] [stage 0] ... [stage stages − 1] [dequantized buffers]
-//           [staging per consumer] [activation group scales per consumer (fp8)]
+//           [staging per consumer] [activation group scales per consumer (8-bit)]
 //           [full, empty barriers per stage]
 //           [filled, drained barriers per buffer] [one split-K flag per consumer]
 #pragma once
@@ -29,9 +29,15 @@
 namespace qgemm::kernels {
 
 // How the weight is dequantized (dequant/wgmma_dequant.cuh); the spec's "dequant" parameter.
-// kWgmmaE4m3: the weight's values as e4m3 codes (exact, unscaled) for the FP8 wgmma against
-// e4m3 activation codes (the tile's fp8).
-enum WgmmaDequant { kWgmmaFp32 = 0, kWgmmaPacked16 = 1, kWgmmaFloat16 = 2, kWgmmaE4m3 = 3 };
+// kWgmmaE4m3 / kWgmmaS8: the weight's values as e4m3 / s8 codes (exact, unscaled) for the 8-bit
+// wgmma against e4m3 / int8 activation codes (the tile's eight_bit).
+enum WgmmaDequant {
+  kWgmmaFp32 = 0,
+  kWgmmaPacked16 = 1,
+  kWgmmaFloat16 = 2,
+  kWgmmaE4m3 = 3,
+  kWgmmaS8 = 4
+};
 
 // Chunks the transform warps may run ahead of the consumers, and how many there are (warps 1-3
 // of the producer's warpgroup: a fourth warpgroup would cap every thread at 128 registers,
@@ -47,8 +53,9 @@ struct WgmmaTile {
   bool transform = false; // transform warps dequantize into shared memory (the consumers'
                           // wgmma read both operands there); else each consumer dequantizes its
                           // tile into registers
-  bool fp8 = false;       // e4m3 activation codes and the e4m3 wgmma (m64nNk32): the weight
-                          // becomes e4m3 in registers, every scale group is promoted
+  bool eight_bit = false; // 8-bit activation codes (e4m3 or int8, as the spec's act says) and
+                          // the 8-bit wgmma (m64nNk32): the weight becomes e4m3 or s8 codes in
+                          // registers, every scale group is promoted
 };
 
 struct WgmmaShape {
@@ -57,7 +64,7 @@ struct WgmmaShape {
   int scale_rows = 0, s_row_bytes = 0, s_bytes = 0, stage_bytes = 0;
   int dequantized_offset = 0, dequantized_tile_bytes = 0, dequantized_buffer_bytes = 0;
   int epilogue_tokens = 0, epilogue_offset = 0, epilogue_bytes = 0;
-  int act_scales_offset = 0, act_scales_bytes = 0;  // per consumer; 0 bytes unless fp8
+  int act_scales_offset = 0, act_scales_bytes = 0;  // per consumer; 0 bytes unless eight_bit
   int barriers_offset = 0, flags_offset = 0, shared_bytes = 0;
 };
 
@@ -72,7 +79,7 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.block_n = 64 * t.consumers;
   s.stage_k = 64 * t.stage_chunks;
   s.a_box_bytes = t.tokens * 128;
-  s.a_bytes = (t.fp8 ? t.stage_chunks / 2 : t.stage_chunks) * s.a_box_bytes;
+  s.a_bytes = (t.eight_bit ? t.stage_chunks / 2 : t.stage_chunks) * s.a_box_bytes;
   s.w_chunk_bytes = 128 * bits * 4;
   s.w_tile_bytes = t.stage_chunks * s.w_chunk_bytes;
   s.w_bytes = t.consumers * s.w_tile_bytes;
@@ -88,7 +95,7 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
   s.epilogue_tokens = t.tokens < 32 ? t.tokens : 32;
   s.epilogue_bytes = s.epilogue_tokens * 128;
   s.act_scales_offset = s.epilogue_offset + t.consumers * s.epilogue_bytes;
-  s.act_scales_bytes = t.fp8 ? 2 * t.tokens * 4 : 0;
+  s.act_scales_bytes = t.eight_bit ? 2 * t.tokens * 4 : 0;
   s.barriers_offset = s.act_scales_offset + t.consumers * s.act_scales_bytes;
   const int barriers = 2 * t.stages + (t.transform ? 2 * kWgmmaTransformBuffers : 0);
   s.flags_offset = s.barriers_offset + barriers * 8;
@@ -106,16 +113,16 @@ QGEMM_HOST_DEVICE constexpr WgmmaShape wgmma_shape(WgmmaTile t, int bits, int gr
 // scale in the weights; so do the transform warps (their dequantization is off the consumers'
 // path).
 //
-// The FP8 tiles always promote (their e4m3 weights hold no scale; wgmma_tile_error keeps their
-// groups whole chunks), up to 128 tokens: with one accumulator set for the group (two above
+// The 8-bit tiles always promote (their e4m3 / s8 weights hold no scale; wgmma_tile_error keeps
+// their groups whole chunks), up to 128 tokens: with one accumulator set for the group (two above
 // 64 tokens would not fit the registers), so that a group's sums are scaled in after its last
 // wgmma has completed and before the next group's first one starts (wgmma_promote_sets).
 QGEMM_HOST_DEVICE constexpr bool wgmma_promotes_scales(WgmmaTile t, int group, int dequant) {
-  if (t.fp8) return true;
+  if (t.eight_bit) return true;
   return !t.transform && t.tokens <= 64 && dequant != kWgmmaFp32 && group % 64 == 0;
 }
 // Group accumulator sets of a promoting tile: two that alternate by group up to 64 tokens, one
-// above (FP8 at 128 tokens).
+// above (8-bit at 128 tokens).
 QGEMM_HOST_DEVICE constexpr int wgmma_promote_sets(WgmmaTile t) { return t.tokens <= 64 ? 2 : 1; }
 
 // K chunks a split must be a multiple of: whole stages, and whole groups where the scales are
@@ -142,13 +149,14 @@ QGEMM_HOST_DEVICE constexpr const char* wgmma_tile_error(WgmmaTile t, int group)
   if (group != 0 && (group % 16 != 0 || (group % stage_k != 0 && stage_k % group != 0)))
     return "the weight group must be a multiple of 16 that divides the stage's K or is a "
            "multiple of it";
-  if (t.fp8) {
-    if (t.transform) return "the FP8 tiles dequantize in the consumers (no transform warps)";
-    if (t.tokens > 128) return "FP8 tiles of at most 128 tokens (two accumulator sets)";
+  if (t.eight_bit) {
+    if (t.transform) return "the 8-bit tiles dequantize in the consumers (no transform warps)";
+    if (t.tokens > 128) return "8-bit tiles of at most 128 tokens (two accumulator sets)";
     if (t.stage_chunks % 2 != 0)
-      return "FP8 stages of 2 or 4 K chunks (e4m3 activations come in 128-K boxes)";
+      return "8-bit stages of 2 or 4 K chunks (8-bit activations come in 128-K boxes)";
     if (group % 64 != 0)
-      return "FP8 tiles promote each scale group: groups of whole 64-K chunks (or one per row)";
+      return "8-bit tiles promote each scale group: groups of whole 64-K chunks (or one per "
+             "row)";
   }
   return nullptr;
 }

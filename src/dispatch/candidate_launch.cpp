@@ -87,7 +87,7 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
                                                 p.route_block, *weight.wgmma, launch.operand, gpu)
                          : wgmma_launch(*launch.wgmma_config, m, *weight.wgmma, launch.operand, gpu);
       launch.group_scales =
-          launch.wgmma_config->tile.fp8 && wgmma_fp8_activation_groups(quant);
+          launch.wgmma_config->tile.eight_bit && wgmma_fp8_activation_groups(quant);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
                                p.scheme.output, arch, launch.group_scales, p.experts > 0);
       break;

@@ -336,19 +336,22 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   // bounds (predicted).
   const bool transform = config.tile.transform;
   cost.unhidden = transform ? 0.0 : r.wgmma_unhidden;
-  const double tensor_rate = config.tile.fp8 ? r.wgmma_fp8_tflops : r.wgmma_tflops;
+  // The INT8 tensor cores run at the FP8 rate on Hopper.
+  const double tensor_rate = config.tile.eight_bit ? r.wgmma_fp8_tflops : r.wgmma_tflops;
   const double tensor_us = tflops_us(2.0 * rows * p.n * p.k, tensor_rate * occupancy);
   const std::string dequant = wgmma_dequant(w, operand);
   // Promoted scales save the multiply: a quarter of packed16's work per pair.
   const double promoted = wgmma_promotes_scales(config, w, operand) ? 4.0 / 3.0 : 1.0;
-  // e4m3 (FP8 configs, promoted): 4-bit codes through the PRMT tables about as fast as promoted
-  // packed16 (13 against ~14 instructions per 8 codes) with half the wgmma instructions; e4m3
-  // codes pass through one PRMT per 4 (predicted; kernels/dequant/wgmma_e4m3.cuh).
-  const double e4m3_factor = w.format.bits == 8 ? r.wgmma_e4m3_bytes_factor : 1.0;
+  // e4m3 / s8 (eight-bit configs, promoted): 4-bit codes through the PRMT tables about as fast
+  // as promoted packed16 (13 against ~14 instructions per 8 codes) with half the wgmma
+  // instructions; 8-bit codes pass through one PRMT per 4 (and a LOP3 for int8; predicted;
+  // kernels/dequant/wgmma_codes8.cuh).
+  const double codes8_factor = w.format.bits == 8 ? r.wgmma_e4m3_bytes_factor : 1.0;
   const double dequant_rate = (transform ? r.wgmma_transform_gelems : r.wgmma_dequant_gelems) *
                               promoted *
                               (dequant == "packed16"  ? 1.0
-                               : dequant == "e4m3"    ? e4m3_factor
+                               : dequant == "e4m3"    ? codes8_factor
+                               : dequant == "s8"      ? codes8_factor
                                : dequant == "float16" ? 0.7
                                                       : 0.4);
   const double dequant_us =
@@ -480,7 +483,7 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           break;
         }
         if (!config.held_back.empty() && context.forced != candidate.name &&
-            !(config.tile.fp8 && wgmma_fp8_ranked())) {
+            !(config.tile.eight_bit && wgmma_fp8_ranked())) {
           reject(config.held_back + " (a forced run takes it)");
           break;
         }
@@ -488,11 +491,12 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("the weight has no wgmma order: " + weight.no_wgmma);
           break;
         }
-        if (config.tile.fp8) {
+        if (config.tile.eight_bit) {
           // The activation quantizer's codes are the operand as they are (in the 8-bit mma's K
-          // order): e4m3 with one scale per row, applied in the epilogue, or per 1x128 group,
-          // promoted in the loop (wgmma_fp8_activation_unsupported).
-          if (auto why = wgmma_fp8_activation_unsupported(quant, *weight.wgmma)) {
+          // order): e4m3 or int8 with one scale per row, applied in the epilogue, or e4m3 per
+          // 1x128 group, promoted in the loop (wgmma_codes8_activation_unsupported).
+          if (auto why =
+                  wgmma_codes8_activation_unsupported(quant, *weight.wgmma, config.codes())) {
             reject(*why);
             break;
           }

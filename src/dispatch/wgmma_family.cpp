@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "dispatch/cost_model.hpp"
-#include "dequant/wgmma_e4m3.cuh"
+#include "dequant/wgmma_codes8.cuh"
 #include "jit/catalog.hpp"
 #include "jit/kernel_spec.hpp"
 #include "qgemm/error.hpp"
@@ -57,6 +57,10 @@ constexpr const char* kTransformHeldBack =
 constexpr const char* kFp8HeldBack =
     "the FP8 tiles measured slower than the 16-bit tiles and cuBLASLt FP8 (H100, M = 4096: 550 "
     "TFLOPS on int4 and 720 on e4m3 weights against cuBLASLt's ~1290; issue #16)";
+// The INT8 tiles are the FP8 tiles' main loop on s8 codes (issue #16): not yet run on a GPU.
+constexpr const char* kInt8HeldBack =
+    "the INT8 tiles have not run on a GPU yet (the FP8 tiles' main loop on s8 codes, which "
+    "measured slower than the 16-bit tiles; issue #16)";
 
 const std::vector<WgmmaConfig>& wgmma_configs() {
   // {consumers, tokens, stage_chunks, most stages}; the ring takes as many stages as fit the
@@ -91,11 +95,22 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
       {"wgmma-fp8-128", {2, 128, 2, 6, false, true}, kFp8HeldBack},
       {"wgmma-fp8-8-k256", {2, 8, 4, 16, false, true}, kFp8HeldBack},
       {"wgmma-fp8-16-k256", {2, 16, 4, 16, false, true}, kFp8HeldBack},
+      // INT8 tensor cores (issue #16): the same tiles on int8 activation codes against the
+      // weight as s8 codes in registers (exact s32 sums, promoted per group).
+      {"wgmma-int8-8", {2, 8, 2, 10, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-16", {2, 16, 2, 10, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-32", {2, 32, 2, 8, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-64", {2, 64, 2, 6, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-128", {2, 128, 2, 6, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-8-k256", {2, 8, 4, 16, false, true}, kInt8HeldBack, true},
+      {"wgmma-int8-16-k256", {2, 16, 4, 16, false, true}, kInt8HeldBack, true},
   };
   return configs;
 }
 
 int WgmmaConfig::threads() const { return 128 * (1 + tile.consumers); }
+
+const Format& WgmmaConfig::codes() const { return int8 ? formats::int8 : formats::e4m3; }
 
 kernels::WgmmaTile WgmmaConfig::tile_for(const layout::MmaWeight& weight,
                                          const GpuLimits& gpu) const {
@@ -117,11 +132,11 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
     return fmt::format("wgmma runs on sm_90a only (this is {})", jit::arch_name(gpu.arch));
   if (weight.order != layout::FragmentOrder::Wgmma)
     return std::string("the weight is not in the wgmma order");
-  if (tile.fp8) {
-    if (operand != formats::e4m3)
-      return fmt::format("the FP8 wgmma configs take e4m3 activation codes ({} given)",
-                         operand.name());
-    if (auto why = wgmma_e4m3_weight_unsupported(weight)) return why;
+  if (tile.eight_bit) {
+    if (operand != codes())
+      return fmt::format("the {} wgmma configs take {} activation codes ({} given)",
+                         int8 ? "INT8" : "FP8", codes().name(), operand.name());
+    if (auto why = wgmma_codes8_weight_unsupported(weight, codes())) return why;
   } else if (operand != formats::bf16 && operand != formats::fp16) {
     return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
   }
@@ -136,29 +151,34 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
   return std::nullopt;
 }
 
-std::optional<std::string> wgmma_e4m3_weight_unsupported(const layout::MmaWeight& weight) {
+std::optional<std::string> wgmma_codes8_weight_unsupported(const layout::MmaWeight& weight,
+                                                           const Format& codes) {
   const Format& f = weight.format;
-  if (f == formats::e4m3) {
+  const bool s8 = codes == formats::int8;
+  const bool constant_zero = weight.zero_mode == layout::MmaZeroMode::Constant;
+  if (!s8 && f == formats::e4m3) {
     if (weight.zero_mode != layout::MmaZeroMode::None)
       return std::string("e4m3 weights with a zero point");
     return std::nullopt;
   }
-  if (f.bits != 4)
-    return fmt::format("the FP8 wgmma takes e4m3 or 4-bit weights ({} is {} bits)", f.name(),
-                       f.bits);
-  if (weight.zero_mode != layout::MmaZeroMode::None &&
-      weight.zero_mode != layout::MmaZeroMode::Constant)
-    return fmt::format("stored zero points ({}) make u − zero a per-group value, not one e4m3 "
+  if (s8 && f.is_float())
+    return fmt::format("the INT8 wgmma takes integer weights ({} given)", f.name());
+  if (!(f.bits == 4 || (s8 && f.bits == 8)))
+    return fmt::format("the {} wgmma takes {} weights ({} is {} bits)", s8 ? "INT8" : "FP8",
+                       s8 ? "4- or 8-bit integer" : "e4m3 or 4-bit", f.name(), f.bits);
+  if (weight.zero_mode != layout::MmaZeroMode::None && !constant_zero)
+    return fmt::format("stored zero points ({}) make u − zero a per-group value, not one {} "
                        "table",
-                       layout::mma_zero_mode_name(weight.zero_mode));
-  const bool constant_zero = weight.zero_mode == layout::MmaZeroMode::Constant;
-  if (!kernels::wgmma_e4m3_table_exact(jit::packed_format_code(f), constant_zero))
-    return fmt::format("a value of {} is not exact in e4m3", f.name());
+                       layout::mma_zero_mode_name(weight.zero_mode), codes.name());
+  if (!kernels::wgmma_codes8_exact(jit::packed_format_code(f), constant_zero,
+                                   s8 ? kernels::kCodes8S8 : kernels::kCodes8E4m3))
+    return fmt::format("a value of {} is not exact in {}", f.name(), s8 ? "s8" : "e4m3");
   return std::nullopt;
 }
 
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand) {
   if (operand == formats::e4m3) return "e4m3";
+  if (operand == formats::int8) return "s8";
   if (layout::packed16_dequant_applies(weight, operand)) return "packed16";
   const bool exact =
       operand == formats::bf16 ? weight.scales_exact_in_bf16 : weight.scales_exact_in_fp16;
@@ -173,6 +193,7 @@ int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand) {
   return mode == "packed16" ? kernels::kWgmmaPacked16
          : mode == "float16" ? kernels::kWgmmaFloat16
          : mode == "e4m3"    ? kernels::kWgmmaE4m3
+         : mode == "s8"      ? kernels::kWgmmaS8
                              : kernels::kWgmmaFp32;
 }
 
@@ -306,22 +327,26 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
   return wgmma_counters_offset(config, launch.m_blocks, weight) + counters;
 }
 
-std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
-                                                            const layout::MmaWeight& weight) {
-  if (!quant.is_quantized() || quant.format != formats::e4m3)
-    return fmt::format("the FP8 configs take e4m3 activation codes ({} given)",
+std::optional<std::string> wgmma_codes8_activation_unsupported(const ActivationQuant& quant,
+                                                               const layout::MmaWeight& weight,
+                                                               const Format& codes) {
+  const char* tiles = codes == formats::int8 ? "INT8" : "FP8";
+  if (!quant.is_quantized() || quant.format != codes)
+    return fmt::format("the {} configs take {} activation codes ({} given)", tiles, codes.name(),
                        quant.format.name());
   if (jit::codes_are_operand8(quant)) return std::nullopt;
-  if (quant.scaling == ActivationScaling::DynamicGroup && quant.group == 128 &&
-      quant.scale_format == formats::fp32) {
+  if (codes == formats::e4m3 && quant.scaling == ActivationScaling::DynamicGroup &&
+      quant.group == 128 && quant.scale_format == formats::fp32) {
     if (weight.group_size != 0 && weight.group_size != 128)
       return fmt::format("1x128 activation groups are promoted with the weight's groups, which "
                          "must be 128 too or one per row ({} given)",
                          weight.group_size);
     return std::nullopt;
   }
-  return std::string("the FP8 configs take e4m3 activation codes with one scale per row (per "
-                     "token or per tensor) or fp32 scales per group of 128");
+  return fmt::format("the {} configs take {} activation codes with one scale per row (per token "
+                     "or per tensor){}",
+                     tiles, codes.name(),
+                     codes == formats::e4m3 ? " or fp32 scales per group of 128" : "");
 }
 
 bool wgmma_fp8_activation_groups(const ActivationQuant& quant) {

@@ -34,6 +34,11 @@ struct WgmmaConfig {
   // Why the selector ranks this config only when it is forced (benches, the tuner, the GPU
   // tests); empty: ranked like the rest. A design that measured slower stays servable this way.
   std::string held_back;
+  // An eight-bit tile's activation codes: int8 (the INT8 tensor cores, s8 wgmma); else e4m3.
+  bool int8 = false;
+
+  // The activation codes an eight-bit tile takes: int8 or e4m3.
+  const Format& codes() const;
 
   int block_m() const { return tile.tokens; }
   int block_n() const { return 64 * tile.consumers; }
@@ -42,7 +47,7 @@ struct WgmmaConfig {
   // shared memory (wider codes make larger stages), at least two stages.
   kernels::WgmmaTile tile_for(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
   int shared_bytes(const layout::MmaWeight& weight, const GpuLimits& gpu) const;
-  // Why this config cannot serve M rows of `operand` (16-bit; e4m3 codes for the FP8 tiles)
+  // Why this config cannot serve M rows of `operand` (16-bit; the codes() of an eight-bit tile)
   // against `weight` (in the wgmma order) on `gpu`; nullopt when it can.
   std::optional<std::string> unsupported_reason(std::int64_t m, const layout::MmaWeight& weight,
                                                 const Format& operand,
@@ -60,8 +65,8 @@ const std::vector<WgmmaConfig>& wgmma_configs();
 // A forced config is served whenever the weight has its layout.
 bool wgmma_ranked_by_default();
 bool every_layout_on_every_weight();
-// QGEMM_WGMMA_FP8=1 (read at each call): the FP8 configs are ranked like the rest although they
-// are held back (not yet run on a GPU: WgmmaConfig::held_back), for the gates and benches that
+// QGEMM_WGMMA_FP8=1 (read at each call): the eight-bit configs (FP8 and INT8) are ranked like
+// the rest although they are held back (WgmmaConfig::held_back), for the gates and benches that
 // judge them before the hold is lifted.
 bool wgmma_fp8_ranked();
 // The streamed decode kernel and qdq's dequantization read the wgmma order unforced, so that
@@ -74,14 +79,16 @@ inline constexpr const char* kWgmmaOrderReadersSwitchedOff =
 inline constexpr const char* kWgmmaSwitchedOff =
     "QGEMM_WGMMA=0 keeps the SM90 wgmma family out of the ranking (a forced config still runs)";
 
-// Why the FP8 configs cannot turn `weight` into e4m3 codes in registers
-// (kernels/dequant/wgmma_e4m3.cuh): they take e4m3 codes, and 4-bit codes (integers with at
-// most a constant zero point, e2m1) whose every value e4m3 holds; nullopt when they can.
-std::optional<std::string> wgmma_e4m3_weight_unsupported(const layout::MmaWeight& weight);
+// Why the eight-bit configs cannot turn `weight` into `codes` (e4m3 or int8) in registers
+// (kernels/dequant/wgmma_codes8.cuh): e4m3 takes e4m3 codes and 4-bit codes (integers with at
+// most a constant zero point, e2m1) whose every value e4m3 holds; int8 takes 4- and 8-bit
+// integers with at most a constant zero point whose every value s8 holds; nullopt when they can.
+std::optional<std::string> wgmma_codes8_weight_unsupported(const layout::MmaWeight& weight,
+                                                           const Format& codes);
 
 // How the kernel dequantizes `weight` against `operand`: "packed16", "float16" or "fp32"
-// (kernels/dequant/wgmma_dequant.cuh), "e4m3" against e4m3 codes (the FP8 configs,
-// kernels/dequant/wgmma_e4m3.cuh), and that mode's code (its WgmmaDequant value).
+// (kernels/dequant/wgmma_dequant.cuh), "e4m3" / "s8" against e4m3 / int8 codes (the eight-bit
+// configs, kernels/dequant/wgmma_codes8.cuh), and that mode's code (its WgmmaDequant value).
 std::string wgmma_dequant(const layout::MmaWeight& weight, const Format& operand);
 int wgmma_dequant_mode(const layout::MmaWeight& weight, const Format& operand);
 
@@ -127,18 +134,19 @@ std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_bloc
                                   const layout::MmaWeight& weight);
 
 // `activation_group_scales`: e4m3 codes with 1x128 group scales (fp8-block's activations), which
-// the FP8 tiles promote with the weight's scales (wgmma_activation_groups_unsupported).
+// the FP8 tiles promote with the weight's scales (wgmma_codes8_activation_unsupported).
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
                            const Format& output, jit::Arch arch,
                            bool activation_group_scales = false, bool grouped = false);
 
-// Why the FP8 configs cannot take `quant`'s activation codes against `weight` (nullopt when
-// they can): e4m3 codes with one scale per row (per token or tensor, applied in the epilogue),
-// or in groups of 128 along K with fp32 scales (promoted per group, DeepGEMM's way) where the
-// weight's groups are 128 too or one per row.
-std::optional<std::string> wgmma_fp8_activation_unsupported(const ActivationQuant& quant,
-                                                            const layout::MmaWeight& weight);
+// Why the eight-bit configs of `codes` (e4m3 or int8) cannot take `quant`'s activation codes
+// against `weight` (nullopt when they can): codes of that format with one scale per row (per
+// token or tensor, applied in the epilogue), or e4m3 in groups of 128 along K with fp32 scales
+// (promoted per group, DeepGEMM's way) where the weight's groups are 128 too or one per row.
+std::optional<std::string> wgmma_codes8_activation_unsupported(const ActivationQuant& quant,
+                                                               const layout::MmaWeight& weight,
+                                                               const Format& codes);
 // Whether those codes come with group scales (the kernel's act=e4m3_g128).
 bool wgmma_fp8_activation_groups(const ActivationQuant& quant);
 

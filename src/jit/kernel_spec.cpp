@@ -276,12 +276,14 @@ const std::vector<KernelFamily>& kernel_families() {
         {"zero", ParamKind::Choice, {"none", "constant", "int", "float"}},
         {"group", ParamKind::Int, {}},
         // The activation operand: 16-bit, or e4m3 codes (the FP8 tiles, m64nNk32) with one
-        // scale per row (applied in the epilogue) or per 1x128 group (promoted in the loop).
-        {"act", ParamKind::Choice, {"bf16", "fp16", "e4m3", "e4m3_g128"}},
+        // scale per row (applied in the epilogue) or per 1x128 group (promoted in the loop), or
+        // int8 codes with one scale per row (the INT8 tiles).
+        {"act", ParamKind::Choice, {"bf16", "fp16", "e4m3", "e4m3_g128", "int8"}},
         {"out", ParamKind::Choice, {"fp16", "bf16", "fp32"}},
         {"split_k", ParamKind::Bool, {}},
-        // Order = kernels::WgmmaDequant ("e4m3": the weight as exact e4m3 codes, FP8 only).
-        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16", "e4m3"}},
+        // Order = kernels::WgmmaDequant ("e4m3" / "s8": the weight as exact e4m3 / s8 codes,
+        // for the FP8 / INT8 tiles only).
+        {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16", "e4m3", "s8"}},
         // Grouped (MoE): the expert of each token block from the routing.
         {"grouped", ParamKind::Bool, {}}},
        false},

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "scoped_env.hpp"
-#include "dequant/wgmma_e4m3.cuh"
+#include "dequant/wgmma_codes8.cuh"
 #include "dispatch/candidate_launch.hpp"
 #include "dispatch/select.hpp"
 #include "dispatch/wgmma_family.hpp"
@@ -132,7 +132,7 @@ TEST(WgmmaFamily, LaunchesCoverTheProblemExactlyOnce) {
       for (const WgmmaConfig& config : wgmma_configs())
         for (std::int64_t m : {1, 3, 16, 17, 64, 129, 1000, 4096}) {
           const layout::MmaWeight w = wgmma_weight(scheme, n, k);
-          const Format operand = config.tile.fp8 ? formats::e4m3 : formats::bf16;
+          const Format operand = config.tile.eight_bit ? config.codes() : formats::bf16;
           if (config.unsupported_reason(m, w, operand, kH200)) continue;
           SCOPED_TRACE(config.name + " " + scheme + " M=" + std::to_string(m) +
                        " N=" + std::to_string(n) + " K=" + std::to_string(k));
@@ -303,7 +303,7 @@ TEST(WgmmaFp8, RulesNameWhatTheFp8TilesCannotHold) {
   const layout::MmaWeight e2m1 = wgmma_weight("w=e2m1:g128:s=bf16;a=e4m3:tok", 4096, 4096);
   EXPECT_FALSE(fp8.unsupported_reason(64, e2m1, formats::e4m3, kH200));
   for (const WgmmaConfig& config : wgmma_configs()) {
-    if (!config.tile.fp8) continue;
+    if (!config.tile.eight_bit || config.int8) continue;
     EXPECT_EQ(config.tile.stage_chunks % 2, 0) << config.name;
     EXPECT_LE(config.shared_bytes(e4m3, kH200), kH200.shared_per_block) << config.name;
     EXPECT_TRUE(wgmma_promotes_scales(config, w4, formats::e4m3)) << config.name;
@@ -324,7 +324,8 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
     const Selection ranked = select_on(p, kH200);
     EXPECT_NE(verdict_of(ranked, "wgmma-fp8-128").rejected.find("forced"), std::string::npos)
         << verdict_of(ranked, "wgmma-fp8-128").rejected;
-    EXPECT_FALSE(ranked.chosen().candidate->wgmma && ranked.chosen().candidate->wgmma->tile.fp8);
+    EXPECT_FALSE(ranked.chosen().candidate->wgmma &&
+                 ranked.chosen().candidate->wgmma->tile.eight_bit);
     const Selection forced = select_on(p, kH200, "wgmma-fp8-128");
     const Verdict& v = forced.chosen();
     ASSERT_EQ(v.candidate->name, "wgmma-fp8-128");
@@ -377,29 +378,41 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
   }
 }
 
-// The weight as e4m3 in registers (kernels/dequant/wgmma_e4m3.cuh), run on the host over the
-// prepared words of real weights: every byte of every A register is the e4m3 code of the value
-// the layout holds at (row, k) (times its scale, the prepared weight's value), and the
-// instruction's K position of that byte is where the activation quantizer puts activation k
-// (MmaWeightLayout::operand8_position). The tables of the supported 4-bit formats are exact.
-TEST(WgmmaFp8, E4m3FragmentsHoldTheWeightAtThePermutedK) {
+// The weight as 8-bit codes in registers (kernels/dequant/wgmma_codes8.cuh), run on the host
+// over the prepared words of real weights: every byte of every A register is the e4m3 (FP8
+// tiles) or s8 (INT8 tiles) code of the value the layout holds at (row, k) (times its scale,
+// the prepared weight's value), and the instruction's K position of that byte is where the
+// activation quantizer puts activation k (MmaWeightLayout::operand8_position). The tables of
+// the supported 4-bit formats are exact; so are int8's flipped offset codes.
+TEST(WgmmaCodes8, FragmentsHoldTheWeightAtThePermutedK) {
   std::mt19937 rng(16);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok",
-                             "w=e2m1:g64:s=e8m0;a=e4m3:tok", "fp8-block"}) {
-    SCOPED_TRACE(scheme);
-    const Scheme s = parse_scheme(scheme);
+  struct Case {
+    const char* scheme;
+    Format codes;
+  };
+  for (const Case& c :
+       {Case{"w4a8-fp8", formats::e4m3}, Case{"w8a8-fp8", formats::e4m3},
+        Case{"w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok", formats::e4m3},
+        Case{"w=e2m1:g64:s=e8m0;a=e4m3:tok", formats::e4m3}, Case{"fp8-block", formats::e4m3},
+        Case{"w8a8-int8", formats::int8}, Case{"w=int4:g128:s=bf16;a=int8:tok", formats::int8},
+        Case{"w=uint4:g64:s=fp16:zp=mid;a=int8:tok", formats::int8},
+        Case{"w=uint4:ch:s=fp32;a=int8:tok", formats::int8}}) {
+    SCOPED_TRACE(c.scheme);
+    const Scheme s = parse_scheme(c.scheme);
     const std::int64_t n = 128, k = 256;
     std::vector<float> w(static_cast<std::size_t>(n * k));
     for (float& x : w) x = normal(rng);
     const layout::MmaWeight prepared = layout::repack_for_mma(
         quantize_weight(s.weight, w.data(), n, k), layout::FragmentOrder::Wgmma);
-    ASSERT_FALSE(wgmma_e4m3_weight_unsupported(prepared));
+    ASSERT_FALSE(wgmma_codes8_weight_unsupported(prepared, c.codes));
     const int bits = prepared.format.bits;
     const unsigned long long format = jit::packed_format_code(prepared.format);
     const bool constant_zero = prepared.zero_mode == layout::MmaZeroMode::Constant;
-    if (bits == 4) ASSERT_TRUE(kernels::wgmma_e4m3_table_exact(format, constant_zero));
-    const kernels::WgmmaE4m3Table table = kernels::wgmma_e4m3_table(format, constant_zero);
+    const int target = c.codes == formats::int8 ? kernels::kCodes8S8 : kernels::kCodes8E4m3;
+    ASSERT_TRUE(kernels::wgmma_codes8_exact(format, constant_zero, target));
+    const kernels::WgmmaCodes8Table table =
+        kernels::wgmma_codes8_table(format, constant_zero, target);
     const std::int64_t k_chunks = prepared.k_blocks / 4;
     int checked = 0;
     for (std::int64_t tile = 0; tile < prepared.n_padded / 64; ++tile)
@@ -411,34 +424,134 @@ TEST(WgmmaFp8, E4m3FragmentsHoldTheWeightAtThePermutedK) {
           if (bits == 4) {
             unsigned words[4];
             for (int i = 0; i < 4; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
-            kernels::wgmma_e4m3_fragments<4>(words, table, frag);
+            kernels::wgmma_codes8_fragments<4>(words, table, frag);
           } else {
             unsigned words[8];
             for (int i = 0; i < 8; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
-            kernels::wgmma_e4m3_fragments<8>(words, table, frag);
+            kernels::wgmma_codes8_fragments<8>(words, table, frag);
           }
           for (int step = 0; step < 2; ++step)
             for (int r = 0; r < 4; ++r)
               for (int v = 0; v < 4; ++v) {
-                const std::int64_t row = tile * 64 + kernels::wgmma_e4m3_row(thread, r);
-                const int k_in_chunk = kernels::wgmma_e4m3_k(thread, step, r, v);
+                const std::int64_t row = tile * 64 + kernels::wgmma_codes8_row(thread, r);
+                const int k_in_chunk = kernels::wgmma_codes8_k(thread, step, r, v);
                 const std::int64_t kk = chunk * 64 + k_in_chunk;
-                // The instruction's k of this byte (ptx/wgmma.cuh, WgmmaE4m3's A layout).
+                // The instruction's k of this byte (ptx/wgmma.cuh, the 8-bit A layout).
                 const int instruction_k = 32 * step + 16 * (r >> 1) + 4 * (thread % 4) + v;
                 ASSERT_EQ(kernels::MmaWeightLayout::operand8_position(k_in_chunk), instruction_k)
                     << "thread " << thread << " step " << step << " r " << r << " v " << v;
                 if (row >= n || kk >= k) continue;
                 const unsigned byte = (frag[step][r] >> (8 * v)) & 0xFFu;
+                const double code_value = target == kernels::kCodes8S8
+                                              ? static_cast<double>(static_cast<std::int8_t>(byte))
+                                              : decode(formats::e4m3, byte);
                 const int group = prepared.group_size == 0 ? 0 : static_cast<int>(kk / prepared.group_size);
                 const double scale = prepared.scales[static_cast<std::size_t>(
                     group * prepared.n_padded + kernels::WgmmaWeightLayout::scale_column(row))];
-                ASSERT_EQ(decode(formats::e4m3, byte) * scale * prepared.global_scale,
+                ASSERT_EQ(code_value * scale * prepared.global_scale,
                           layout::mma_weight_value(prepared, row, kk))
                     << "row " << row << " k " << kk;
                 ++checked;
               }
         }
     EXPECT_EQ(checked, n * k);
+  }
+  // What each type cannot hold: e2m1's halves in s8, uint8's 128..255 without a zero point in
+  // s8, int8 in e4m3; stored zero points in either.
+  const auto refused = [](const char* scheme, const Format& codes) {
+    const Scheme s = parse_scheme(scheme);
+    std::vector<float> w(64 * 64, 0.5f);
+    return wgmma_codes8_weight_unsupported(
+        layout::repack_for_mma(quantize_weight(s.weight, w.data(), 64, 64),
+                               layout::FragmentOrder::Wgmma),
+        codes);
+  };
+  EXPECT_NE(refused("w=e2m1:g64:s=e8m0;a=int8:tok", formats::int8).value_or("").find("integer"),
+            std::string::npos);
+  EXPECT_NE(refused("w=uint8:ch:s=fp32;a=int8:tok", formats::int8).value_or("").find("exact"),
+            std::string::npos);
+  EXPECT_NE(refused("w8a8-int8", formats::e4m3).value_or("").find("bits"), std::string::npos);
+  EXPECT_NE(refused("w=uint4:g64:s=fp16:zp=int;a=int8:tok", formats::int8)
+                .value_or("")
+                .find("stored zero points"),
+            std::string::npos);
+}
+
+// The selector offers the INT8 configs for int8 codes with one scale per row (w8a8-int8, int4 ×
+// int8), held back like the FP8 ones (served when forced), with act=int8 and dequant=s8 specs;
+// they refuse e4m3 codes and 16-bit activations, and the FP8 configs refuse int8 codes.
+TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
+  test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
+  for (const char* scheme : {"w8a8-int8", "w=int4:g128:s=bf16;a=int8:tok;o=bf16"}) {
+    SCOPED_TRACE(scheme);
+    GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
+    p.input = formats::bf16;
+    const Selection ranked = select_on(p, kH200);
+    EXPECT_NE(verdict_of(ranked, "wgmma-int8-128").rejected.find("forced"), std::string::npos)
+        << verdict_of(ranked, "wgmma-int8-128").rejected;
+    {
+      const test::ScopedEnv rank_eight_bit("QGEMM_WGMMA_FP8", "1");  // past the hold
+      const Selection all = select_on(p, kH200);
+      EXPECT_NE(verdict_of(all, "wgmma-fp8-128").rejected.find("e4m3 activation codes"),
+                std::string::npos)
+          << verdict_of(all, "wgmma-fp8-128").rejected;
+      EXPECT_EQ(verdict_of(all, "wgmma-int8-128").rejected, "");
+    }
+    const Selection forced = select_on(p, kH200, "wgmma-int8-128");
+    const Verdict& v = forced.chosen();
+    ASSERT_EQ(v.candidate->name, "wgmma-int8-128");
+    EXPECT_EQ(v.operand, formats::int8);
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, jit::Arch::sm_90a);
+    const CandidateLaunch launch = candidate_launch(p, 1024, v, facts, kH200, 0.0);
+    ASSERT_TRUE(launch.gemm);
+    const std::string text = jit::to_string(*launch.gemm);
+    EXPECT_NE(text.find("act=int8"), std::string::npos) << text;
+    EXPECT_NE(text.find("dequant=s8"), std::string::npos) << text;
+  }
+  const test::ScopedEnv rank_eight_bit("QGEMM_WGMMA_FP8", "1");
+  GemmProblem fp8 = problem_of("w4a8-fp8", 1024, 8192, 8192);
+  fp8.input = formats::bf16;
+  EXPECT_NE(verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected.find("int8 activation"),
+            std::string::npos)
+      << verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected;
+}
+
+// Every INT8 spec compiles for sm_90a without spills or a stack frame: each token width, 4- and
+// 8-bit weights, groups and channel scales, split-K, fp16 / fp32 outputs.
+TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    const char* scheme;
+    std::int64_t m, n, k;
+    const char* config;
+    Format output;
+  };
+  const Case cases[] = {
+      {"w8a8-int8", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
+      {"w8a8-int8", 16, 8192, 8192, "wgmma-int8-16", formats::bf16},
+      {"w8a8-int8", 64, 8192, 8192, "wgmma-int8-64", formats::fp16},
+      {"w8a8-int8", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
+      {"w8a8-int8", 16, 28672, 8192, "wgmma-int8-16-k256", formats::fp32},
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 1, 8192, 8192, "wgmma-int8-8-k256", formats::bf16},
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 32, 8192, 8192, "wgmma-int8-32", formats::bf16},
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
+      {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 256, 8192, 8192, "wgmma-int8-128",
+       formats::fp16},
+  };
+  for (const Case& c : cases) {
+    const layout::MmaWeight w = wgmma_weight(c.scheme, c.n, c.k);
+    const WgmmaConfig& config = config_named(c.config);
+    ASSERT_FALSE(config.unsupported_reason(c.m, w, formats::int8, kH200)) << c.config;
+    const WgmmaLaunch launch = wgmma_launch(config, c.m, w, formats::int8, kH200);
+    const jit::KernelSpec spec =
+        wgmma_spec(config, launch, w, formats::int8, c.output, jit::Arch::sm_90a);
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    ASSERT_TRUE(lookup.kernel);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
+                lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
   }
 }
 

@@ -837,10 +837,11 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
       bytes / seconds / 1e9, bytes / (seconds - upload_seconds) / 1e9);
 }
 
-// --- FP8 wgmma (issue #16) ----------------------------------------------------------------------
+// --- FP8 and INT8 wgmma (issue #16) -------------------------------------------------------------
 
-// The FP8 tiles of the SM90 family (wgmma-fp8-*: e4m3 activation codes against the weight as
-// e4m3 in registers, m64nNk32, scale groups promoted), every config that serves, forced, for
+// The 8-bit tiles of the SM90 family (wgmma-fp8-*: e4m3 activation codes against the weight as
+// e4m3 in registers; wgmma-int8-*: int8 codes against s8 weights, exact s32 sums; m64nNk32,
+// scale groups promoted), every config that serves, forced, for
 // each scheme they serve × M ∈ {1, 16, 17, 64, 255, 1024} on unaligned N and K (N 4000 / 5472 /
 // 640, K 2880 / 10944 / 1000 in turn: partial last groups, K tails inside a 128-K activation box,
 // split-K at decode; M = 1024 on N = 640, which bounds the CPU reference's cost). A goes in both
@@ -849,8 +850,9 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
 // dequantization of both, so only the kernel's arithmetic is in the bound: exact e4m3 operands,
 // and the FP8 tensor cores' accumulation, which keeps fewer bits than fp32 (DeepSeek-V3
 // reports about 14 for Hopper's FP8 wgmma; the bound takes 13, u_acc = 2^-13, for every
-// addition of a group's sum). Fresh random data (the seed is printed), outputs poisoned.
-TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
+// addition of a group's sum; the INT8 sums are exact and take the same bound). Fresh random
+// data (the seed is printed), outputs poisoned.
+TEST(WgmmaGemmGpu, EightBitConfigsMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no usable GPU/driver on this machine";
   const dispatch::GpuLimits gpu = dispatch::GpuLimits::of_device(runtime::device_info(0));
   if (gpu.arch != jit::Arch::sm_90a) GTEST_SKIP() << "the wgmma family needs sm_90a";
@@ -872,13 +874,17 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
       {"w=e4m3:b128x128:s=fp32;a=e4m3:tok;o=fp32", 0},      // 128x128 weight blocks, fp32 out
       {"fp8-block", 0},  // 128x128 weight blocks × 1x128 activation groups, both promoted
       {"w=e4m3:ch:s=fp32;a=e4m3:g128;o=bf16", 0},           // channel weights × 1x128 groups
+      {"w8a8-int8", 0},                                     // int8 per channel × per token
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 0},          // int4 g128 × int8 (QServe-style)
+      {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 0},   // g64 through the s8 table
+      {"w=int8:ch:s=fp32;a=int8:t;o=fp32", 0.02},           // static tensor scale, fp32 out
   };
   std::vector<std::int64_t> ms = {1, 16, 17, 64, 255, 1024};
   // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes, three M.
   const char* subset_env = std::getenv("QGEMM_GPU_TEST_SUBSET");
   const bool subset = subset_env && *subset_env == '1';
   if (subset) {
-    cases = {cases[0], cases[1], cases[6]};
+    cases = {cases[0], cases[1], cases[6], cases[8], cases[9]};
     ms = {1, 17, 64};
   }
   // K = 1000: not a multiple of 16 (the activation codes' K permutation puts codes of k < K at
@@ -901,8 +907,10 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
       for (const std::int64_t m : ms) {
         if ((m >= 1024) != prefill) continue;
         std::vector<std::string> configs;
+        const Format code_format = scheme.activation.format;
         for (const auto& config : dispatch::wgmma_configs())
-          if (config.tile.fp8 && !config.unsupported_reason(m, meta, formats::e4m3, gpu))
+          if (config.tile.eight_bit && config.codes() == code_format &&
+              !config.unsupported_reason(m, meta, code_format, gpu))
             configs.push_back(config.name);
         EXPECT_FALSE(configs.empty()) << cases[i].scheme << " M=" << m;
         std::vector<float> a(static_cast<std::size_t>(m * k));
@@ -916,7 +924,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
         const std::vector<double> a_ref = dequantize_activation(quantized);
         const std::vector<double> expected =
             reference::matmul_nt(a_ref.data(), w_ref.data(), m, n, k);
-        check::OperandRounding rounding;  // e4m3 operands are exact
+        check::OperandRounding rounding;  // e4m3 and s8 operands are exact
         rounding.accumulator = std::ldexp(1.0, -13);
         // What is summed is the weight's value itself (unscaled codes times the activation
         // codes, scaled per group): |w|, not the lifted codes of the decode kernel that
@@ -958,7 +966,7 @@ TEST(WgmmaGemmGpu, Fp8ConfigsMatchReference) {
       }
     }
   }
-  std::printf("%zu FP8 wgmma runs checked\n", checked);
+  std::printf("%zu 8-bit wgmma runs checked\n", checked);
   EXPECT_GT(checked, cases.size());
 }
 

@@ -1,8 +1,9 @@
-// The weight as e4m3 codes in registers, for the FP8 wgmma of the SM90 family
-// (gemm/sm90_wgmma.cuh with an fp8 tile): one thread's words of a (tile, 64-K chunk) in the
-// prepared wgmma order (gemm/wgmma_weight_layout.cuh, the same words the 16-bit path reads) ->
-// the 8 registers of its A fragments for the chunk's two m64nNk32 steps. Unscaled: every value
-// is exact in e4m3, the group scales are promoted into the fp32 sums by the kernel.
+// The weight as 8-bit codes in registers, for the 8-bit wgmma of the SM90 family
+// (gemm/sm90_wgmma.cuh with an eight-bit tile): e4m3 codes for the FP8 tensor cores, s8 codes
+// for the INT8 ones. One thread's words of a (tile, 64-K chunk) in the prepared wgmma order
+// (gemm/wgmma_weight_layout.cuh, the same words the 16-bit path reads) -> the 8 registers of its
+// A fragments for the chunk's two m64nNk32 steps. Unscaled: every value is exact in the target
+// type, the group scales are promoted into the fp32 sums by the kernel.
 //
 // Plain constexpr C++ where it can be, so that the CPU tests run the very same selectors and
 // tables (byte_permute is PRMT on the device and its definition on the host).
@@ -13,7 +14,7 @@
 //   r = 0: row g,     k 2t, 2t+1        r = 1: row g + 8, k 2t, 2t+1
 //   r = 2: row g,     k 2t+8, 2t+9      r = 3: row g + 8, k 2t+8, 2t+9
 //
-// The e4m3 A fragment of k32 step s (ptx/wgmma.cuh, WgmmaE4m3) wants, in register
+// The 8-bit A fragment of k32 step s (ptx/wgmma.cuh, WgmmaE4m3 / WgmmaS8) wants, in register
 // a(rh + 2 kh), row g + 8 rh and 4 consecutive k of the instruction's K: 16 kh + 4t .. + 3 of
 // step s. The instruction's K is the real K permuted inside every run of 16 exactly as the
 // 8-bit mma's activations are (MmaWeightLayout::operand8_position, which the activation
@@ -32,24 +33,27 @@
 //   bytes      F0 F2 S0 S2 F1 F3 S1 S3  F0 F2 S0 S2 F1 F3 S1 S3   (F r / S r: first / second
 //                                                                  code of pair 4 kb + r)
 //
-// 8-bit codes (e4m3 weights): word w of the thread holds, low to high byte, F(2w) F(2w + 1)
-// S(2w) S(2w + 1) (pairs 2w, 2w + 1: MmaWeightLayout's bit order at 8 bits), so block kb's pairs
-// r = 0, 1 are word 2 kb and r = 2, 3 word 2 kb + 1; one PRMT of the two words makes a register:
-// bytes (0, 4, 2, 6) for row g, (1, 5, 3, 7) for row g + 8.
+// 8-bit codes (e4m3 weights for e4m3, offset int8 weights for s8): word w of the thread holds,
+// low to high byte, F(2w) F(2w + 1) S(2w) S(2w + 1) (pairs 2w, 2w + 1: MmaWeightLayout's bit
+// order at 8 bits), so block kb's pairs r = 0, 1 are word 2 kb and r = 2, 3 word 2 kb + 1; one
+// PRMT of the two words makes a register: bytes (0, 4, 2, 6) for row g, (1, 5, 3, 7) for row
+// g + 8. Int8 codes are stored offset by 128 (u = v + 128, the constant zero): u XOR 0x80 is v's
+// two's complement byte, one LOP3 a register (the table's `flip`).
 //
-// 4-bit codes (int4 / uint4 with a constant zero, e2m1): word kb holds the first codes of
-// pairs r = 0..3 as nibbles 0..3 and the second codes as nibbles 4..7. A nibble becomes its e4m3
-// byte through two 8-entry tables in registers (PRMT indexes 8 bytes with 3 bits): `low` for
-// codes 0..7, `high` for 8..15, and a third PRMT picks per byte by the code's bit 3:
+// 4-bit codes (int4 / uint4 with a constant zero, e2m1 for e4m3): word kb holds the first codes
+// of pairs r = 0..3 as nibbles 0..3 and the second codes as nibbles 4..7. A nibble becomes its
+// target byte through two 8-entry tables in registers (PRMT indexes 8 bytes with 3 bits): `low`
+// for codes 0..7, `high` for 8..15, and a third PRMT picks per byte by the code's bit 3:
 //
 //   index    = word & 0x7777 (per half)           low_bytes  = PRMT(low table, index)
 //   pick     = ((word >> 1) & 0x4444) | 0x3210    high_bytes = PRMT(high table, index)
-//   e4m3     = PRMT(low_bytes, high_bytes, pick)  (pick's nibble j: j, or 4 + j for bit 3 set)
+//   code     = PRMT(low_bytes, high_bytes, pick)  (pick's nibble j: j, or 4 + j for bit 3 set)
 //
 // for the low half (F0 F1 F2 F3) and the high half (S0 S1 S2 S3), then one PRMT per register
 // gathers (F rh, F 2+rh, S rh, S 2+rh): bytes (0, 2, 4, 6) for row g, (1, 3, 5, 7) for g + 8.
 // About 13 instructions per 8 codes, against ~14 for the 16-bit packed path's 4 pairs
-// (dequant/wgmma_dequant.cuh), and half the wgmma instructions.
+// (dequant/wgmma_dequant.cuh), and half the wgmma instructions. (An s8 table of a 4-bit integer
+// with a constant zero is the identity minus 8; the tables keep one path for every format.)
 #pragma once
 
 #include "common/host_device.cuh"
@@ -84,6 +88,9 @@ QGEMM_HOST_DEVICE constexpr double wgmma_code_value(const FormatCode& f, bool co
   return negative ? -value : value;
 }
 
+// The 8-bit type of the wgmma's operands: e4m3 (FP8 tensor cores) or s8 (INT8 ones).
+enum WgmmaCodes8 { kCodes8E4m3 = 0, kCodes8S8 = 1 };
+
 // The e4m3 code of `value`, which must be exact in e4m3 (normal or subnormal, |value| ≤ 448);
 // -1 when it is not.
 QGEMM_HOST_DEVICE constexpr int e4m3_code_of_exact(double value) {
@@ -106,30 +113,58 @@ QGEMM_HOST_DEVICE constexpr int e4m3_code_of_exact(double value) {
   return sign | ((exponent + 7) << 3) | mantissa;
 }
 
+// The s8 byte of `value`, which must be an integer in [−128, 127]; -1 when it is not.
+QGEMM_HOST_DEVICE constexpr int s8_code_of_exact(double value) {
+  if (!(value >= -128.0 && value <= 127.0)) return -1;
+  const int integer = static_cast<int>(value);
+  if (static_cast<double>(integer) != value) return -1;
+  return integer & 0xFF;
+}
+
+QGEMM_HOST_DEVICE constexpr int code8_of_exact(int target, double value) {
+  return target == kCodes8S8 ? s8_code_of_exact(value) : e4m3_code_of_exact(value);
+}
+
 // The 16-entry table of a 4-bit weight format as four words: codes 0..3, 4..7 (`low`),
-// 8..11, 12..15 (`high`), byte u % 4 of word u / 4. An entry that is not exact is 0xFF (a NaN;
-// wgmma_e4m3_table_exact says whether any is).
-struct WgmmaE4m3Table {
+// 8..11, 12..15 (`high`), byte u % 4 of word u / 4. An entry that is not exact is 0xFF (an e4m3
+// NaN, s8 −1; wgmma_codes8_exact says whether any is). `flip`: what 8-bit codes are XORed with
+// (0x80 a byte for int8 to s8, else 0).
+struct WgmmaCodes8Table {
   unsigned words[4];
+  unsigned flip;
 };
 
-QGEMM_HOST_DEVICE constexpr WgmmaE4m3Table wgmma_e4m3_table(unsigned long long format,
-                                                            bool constant_zero) {
+QGEMM_HOST_DEVICE constexpr WgmmaCodes8Table wgmma_codes8_table(unsigned long long format,
+                                                                bool constant_zero, int target) {
   const FormatCode f = FormatCode::unpack(format);
-  WgmmaE4m3Table table{{0u, 0u, 0u, 0u}};
-  for (unsigned u = 0; u < 16; ++u) {
-    const int code = e4m3_code_of_exact(wgmma_code_value(f, constant_zero, u));
-    const unsigned byte = code < 0 ? 0xFFu : static_cast<unsigned>(code);
-    table.words[u / 4] |= byte << (8 * (u % 4));
+  WgmmaCodes8Table table{{0u, 0u, 0u, 0u}, 0u};
+  if (f.bits == 4) {
+    for (unsigned u = 0; u < 16; ++u) {
+      const int code = code8_of_exact(target, wgmma_code_value(f, constant_zero, u));
+      const unsigned byte = code < 0 ? 0xFFu : static_cast<unsigned>(code);
+      table.words[u / 4] |= byte << (8 * (u % 4));
+    }
   }
+  if (f.bits == 8 && target == kCodes8S8 && constant_zero) table.flip = 0x80808080u;
   return table;
 }
 
-QGEMM_HOST_DEVICE constexpr bool wgmma_e4m3_table_exact(unsigned long long format,
-                                                        bool constant_zero) {
+// Whether every code of the weight format is exact in the target type as the fragments make it:
+// 4-bit codes through the table, 8-bit ones as they are (e4m3 weights for e4m3, whose special
+// codes are never weight values) or flipped (int8 offset codes for s8).
+QGEMM_HOST_DEVICE constexpr bool wgmma_codes8_exact(unsigned long long format, bool constant_zero,
+                                                    int target) {
   const FormatCode f = FormatCode::unpack(format);
-  for (unsigned u = 0; u < (1u << f.bits); ++u)
-    if (e4m3_code_of_exact(wgmma_code_value(f, constant_zero, u)) < 0) return false;
+  if (f.bits != 4 && f.bits != 8) return false;
+  if (f.bits == 8 && f.is_float())
+    return target == kCodes8E4m3 && f.exponent_bits == 4 && f.mantissa_bits == 3 && f.is_signed &&
+           !constant_zero;
+  const WgmmaCodes8Table table = wgmma_codes8_table(format, constant_zero, target);
+  for (unsigned u = 0; u < (1u << f.bits); ++u) {
+    const int code = code8_of_exact(target, wgmma_code_value(f, constant_zero, u));
+    if (code < 0) return false;
+    if (f.bits == 8 && static_cast<unsigned>(code) != ((u ^ table.flip) & 0xFFu)) return false;
+  }
   return true;
 }
 
@@ -150,10 +185,10 @@ QGEMM_HOST_DEVICE inline unsigned byte_permute(unsigned low, unsigned high, unsi
 #endif
 }
 
-// Four 4-bit codes (nibbles 0..3 of `codes`) -> their four e4m3 bytes; `pick` is
+// Four 4-bit codes (nibbles 0..3 of `codes`) -> their four target bytes; `pick` is
 // ((word >> 1) & 0x4444) | 0x3210 of the same nibbles (the byte source per code).
-QGEMM_HOST_DEVICE inline unsigned wgmma_e4m3_lookup(const WgmmaE4m3Table& table, unsigned codes,
-                                                    unsigned pick) {
+QGEMM_HOST_DEVICE inline unsigned wgmma_codes8_lookup(const WgmmaCodes8Table& table,
+                                                      unsigned codes, unsigned pick) {
   const unsigned index = codes & 0x7777u;
   const unsigned low = byte_permute(table.words[0], table.words[1], index);
   const unsigned high = byte_permute(table.words[2], table.words[3], index);
@@ -162,21 +197,22 @@ QGEMM_HOST_DEVICE inline unsigned wgmma_e4m3_lookup(const WgmmaE4m3Table& table,
 
 // The thread's 8 A registers of one chunk: frag[s][r] = register a_r of k32 step s.
 template <int kBits>
-QGEMM_HOST_DEVICE inline void wgmma_e4m3_fragments(const unsigned (&words)[kBits],
-                                                   const WgmmaE4m3Table& table,
-                                                   unsigned (&frag)[2][4]) {
-  static_assert(kBits == 4 || kBits == 8, "the FP8 wgmma takes 4-bit and e4m3 weight codes");
+QGEMM_HOST_DEVICE inline void wgmma_codes8_fragments(const unsigned (&words)[kBits],
+                                                     const WgmmaCodes8Table& table,
+                                                     unsigned (&frag)[2][4]) {
+  static_assert(kBits == 4 || kBits == 8, "the 8-bit wgmma takes 4-bit and 8-bit weight codes");
   for (int s = 0; s < 2; ++s)
     for (int kh = 0; kh < 2; ++kh) {
       const int kb = 2 * s + kh;
       if constexpr (kBits == 8) {
-        frag[s][2 * kh] = byte_permute(words[2 * kb], words[2 * kb + 1], 0x6240u);
-        frag[s][2 * kh + 1] = byte_permute(words[2 * kb], words[2 * kb + 1], 0x7351u);
+        frag[s][2 * kh] = byte_permute(words[2 * kb], words[2 * kb + 1], 0x6240u) ^ table.flip;
+        frag[s][2 * kh + 1] =
+            byte_permute(words[2 * kb], words[2 * kb + 1], 0x7351u) ^ table.flip;
       } else {
         const unsigned word = words[kb];
         const unsigned pick = ((word >> 1) & 0x44444444u) | 0x32103210u;
-        const unsigned first = wgmma_e4m3_lookup(table, word, pick);               // F0..F3
-        const unsigned second = wgmma_e4m3_lookup(table, word >> 16, pick >> 16);  // S0..S3
+        const unsigned first = wgmma_codes8_lookup(table, word, pick);               // F0..F3
+        const unsigned second = wgmma_codes8_lookup(table, word >> 16, pick >> 16);  // S0..S3
         frag[s][2 * kh] = byte_permute(first, second, 0x6420u);
         frag[s][2 * kh + 1] = byte_permute(first, second, 0x7531u);
       }
@@ -185,10 +221,10 @@ QGEMM_HOST_DEVICE inline void wgmma_e4m3_fragments(const unsigned (&words)[kBits
 
 // Where byte v of register r of k32 step s of thread `thread` sits in the chunk: its weight row
 // (0..63) and real k (0..63); the inverse of the table above, for the CPU tests.
-QGEMM_HOST_DEVICE constexpr int wgmma_e4m3_row(int thread, int r) {
+QGEMM_HOST_DEVICE constexpr int wgmma_codes8_row(int thread, int r) {
   return (thread / 32) * 16 + (thread % 32) / 4 + 8 * (r & 1);
 }
-QGEMM_HOST_DEVICE constexpr int wgmma_e4m3_k(int thread, int s, int r, int v) {
+QGEMM_HOST_DEVICE constexpr int wgmma_codes8_k(int thread, int s, int r, int v) {
   const int t = thread % 4;
   const int run = 2 * s + (r >> 1);
   return 16 * run + 2 * t + (v >> 1) + 8 * (v & 1);
