@@ -76,9 +76,10 @@ int main(int argc, char** argv) {
   // --wgmma-quick: the rows where split-K, the four-consumer decode and the transform warps
   // decide (M 1 on both weights, M 64 and 256 on 28672×8192, M 1024 and 4096 on 8192²).
   const bool wgmma_quick = argc > 1 && std::strcmp(argv[1], "--wgmma-quick") == 0;
-  // --fp8: issue #16's rows (w4a8-fp8, w8a8-fp8, fp8-block), every FP8 wgmma config that fits M
-  // (held back until timed: forced here) against the choice, dequantize + cuBLAS and cuBLASLt FP8
-  // where it serves; bf16 A quantized in the same call.
+  // --fp8: issue #16's rows (w4a8-fp8, w8a8-fp8, fp8-block; w8a8-int8 and int4 × int8), every
+  // 8-bit wgmma config of the activation's codes that fits M (held back until timed: forced
+  // here) against the choice, dequantize + cuBLAS, and cuBLASLt FP8 (e4m3) or the 8-bit
+  // mma.sync tiles (int8) where they serve; bf16 A quantized in the same call.
   const bool fp8 = argc > 1 && std::strcmp(argv[1], "--fp8") == 0;
   const bool wgmma = wgmma_quick || (argc > 1 && std::strcmp(argv[1], "--wgmma") == 0);
   // Every weight keeps every layout, so that each config below can be forced (the selector's
@@ -130,6 +131,9 @@ int main(int argc, char** argv) {
     for (long long m : {1, 16, 4096}) cases.push_back({"w4a8-fp8", m, 28672, 8192});
     for (long long m : {1, 256, 4096}) cases.push_back({"w8a8-fp8", m, 8192, 8192});
     for (long long m : {1, 256, 4096}) cases.push_back({"fp8-block", m, 7168, 18432});
+    for (long long m : {1, 256, 4096}) cases.push_back({"w8a8-int8", m, 8192, 8192});
+    for (long long m : {256, 4096})
+      cases.push_back({"w=int4:g128:s=bf16;a=int8:tok;o=bf16", m, 8192, 8192});
   }
   if (decode)
     cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.m > 16; }),
@@ -224,12 +228,18 @@ int main(int argc, char** argv) {
       configs.push_back(c.m <= 16 ? "decode" : c.m <= 256 ? "medium" : "prefill");
     }
     if (fp8) {
+      const bool int8 = c.scheme.find("int8") != std::string::npos;
+      const std::string tiles = int8 ? "wgmma-int8-" : "wgmma-fp8-";
       configs = {""};
       for (int tokens : {8, 16, 32, 64, 128})
         if (tokens <= 2 * std::max<long long>(c.m, 8) && (c.m < 256 || tokens >= 64))
-          configs.push_back("wgmma-fp8-" + std::to_string(tokens));
-      if (c.m <= 16) configs.insert(configs.end(), {"wgmma-fp8-8-k256", "wgmma-fp8-16-k256"});
-      configs.insert(configs.end(), {"qdq", "cublaslt-fp8"});
+          configs.push_back(tiles + std::to_string(tokens));
+      if (c.m <= 16) configs.insert(configs.end(), {tiles + "8-k256", tiles + "16-k256"});
+      configs.push_back("qdq");
+      if (int8)
+        configs.push_back(c.m <= 256 ? "medium-a8" : "prefill-a8");
+      else
+        configs.push_back("cublaslt-fp8");
     }
     if (!quick && !decode && !wgmma && !fp8) configs.push_back("qdq");
     if (config_given) configs = {only_config};
