@@ -19,9 +19,12 @@
 #                                   quantized-activation rows timed from bf16 and from codes
 #   scripts/h200_session.sh focus FILTER [K]  the GPU tests FILTER, the pytest cases -k K, then
 #                                   the activation quantizer's bench: a session's own changes
-#   scripts/h200_session.sh grouped  rows grouped by the caller (moe_gemm_grouped) and the MoE
+#   scripts/h200_session.sh grouped  rows grouped by the caller (moe_gemm_grouped: the in-place
+#                                   table, both paths) and the MoE
 #                                   recipe cases: their GPU tests, the quickstart bench test, the
 #                                   grouped pytest cases, then qgemm bench bench/recipes/moe.yaml
+#   scripts/h200_session.sh eight-bit  the FP8 / INT8 wgmma tiles: their GPU test, memcheck over
+#                                   it, qgemm_dense_bench --fp8 (every config forced)
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -93,7 +96,7 @@ moe)
 sanitize)
   tests=build-gpu/tests/qgemm_tests_gpu
   families='DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*'
-  families+=':WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*'
+  families+=':WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.EightBitConfigs*'
   families+=':MoeLayerGpu.EveryRoutingShape*:MoeLayerGpu.GroupedRows*:MoeRoutingGpu.*'
   families+=':JitKernelsGpu.*:MmaDequantizeGpu.*'
   families+=':MmaRepackGpu.*:CublasLtFp8Gpu.MatchesTheReference'
@@ -106,7 +109,7 @@ sanitize)
   # (nvjet) report hazards racecheck cannot model (their mbarrier pipelines), so the cuBLASLt test
   # and the bandwidth-timing tests are left out.
   for part in 'MoeLayerGpu.EveryRoutingShape*:MoeLayerGpu.GroupedRows*:MoeRoutingGpu.*' \
-      'DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*:WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.Fp8Configs*:JitKernelsGpu.*:MmaDequantizeGpu.EveryElement*'; do
+      'DenseGemmGpu.MatchesReferenceForEveryScheme:DenseGemmGpu.EveryDecodeConfig*:WgmmaGemmGpu.EveryConfigMatchesReferenceForEveryScheme:WgmmaGemmGpu.EightBitConfigs*:JitKernelsGpu.*:MmaDequantizeGpu.EveryElement*'; do
     QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
       --print-limit 20 $tests --gtest_filter="$part" >> "$out/racecheck.log" 2>&1
     echo "racecheck ${part%%:*}... rc=$? at ${SECONDS}s: $(grep 'RACECHECK SUMMARY' "$out/racecheck.log" | tail -1)"
@@ -181,7 +184,8 @@ focus)
   actquant_bench
   ;;
 grouped)
-  filter='MoeLayerGpu.GroupedRows*:MoeLayerGpu.QuantizedActivationSchemes'
+  filter='MoeRoutingGpu.RowBlockTable*:MoeLayerGpu.GroupedRows*'
+  filter+=':MoeLayerGpu.QuantizedActivationSchemes'
   filter+=':MoeLayerGpu.SchemesActivationsBiasesAndTypes:BenchCliGpu.Quickstart*'
   QGEMM_GPU_TEST_SUBSET=1 timeout 240 build-gpu/tests/qgemm_tests_gpu --gtest_filter="$filter" \
     > "$out/grouped_tests.log" 2>&1
@@ -200,6 +204,23 @@ grouped)
   echo "moe recipe rc=$? at ${SECONDS}s"
   grep -E '^\[' "$out/moe.log" | sed -E 's/^\[ *[0-9]+\/[0-9]+ [0-9:]+\] //; s/ +\(error [^)]*\)//'
   tail -25 "$out/moe.txt"
+  ;;
+eight-bit)
+  # The FP8 and INT8 wgmma tiles (#16): their GPU test (sampled), memcheck over it, then every
+  # config forced on the issue's rows (qgemm_dense_bench --fp8: FP8 and INT8 rows).
+  tests=build-gpu/tests/qgemm_tests_gpu
+  QGEMM_GPU_TEST_SUBSET=1 timeout 200 $tests \
+    --gtest_filter='WgmmaGemmGpu.EightBitConfigs*:WgmmaGemmGpu.Fp8ConfigsRefuse*' \
+    > "$out/eight_bit_tests.log" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED) |Failure|seed|runs checked" "$out/eight_bit_tests.log" | head -20
+  QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    --print-limit 20 $tests --gtest_filter='WgmmaGemmGpu.EightBitConfigs*' \
+    > "$out/eight_bit_memcheck.log" 2>&1
+  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/eight_bit_memcheck.log")"
+  left=$((${DEADLINE:-560} - SECONDS)); [ $left -gt 30 ] || left=30
+  timeout $left build-gpu/bench/qgemm_dense_bench --fp8 > "$out/eight_bit_bench.txt" 2>&1
+  echo "bench rc=$? at ${SECONDS}s"; cat "$out/eight_bit_bench.txt"
   ;;
 multi)
   gpus=$(nvidia-smi --list-gpus | wc -l)
