@@ -125,7 +125,7 @@ QGEMM_HOST_DEVICE constexpr int code8_of_exact(int target, double value) {
   return target == kCodes8S8 ? s8_code_of_exact(value) : e4m3_code_of_exact(value);
 }
 
-// The 16-entry table of a 4-bit weight format as four words: codes 0..3, 4..7 (`low`),
+// The 16-entry table of a 4-bit (or 2-bit) weight format as four words: codes 0..3, 4..7 (`low`),
 // 8..11, 12..15 (`high`), byte u % 4 of word u / 4. An entry that is not exact is 0xFF (an e4m3
 // NaN, s8 −1; wgmma_codes8_exact says whether any is). `flip`: what 8-bit codes are XORed with
 // (0x80 a byte for int8 to s8, else 0).
@@ -138,7 +138,7 @@ QGEMM_HOST_DEVICE constexpr WgmmaCodes8Table wgmma_codes8_table(unsigned long lo
                                                                 bool constant_zero, int target) {
   const FormatCode f = FormatCode::unpack(format);
   WgmmaCodes8Table table{{0u, 0u, 0u, 0u}, 0u};
-  if (f.bits == 4) {
+  if (f.bits <= 4) {  // 2-bit codes take the table's first four entries
     for (unsigned u = 0; u < 16; ++u) {
       const int code = code8_of_exact(target, wgmma_code_value(f, constant_zero, u));
       const unsigned byte = code < 0 ? 0xFFu : static_cast<unsigned>(code);
@@ -155,7 +155,7 @@ QGEMM_HOST_DEVICE constexpr WgmmaCodes8Table wgmma_codes8_table(unsigned long lo
 QGEMM_HOST_DEVICE constexpr bool wgmma_codes8_exact(unsigned long long format, bool constant_zero,
                                                     int target) {
   const FormatCode f = FormatCode::unpack(format);
-  if (f.bits != 4 && f.bits != 8) return false;
+  if (f.bits != 2 && f.bits != 4 && f.bits != 8) return false;
   if (f.bits == 8 && f.is_float())
     return target == kCodes8E4m3 && f.exponent_bits == 4 && f.mantissa_bits == 3 && f.is_signed &&
            !constant_zero;
@@ -196,11 +196,24 @@ QGEMM_HOST_DEVICE inline unsigned wgmma_codes8_lookup(const WgmmaCodes8Table& ta
 }
 
 // The thread's 8 A registers of one chunk: frag[s][r] = register a_r of k32 step s.
+// 2-bit codes (ternary, uint2): word kb / 2 holds block kb's first codes as 2-bit fields
+// 4 (kb % 2) .. + 3 of its low half and its second codes at the same fields of its high half;
+// one PRMT brings the two bytes to bits 0-7 and 16-23, two shift-and-mask steps spread each
+// byte's four fields to four nibbles, and the 4-bit path takes the word from there.
+QGEMM_HOST_DEVICE inline unsigned wgmma_codes8_widen2(unsigned word, int kb) {
+  unsigned w = byte_permute(word, 0u, kb % 2 == 0 ? 0x4240u : 0x4341u);  // 0x00SS00FF
+  w = (w | (w << 4)) & 0x0F0F0F0Fu;  // fields 2, 3 to the next byte
+  w = (w | (w << 2)) & 0x33333333u;  // fields 1, 3 to the next nibble
+  return w;
+}
+
+// The thread's 8 A registers of one chunk: frag[s][r] = register a_r of k32 step s.
 template <int kBits>
 QGEMM_HOST_DEVICE inline void wgmma_codes8_fragments(const unsigned (&words)[kBits],
                                                      const WgmmaCodes8Table& table,
                                                      unsigned (&frag)[2][4]) {
-  static_assert(kBits == 4 || kBits == 8, "the 8-bit wgmma takes 4-bit and 8-bit weight codes");
+  static_assert(kBits == 2 || kBits == 4 || kBits == 8,
+                "the 8-bit wgmma takes 2-, 4- and 8-bit weight codes");
   for (int s = 0; s < 2; ++s)
     for (int kh = 0; kh < 2; ++kh) {
       const int kb = 2 * s + kh;
@@ -209,7 +222,7 @@ QGEMM_HOST_DEVICE inline void wgmma_codes8_fragments(const unsigned (&words)[kBi
         frag[s][2 * kh + 1] =
             byte_permute(words[2 * kb], words[2 * kb + 1], 0x7351u) ^ table.flip;
       } else {
-        const unsigned word = words[kb];
+        const unsigned word = kBits == 2 ? wgmma_codes8_widen2(words[kb / 2], kb) : words[kb];
         const unsigned pick = ((word >> 1) & 0x44444444u) | 0x32103210u;
         const unsigned first = wgmma_codes8_lookup(table, word, pick);               // F0..F3
         const unsigned second = wgmma_codes8_lookup(table, word >> 16, pick >> 16);  // S0..S3

@@ -163,9 +163,9 @@ std::optional<std::string> wgmma_codes8_weight_unsupported(const layout::MmaWeig
   }
   if (s8 && f.is_float())
     return fmt::format("the INT8 wgmma takes integer weights ({} given)", f.name());
-  if (!(f.bits == 4 || (s8 && f.bits == 8)))
+  if (!(f.bits == 2 || f.bits == 4 || (s8 && f.bits == 8)))
     return fmt::format("the {} wgmma takes {} weights ({} is {} bits)", s8 ? "INT8" : "FP8",
-                       s8 ? "4- or 8-bit integer" : "e4m3 or 4-bit", f.name(), f.bits);
+                       s8 ? "2-, 4- or 8-bit integer" : "e4m3, 2- or 4-bit", f.name(), f.bits);
   if (weight.zero_mode != layout::MmaZeroMode::None && !constant_zero)
     return fmt::format("stored zero points ({}) make u − zero a per-group value, not one {} "
                        "table",

@@ -80,9 +80,10 @@ inline constexpr const char* kWgmmaSwitchedOff =
     "QGEMM_WGMMA=0 keeps the SM90 wgmma family out of the ranking (a forced config still runs)";
 
 // Why the eight-bit configs cannot turn `weight` into `codes` (e4m3 or int8) in registers
-// (kernels/dequant/wgmma_codes8.cuh): e4m3 takes e4m3 codes and 4-bit codes (integers with at
-// most a constant zero point, e2m1) whose every value e4m3 holds; int8 takes 4- and 8-bit
-// integers with at most a constant zero point whose every value s8 holds; nullopt when they can.
+// (kernels/dequant/wgmma_codes8.cuh): e4m3 takes e4m3 codes and 2- and 4-bit codes (integers
+// with at most a constant zero point, e2m1) whose every value e4m3 holds; int8 takes 2-, 4- and
+// 8-bit integers (ternary included) with at most a constant zero point whose every value s8
+// holds; nullopt when they can.
 std::optional<std::string> wgmma_codes8_weight_unsupported(const layout::MmaWeight& weight,
                                                            const Format& codes);
 

@@ -383,7 +383,8 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
 // tiles) or s8 (INT8 tiles) code of the value the layout holds at (row, k) (times its scale,
 // the prepared weight's value), and the instruction's K position of that byte is where the
 // activation quantizer puts activation k (MmaWeightLayout::operand8_position). The tables of
-// the supported 4-bit formats are exact; so are int8's flipped offset codes.
+// the supported 2- and 4-bit formats are exact (2-bit codes widened to nibbles first); so are
+// int8's flipped offset codes.
 TEST(WgmmaCodes8, FragmentsHoldTheWeightAtThePermutedK) {
   std::mt19937 rng(16);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -397,7 +398,9 @@ TEST(WgmmaCodes8, FragmentsHoldTheWeightAtThePermutedK) {
         Case{"w=e2m1:g64:s=e8m0;a=e4m3:tok", formats::e4m3}, Case{"fp8-block", formats::e4m3},
         Case{"w8a8-int8", formats::int8}, Case{"w=int4:g128:s=bf16;a=int8:tok", formats::int8},
         Case{"w=uint4:g64:s=fp16:zp=mid;a=int8:tok", formats::int8},
-        Case{"w=uint4:ch:s=fp32;a=int8:tok", formats::int8}}) {
+        Case{"w=uint4:ch:s=fp32;a=int8:tok", formats::int8}, Case{"bitnet", formats::int8},
+        Case{"w=uint2:g128:s=bf16:zp=mid;a=int8:tok", formats::int8},
+        Case{"w=uint2:g64:s=bf16:zp=mid;a=e4m3:tok", formats::e4m3}}) {
     SCOPED_TRACE(c.scheme);
     const Scheme s = parse_scheme(c.scheme);
     const std::int64_t n = 128, k = 256;
@@ -421,7 +424,11 @@ TEST(WgmmaCodes8, FragmentsHoldTheWeightAtThePermutedK) {
           const long long at =
               kernels::WgmmaWeightLayout::word_index(tile, chunk, k_chunks, thread, bits);
           unsigned frag[2][4] = {};
-          if (bits == 4) {
+          if (bits == 2) {
+            unsigned words[2];
+            for (int i = 0; i < 2; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
+            kernels::wgmma_codes8_fragments<2>(words, table, frag);
+          } else if (bits == 4) {
             unsigned words[4];
             for (int i = 0; i < 4; ++i) words[i] = prepared.words[static_cast<std::size_t>(at + i)];
             kernels::wgmma_codes8_fragments<4>(words, table, frag);
@@ -516,8 +523,9 @@ TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
       << verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected;
 }
 
-// Every INT8 spec compiles for sm_90a without spills or a stack frame: each token width, 4- and
-// 8-bit weights, groups and channel scales, split-K, fp16 / fp32 outputs.
+// Every INT8 spec compiles for sm_90a without spills or a stack frame: each token width, 2-, 4-
+// and 8-bit weights (bitnet's ternary included), groups, channel and tensor scales, split-K,
+// fp16 / fp32 outputs.
 TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
   jit::KernelCache cache(jit::CacheConfig{});
   struct Case {
@@ -537,6 +545,10 @@ TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
       {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
       {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 256, 8192, 8192, "wgmma-int8-128",
        formats::fp16},
+      {"bitnet", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
+      {"bitnet", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
+      {"w=uint2:g128:s=bf16:zp=mid;a=int8:tok;o=bf16", 64, 8192, 8192, "wgmma-int8-64",
+       formats::bf16},
   };
   for (const Case& c : cases) {
     const layout::MmaWeight w = wgmma_weight(c.scheme, c.n, c.k);

@@ -878,13 +878,14 @@ TEST(WgmmaGemmGpu, EightBitConfigsMatchReference) {
       {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 0},          // int4 g128 × int8 (QServe-style)
       {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 0},   // g64 through the s8 table
       {"w=int8:ch:s=fp32;a=int8:t;o=fp32", 0.02},           // static tensor scale, fp32 out
+      {"bitnet", 0},                                        // ternary (2-bit codes) × int8
   };
   std::vector<std::int64_t> ms = {1, 16, 17, 64, 255, 1024};
   // QGEMM_GPU_TEST_SUBSET=1 (the memory checker): three schemes, three M.
   const char* subset_env = std::getenv("QGEMM_GPU_TEST_SUBSET");
   const bool subset = subset_env && *subset_env == '1';
   if (subset) {
-    cases = {cases[0], cases[1], cases[6], cases[8], cases[9]};
+    cases = {cases[0], cases[1], cases[6], cases[8], cases[9], cases[12]};
     ms = {1, 17, 64};
   }
   // K = 1000: not a multiple of 16 (the activation codes' K permutation puts codes of k < K at
