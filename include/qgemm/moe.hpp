@@ -72,9 +72,10 @@ struct MoeIndexedRouting {
 // route_moe's invalid_ids).
 //
 // The kernels read the rows and write the output where they are (a table of token blocks per
-// expert, built on the device) when rows_in's rows are 16-byte aligned and, for experts with
-// quantized activations, the rows are contiguous and their scales row-local; otherwise the rows
-// are gathered by expert and put back (QGEMM_LOG_LEVEL >= 2 says why).
+// expert, built on the device) when rows_in's rows are 16-byte aligned, rows_out does not
+// overlap them and, for experts with quantized activations, the rows are contiguous and their
+// scales row-local; otherwise the rows are gathered by expert and put back (QGEMM_LOG_LEVEL >= 2
+// says why).
 enum class MoeRowGrouping { Contiguous, Masked };
 struct MoeGroupedRows {
   MoeRowGrouping grouping = MoeRowGrouping::Contiguous;

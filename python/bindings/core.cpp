@@ -395,7 +395,8 @@ NB_MODULE(_core, m) {
           [](qgemm::Engine& e, const CudaArray& rows, const qgemm::QuantWeight& experts,
              const CudaArray& out, std::uintptr_t stream, std::optional<CudaArray> offsets,
              std::optional<CudaArray> counts, std::int64_t capacity,
-             std::optional<CudaArray> bias, std::optional<CudaArray> invalid_rows) {
+             std::optional<CudaArray> bias, std::optional<CudaArray> invalid_rows,
+             bool zero_rows_of_no_expert) {
             constexpr const char* kFunction = "Engine.moe_gemm_grouped";
             const qgemm::DeviceMatrix rm = device_matrix(rows, "rows", e.device(), kFunction);
             const qgemm::DeviceMatrix om = device_matrix(out, "out", e.device(), kFunction);
@@ -418,6 +419,7 @@ NB_MODULE(_core, m) {
             if (invalid_rows)
               groups.invalid_rows = device_vector<std::int32_t>(*invalid_rows, 1, e.device(),
                                                                 "invalid_rows", kFunction);
+            groups.zero_rows_of_no_expert = zero_rows_of_no_expert;
             const float* bias_values =
                 bias ? device_vector<float>(*bias, static_cast<std::int64_t>(n_experts) * om.cols,
                                             e.device(), "bias", kFunction)
@@ -429,12 +431,14 @@ NB_MODULE(_core, m) {
           nb::arg("rows"), nb::arg("experts"), nb::arg("out"), nb::arg("stream") = 0,
           nb::arg("offsets") = nb::none(), nb::arg("counts") = nb::none(),
           nb::arg("capacity") = 0, nb::arg("bias") = nb::none(),
-          nb::arg("invalid_rows") = nb::none(),
+          nb::arg("invalid_rows") = nb::none(), nb::arg("zero_rows_of_no_expert") = true,
           "The grouped GEMM over rows already grouped by expert (include/qgemm/engine.hpp, "
           "Engine::moe_gemm_grouped): rows bf16/fp16 [R, K], out [R, N]; contiguous with "
           "offsets int32 [experts + 1], or masked with counts int32 [experts] and capacity "
           "(R = experts x capacity); bias fp32 [experts, N]; invalid_rows int32 [1] (rows a "
-          "broken grouping sent nowhere). Rows of no expert come out zero.")
+          "broken grouping sent nowhere). Rows of no expert come out zero, or need not be "
+          "written with zero_rows_of_no_expert=False (a masked layout's unused capacity then "
+          "costs nothing).")
       .def_prop_ro("device", &qgemm::Engine::device)
       .def_prop_ro("sm_count", &qgemm::Engine::sm_count)
       .def(

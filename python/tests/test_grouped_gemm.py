@@ -154,3 +154,26 @@ def test_cuda_op_matches_the_cpu_op(rng, scheme, grouping):
     bound = want.abs() * 2 * BF16_ULP + magnitude * 2.0**-8 + 1e-6
     assert torch.all((got - want).abs() <= bound), float(((got - want).abs() / bound).max())
     assert torch.count_nonzero(want) > 0.9 * want.numel()  # the control: real products
+
+
+@cuda
+def test_cuda_engine_leaves_rows_of_no_expert_when_asked(rng):
+    """Engine.moe_gemm_grouped(..., zero_rows_of_no_expert=False) on a masked layout: the routed
+    rows equal the op's (which zeroes the rest), the unused capacity keeps the NaN it held."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the grouped GEMM runs on sm_90a")
+    _, _, w = experts_of(rng, "w4a16", 4, 128, 256)
+    rows = rows_of(rng, (4, 24, 256)).cuda()
+    counts = torch.tensor([24, 0, 7, 13], dtype=torch.int32, device="cuda")
+    want = torch.ops.qgemm.grouped_gemm(rows, w.handle, w.n, counts=counts)
+    out = torch.full((4 * 24, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    device = torch.cuda.current_device()
+    qgemm.ops.engine(device).moe_gemm_grouped(
+        rows.reshape(-1, 256), qgemm.ops._grouped(w.handle).on_device(device), out,
+        torch.cuda.current_stream().cuda_stream, counts=counts, capacity=24,
+        zero_rows_of_no_expert=False)
+    torch.cuda.synchronize()
+    routed = (torch.arange(24, device="cuda").expand(4, 24) < counts[:, None]).reshape(-1)
+    assert torch.equal(out[routed], want.reshape(-1, 128)[routed])
+    assert torch.all(torch.isnan(out[~routed]))
+    assert torch.all(want.reshape(-1, 128)[~routed] == 0)

@@ -286,7 +286,16 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   const detail::PlanStep& step = plan.data_->step_for(rows);
   const int tile = step.grouped_tile();
   const char* gather_because = nullptr;
-  if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
+  const auto in_first = reinterpret_cast<std::uintptr_t>(rows_in.data);
+  const auto out_first = reinterpret_cast<std::uintptr_t>(rows_out.data);
+  const bool overlap =
+      in_first < out_first + static_cast<std::uintptr_t>(rows * rows_out.stride) *
+                                 rows_out.dtype.storage_bytes() &&
+      out_first < in_first + static_cast<std::uintptr_t>(rows * rows_in.stride) *
+                                 rows_in.dtype.storage_bytes();
+  if (overlap)
+    gather_because = "rows_out overlaps rows_in (a block would overwrite rows another reads)";
+  else if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
     gather_because = "its activation scale is the routed rows' absmax";
   else if (quant.is_quantized() && groups.grouping == MoeRowGrouping::Masked)
     gather_because = "masked rows are quantized once routed (the capacity is mostly unused)";
