@@ -575,8 +575,8 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
 // by each grouped kernel forced (the decode kernel's 8/16-row blocks, wgmma tiles of 16 to 128
 // tokens: partial blocks of every size), with zero_rows_of_no_expert off (those rows keep the
 // poison: nothing is written past an expert's rows); gathered and put back where rows_in's rows
-// are not 16-byte aligned. Then groupings that break their rule (offsets that fall, a count
-// past the capacity): every row zero and counted. Last, one call captured and replayed on new
+// are not 16-byte aligned, or where rows_out overlaps them. Then groupings that break their rule
+// (offsets that fall, a count past the capacity): every row zero and counted. Last, one call captured and replayed on new
 // offsets and counts written into the same device arrays.
 struct GroupedRowsCase {
   MoeGroupedRows groups;
@@ -738,6 +738,47 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
   GroupedRowsCase overfull = masked;
   overfull.counts[6] = 25;
   run(overfull, formats::fp32, plan32, true, nullptr, aligned_view);
+
+  // rows_out over rows_in's own memory (the output written where the rows were): served by the
+  // gather path, which reads every row before the put-back writes; against the rows as they
+  // were before the call.
+  {
+    GroupedRowsCase g = contiguous;
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(g.rows * k));
+    for (auto& b : bits) b = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
+    DeviceBuffer shared_rows = DeviceBuffer::from(bits);  // rows_in [rows, k]; out [rows, n]
+    const DeviceBuffer offsets = DeviceBuffer::from(g.offsets);
+    g.groups.offsets = offsets.as<const std::int32_t>();
+    engine.moe_gemm_grouped(plan16, g.groups,
+                            {shared_rows.as<void>(), g.rows, k, k, formats::bf16},
+                            layer.gate_up_prepared,
+                            {shared_rows.as<void>(), g.rows, n, n, formats::bf16}, nullptr);
+    driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+    const auto got = shared_rows.to_vector<std::uint16_t>(static_cast<std::size_t>(g.rows * n));
+    const std::vector<int> expert = experts_of_rows(g, c.experts);
+    int wrong = 0;
+    for (std::int64_t r = 0; r < g.rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const int e = expert[static_cast<std::size_t>(r)];
+        double sum = 0, magnitude = 0;
+        if (e >= 0)
+          for (std::int64_t i = 0; i < k; ++i) {
+            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]);
+            const double w = layer.gate_up_values[static_cast<std::size_t>(e)]
+                                                 [static_cast<std::size_t>(j * k + i)];
+            sum += a * w;
+            magnitude += std::fabs(a * w);
+          }
+        const double value = decode(formats::bf16, got[static_cast<std::size_t>(r * n + j)]);
+        const double bound = std::ldexp(magnitude, -8) + std::ldexp(std::fabs(sum), -7) + 1e-6;
+        const bool ok = e < 0 ? value == 0.0 : std::fabs(value - sum) <= bound;
+        if (!ok && wrong++ < 3)
+          ADD_FAILURE() << "overlapping rows: row " << r << " (expert " << e << ") column " << j
+                        << ": got " << value << ", expected " << sum;
+      }
+    EXPECT_EQ(wrong, 0) << "rows_out overlapping rows_in";
+  }
 
   // Host-side rules, named.
   const DeviceBuffer rows_in(static_cast<std::size_t>(masked.rows * k) * 2);
