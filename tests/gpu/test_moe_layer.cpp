@@ -576,8 +576,8 @@ TEST(MoeLayerGpu, GroupedGemmAloneAndItsChecks) {
 // tokens: partial blocks of every size), with zero_rows_of_no_expert off (those rows keep the
 // poison: nothing is written past an expert's rows); gathered and put back where rows_in's rows
 // are not 16-byte aligned, or where rows_out overlaps them. Then groupings that break their rule
-// (offsets that fall, a count past the capacity): every row zero and counted. Last, one call captured and replayed on new
-// offsets and counts written into the same device arrays.
+// (offsets that fall, a count past the capacity): every row zero and counted. Last, one call
+// captured and replayed on new offsets and counts written into the same device arrays.
 struct GroupedRowsCase {
   MoeGroupedRows groups;
   std::vector<std::int32_t> offsets, counts;  // host copies of the grouping
