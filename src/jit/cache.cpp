@@ -52,7 +52,8 @@ std::string serialize_entry(const CompiledKernel& kernel, const std::vector<std:
         {"spill_store_bytes", kernel.resources.spill_store_bytes},
         {"spill_load_bytes", kernel.resources.spill_load_bytes},
         {"stack_frame_bytes", kernel.resources.stack_frame_bytes},
-        {"static_smem_bytes", kernel.resources.static_smem_bytes}}},
+        {"static_smem_bytes", kernel.resources.static_smem_bytes},
+        {"wgmma_serializations", kernel.resources.wgmma_serializations}}},
   };
   const std::string metadata_text = metadata.dump();
   std::string out(kHeaderBytes, '\0');
@@ -280,6 +281,15 @@ std::shared_ptr<const CompiledKernel> KernelCache::read_disk(const KernelSpec& s
             break;
           }
           *field = *value;
+        }
+        // Entries written before the field existed have none: 0.
+        if (problem.empty() && resources.contains("wgmma_serializations")) {
+          const std::optional<int> value = metadata_int(resources.at("wgmma_serializations"));
+          if (value)
+            usage.wgmma_serializations = *value;
+          else
+            problem = fmt::format("metadata: resources.wgmma_serializations is {}, not an int",
+                                  resources.at("wgmma_serializations").dump());
         }
       }
     } catch (const nlohmann::json::exception& error) {

@@ -84,6 +84,8 @@ ResourceUsage parse_ptxas_report(std::string_view log, std::string_view lowered_
   //   ptxas info    : Function properties for _Z...
   //   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
   //   ptxas info    : Used 10 registers, used 1 barriers, 256 bytes smem
+  // and, where it had to, "ptxas info : (C7514) Potential Performance Loss: wgmma.mma_async
+  // instructions are serialized due to ... in the function '_Z...'" (the function named there).
   ResourceUsage usage;
   bool in_entry = lowered_name.empty();
   std::size_t position = 0;
@@ -92,6 +94,11 @@ ResourceUsage parse_ptxas_report(std::string_view log, std::string_view lowered_
     if (end == std::string_view::npos) end = log.size();
     const std::string_view line = log.substr(position, end - position);
     position = end + 1;
+    if (line.find("wgmma.mma_async instructions are serialized") != std::string_view::npos &&
+        (lowered_name.empty() || line.find(lowered_name) != std::string_view::npos)) {
+      ++usage.wgmma_serializations;
+      continue;
+    }
     if (line.find("Compiling entry function") != std::string_view::npos) {
       in_entry = lowered_name.empty() || line.find(lowered_name) != std::string_view::npos;
       continue;

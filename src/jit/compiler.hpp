@@ -34,6 +34,10 @@ struct ResourceUsage {
   int spill_load_bytes = 0;
   int stack_frame_bytes = 0;
   int static_smem_bytes = 0;
+  // ptxas's notes that it serialized wgmma.mma_async (C7514 and its kin: an accumulator or
+  // A-fragment register touched while a wgmma is in flight), which cost the SM90 kernels their
+  // overlap; 0 for every kernel the library ships (its spec tests check).
+  int wgmma_serializations = 0;
   int spill_bytes() const { return spill_store_bytes + spill_load_bytes; }
 };
 // Parses the lines ptxas writes for `lowered_name` (or the only entry when there is one).

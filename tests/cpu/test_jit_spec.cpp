@@ -215,6 +215,9 @@ TEST(JitPtxasReport, ParsesTheEntryOfTheGivenSymbol) {
       "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
       "ptxas info    : Used 168 registers, used 1 barriers, 4096 bytes smem, 380 bytes cmem[0]\n"
       "ptxas info    : Compiling entry function '_Z6secondv' for 'sm_90a'\n"
+      "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to non wgmma instructions reading accumulator registers of  a wgmma "
+      "between start and end of the pipeline stage in the function '_Z6secondv'\n"
       "ptxas info    : Function properties for _Z6secondv\n"
       "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
       "ptxas info    : Used 23 registers, used 0 barriers, 372 bytes cmem[0]\n";
@@ -225,10 +228,12 @@ TEST(JitPtxasReport, ParsesTheEntryOfTheGivenSymbol) {
   EXPECT_EQ(first.spill_load_bytes, 12);
   EXPECT_EQ(first.spill_bytes(), 16);
   EXPECT_EQ(first.static_smem_bytes, 4096);
+  EXPECT_EQ(first.wgmma_serializations, 0);
   const ResourceUsage second = parse_ptxas_report(log, "_Z6secondv");
   EXPECT_EQ(second.registers, 23);
   EXPECT_EQ(second.spill_bytes(), 0);
   EXPECT_EQ(second.static_smem_bytes, 0);
+  EXPECT_EQ(second.wgmma_serializations, 1);  // the note names it
   EXPECT_EQ(parse_ptxas_report(log, "_Z5absentv").registers, -1);
 }
 

@@ -257,6 +257,7 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     const auto lookup = cache.get(spec);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
     EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
   }
 }
 
@@ -562,6 +563,7 @@ TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
     ASSERT_TRUE(lookup.kernel);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
     EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
     std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
                 lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
   }
@@ -605,6 +607,7 @@ TEST(WgmmaFp8, SpecsCompileWithoutSpills) {
     const auto lookup = cache.get(spec);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
     EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
     std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
                 lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
   }
@@ -647,6 +650,7 @@ TEST(WgmmaFp8, BlockScaledSpecsCompileWithoutSpills) {
       const auto lookup = cache.get(spec);
       EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
       EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+      EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
       std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
                   lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
     }
