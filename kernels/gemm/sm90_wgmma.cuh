@@ -487,6 +487,12 @@ struct WgmmaGemm {
                 "the promotion groups are the activation groups");
   // Group accumulator sets (wgmma_promote_sets): group j adds into set j % kPromoteSets.
   static constexpr int kPromoteSets = wgmma_promote_sets(kTile);
+  // One set (128 tokens) drains each consumer's wgmma at every group boundary. Where the groups
+  // are only the 8-bit tiles' 128-K precision interval (channel or tensor scales: the scale is
+  // the same for every group, and no activation groups), the two consumers promote a chunk
+  // apart (mainloop), so that the tensor cores always have one consumer's wgmma.
+  static constexpr bool kStaggered =
+      kEightBit && kPromoteSets == 1 && kGroup == 0 && !kActGroupScales && kConsumers >= 2;
 
   template <int kValue>
   struct Constant {
@@ -716,12 +722,18 @@ struct WgmmaGemm {
           if (i + 1 < unit.chunks) chunk<1, 0>(p, unit, it, i + 1, active, false);
         }
       } else {
+        // Staggered (kStaggered): the odd consumers' groups start one chunk later (their first
+        // group is one chunk), so that one consumer's drain-and-promote overlaps the other's
+        // wgmma instead of both idling the tensor cores at the same chunk.
+        const int offset = kStaggered ? warpgroup % 2 : 0;
         for (int i = 0; i < unit.chunks; i += 2 * kGroupChunks)
           static_for<0, 2 * kGroupChunks>([&](auto k) {
             constexpr int kK = decltype(k)::value;
             if (i + kK < unit.chunks)
-              chunk<kK % 2, (kK / kGroupChunks) % kPromoteSets>(p, unit, it, i + kK, active,
-                                                                kK % kGroupChunks == 0);
+              chunk<kK % 2, (kK / kGroupChunks) % kPromoteSets>(
+                  p, unit, it, i + kK, active,
+                  kStaggered ? (i + kK == 0 || (kK + offset) % kGroupChunks == 0)
+                             : kK % kGroupChunks == 0);
           });
       }
     }
