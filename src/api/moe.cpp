@@ -16,8 +16,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <optional>
 
 #include "api/engine_impl.hpp"
@@ -38,6 +40,13 @@ namespace {
 
 // 16-bit rows 16 bytes apart: TMA reads the grouped GEMMs' A rows (it zero-fills past K).
 std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
+
+// QGEMM_GROUPED_IN_PLACE=0 (read at each call): moe_gemm_grouped always gathers the rows and
+// puts them back (a switch for bisecting a deployment, and for timing the two paths).
+bool grouped_in_place_allowed() {
+  const char* value = std::getenv("QGEMM_GROUPED_IN_PLACE");
+  return !(value && std::string_view(value) == "0");
+}
 
 // A call's workspace carved into consecutive 256-byte aligned regions: take(bytes) is the next
 // one's offset, `used` the bytes they need in all.
@@ -293,7 +302,9 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
                                  rows_out.dtype.storage_bytes() &&
       out_first < in_first + static_cast<std::uintptr_t>(rows * rows_in.stride) *
                                  rows_in.dtype.storage_bytes();
-  if (overlap)
+  if (!grouped_in_place_allowed())
+    gather_because = "QGEMM_GROUPED_IN_PLACE=0";
+  else if (overlap)
     gather_because = "rows_out overlaps rows_in (a block would overwrite rows another reads)";
   else if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
     gather_because = "its activation scale is the routed rows' absmax";
