@@ -171,55 +171,52 @@ __global__ void __launch_bounds__(kThreads) moe_routing_kernel(MoeRoutingArgs ar
 // every block of a kernel that reads it sees it: each checks the whole grouping (at most 513
 // values, read from L2), so that a broken one fails every row alike, never some of them.
 template <int kThreads>
-__device__ bool moe_grouping_broken(const int* offsets, const int* counts, long long capacity,
-                                    int experts) {
+__device__ bool moe_grouping_broken(const MoeRowGroupingArgs& g) {
   bool broken = false;
-  if (offsets != nullptr) {
-    for (int e = threadIdx.x; e < experts; e += kThreads) broken |= offsets[e + 1] < offsets[e];
+  if (g.offsets != nullptr) {
+    for (int e = threadIdx.x; e < g.experts; e += kThreads)
+      broken |= g.offsets[e + 1] < g.offsets[e];
   } else {
-    for (int e = threadIdx.x; e < experts; e += kThreads)
-      broken |= counts[e] < 0 || counts[e] > capacity;
+    for (int e = threadIdx.x; e < g.experts; e += kThreads)
+      broken |= g.counts[e] < 0 || g.counts[e] > g.capacity;
   }
   return __syncthreads_or(broken);
 }
 
 // The expert of row r of a valid grouping, or −1 (a row of no expert).
-__device__ __forceinline__ int moe_grouped_row_expert(const int* offsets, const int* counts,
-                                                      long long capacity, int experts,
-                                                      long long r) {
-  if (offsets != nullptr) {
-    if (r < offsets[0] || r >= offsets[experts]) return -1;
+__device__ __forceinline__ int moe_grouped_row_expert(const MoeRowGroupingArgs& g, long long r) {
+  if (g.offsets != nullptr) {
+    if (r < g.offsets[0] || r >= g.offsets[g.experts]) return -1;
     // The last expert whose run starts at or before r (offsets do not fall).
-    int low = 0, high = experts - 1;
+    int low = 0, high = g.experts - 1;
     while (low < high) {
       const int mid = (low + high + 1) / 2;
-      if (offsets[mid] <= r)
+      if (g.offsets[mid] <= r)
         low = mid;
       else
         high = mid - 1;
     }
     return low;
   }
-  const long long e = r / capacity;
-  return r - e * capacity < counts[e] ? static_cast<int>(e) : -1;
+  const long long e = r / g.capacity;
+  return r - e * g.capacity < g.counts[e] ? static_cast<int>(e) : -1;
 }
 
 // Grid-stride over rows.
 template <int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads) moe_group_ids_kernel(MoeGroupIdsArgs args) {
   static_assert(kDynamicSmemBytes == 0, "moe_group_ids uses no shared memory");
-  const int experts = args.experts;
-  const bool broken =
-      moe_grouping_broken<kThreads>(args.offsets, args.counts, args.capacity, experts);
+  const MoeRowGroupingArgs& g = args.grouping;
+  const bool broken = moe_grouping_broken<kThreads>(g);
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   const long long first = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-  for (long long e = first; e <= experts; e += stride)
-    args.map[e] = e < experts ? static_cast<int>(e) : -1;
-  for (long long r = first; r < args.rows; r += stride) {
+  for (long long e = first; e <= g.experts; e += stride)
+    args.map[e] = e < g.experts ? static_cast<int>(e) : -1;
+  for (long long r = first; r < g.rows; r += stride) {
     int id = -1;
     if (!broken) {
-      id = moe_grouped_row_expert(args.offsets, args.counts, args.capacity, experts, r);
-      if (id < 0) id = experts;  // no expert's row: mapped to −1 as another rank's
+      id = moe_grouped_row_expert(g, r);
+      if (id < 0) id = g.experts;  // no expert's row: mapped to −1 as another rank's
     }
     args.ids[r] = id;
   }
@@ -235,20 +232,20 @@ __global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksAr
   static_assert(kDynamicSmemBytes == 0, "moe_row_blocks uses static shared memory only");
   __shared__ int warp_sums[kThreads / 32];
   __shared__ int first_row[kThreads], end_row[kThreads], blocks_after[kThreads];
-  const int experts = args.experts;
-  const bool broken =
-      moe_grouping_broken<kThreads>(args.offsets, args.counts, args.capacity, experts);
+  const MoeRowGroupingArgs& g = args.grouping;
+  const int experts = g.experts;
+  const bool broken = moe_grouping_broken<kThreads>(g);
   if (blockIdx.x == 0) {
     const int e = threadIdx.x;
     long long first = 0, end = 0;
     if (e < experts && !broken) {
-      if (args.offsets != nullptr) {
-        first = args.offsets[e], end = args.offsets[e + 1];
+      if (g.offsets != nullptr) {
+        first = g.offsets[e], end = g.offsets[e + 1];
       } else {
-        first = e * args.capacity, end = first + args.counts[e];
+        first = e * g.capacity, end = first + g.counts[e];
       }
-      first = min(max(first, 0LL), args.rows);
-      end = min(max(end, first), args.rows);
+      first = min(max(first, 0LL), g.rows);
+      end = min(max(end, first), g.rows);
     }
     const int blocks = static_cast<int>((end - first + args.tile - 1) / args.tile);
     first_row[e] = static_cast<int>(first);
@@ -268,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksAr
       const int before = low == 0 ? 0 : blocks_after[low - 1];
       const int row0 = first_row[low] + (b - before) * args.tile;
       const int load0 =
-          row0 + args.tile > args.rows ? max(0, static_cast<int>(args.rows) - args.tile) : row0;
+          row0 + args.tile > g.rows ? max(0, static_cast<int>(g.rows) - args.tile) : row0;
       args.block_experts[b] = low;
       args.row_blocks[3 * b] = load0;
       args.row_blocks[3 * b + 1] = row0 - load0;
@@ -277,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksAr
     if (threadIdx.x == 0) {
       *args.routed_total = total * args.tile;
       if (args.invalid_rows != nullptr)
-        *args.invalid_rows = broken ? static_cast<int>(args.rows) : 0;
+        *args.invalid_rows = broken ? static_cast<int>(g.rows) : 0;
     }
   }
   if (args.out == nullptr) return;
@@ -285,10 +282,8 @@ __global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksAr
   const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
   const long long halves = static_cast<long long>(args.n) * args.out_bytes / 2;
   for (long long r = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-       r < args.rows; r += warps) {
-    if (!broken &&
-        moe_grouped_row_expert(args.offsets, args.counts, args.capacity, experts, r) >= 0)
-      continue;
+       r < g.rows; r += warps) {
+    if (!broken && moe_grouped_row_expert(g, r) >= 0) continue;
     unsigned short* row = reinterpret_cast<unsigned short*>(static_cast<char*>(args.out) +
                                                             r * args.ldo * args.out_bytes);
     for (long long c = lane; c < halves; c += 32) row[c] = 0;

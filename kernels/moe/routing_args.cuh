@@ -39,26 +39,33 @@ struct MoeRoutingArgs {
   int* invalid_ids;     // [1]: count of ids outside [0, global_experts) (routed nowhere)
 };
 
-// Rows the caller already grouped by expert (Engine::moe_gemm_grouped, include/qgemm/moe.hpp)
-// become one top-1 id per row, which the routing steps above then lay out as any routing:
+// Rows the caller already grouped by expert (Engine::moe_gemm_grouped, include/qgemm/moe.hpp):
 //
 //   contiguous  rows [rows, K]: expert e's rows are offsets[e] .. offsets[e+1]−1
 //   masked      rows [experts · capacity, K]: row e · capacity + i is expert e's when
 //               i < counts[e]
 //
-//   ids[r]    e for expert e's rows; `experts` for a row of no expert (before offsets[0], from
-//             offsets[experts] on, or past a count), which map[experts] = −1 sends nowhere as
-//             another rank's expert would; −1 for every row when the grouping breaks its rule
-//             (offsets that fall, a count outside [0, capacity]): counted in invalid_ids
-//   map       [experts + 1] the identity, then −1 (the routing's expert_map)
-struct MoeGroupIdsArgs {
+// A grouping breaks its rule when offsets fall or a count lies outside [0, capacity].
+struct MoeRowGroupingArgs {
   const int* offsets;  // contiguous: [experts + 1], or null
   const int* counts;   // masked: [experts], or null
   long long capacity;  // masked: rows per expert
   long long rows;
   int experts;  // 1 .. 512
-  int* ids;     // [rows]
-  int* map;     // [experts + 1]
+};
+
+// Such rows become one top-1 id per row, which the routing steps above then lay out as any
+// routing:
+//
+//   ids[r]    e for expert e's rows; `experts` for a row of no expert (before offsets[0], from
+//             offsets[experts] on, or past a count), which map[experts] = −1 sends nowhere as
+//             another rank's expert would; −1 for every row when the grouping breaks its rule:
+//             counted in invalid_ids
+//   map       [experts + 1] the identity, then −1 (the routing's expert_map)
+struct MoeGroupIdsArgs {
+  MoeRowGroupingArgs grouping;
+  int* ids;  // [rows]
+  int* map;  // [experts + 1]
 };
 
 // Rows the caller grouped, read where they are by the grouped GEMM (Engine::moe_gemm_grouped's
@@ -84,11 +91,7 @@ struct MoeGroupIdsArgs {
 //   its rule gives no block. With `out` given, the rows of no expert (every row of a broken
 //   grouping) are zeroed there.
 struct MoeRowBlocksArgs {
-  const int* offsets;  // contiguous: [experts + 1], or null
-  const int* counts;   // masked: [experts], or null
-  long long capacity;  // masked: rows per expert
-  long long rows;      // < 2^31
-  int experts;         // 1 .. 512
+  MoeRowGroupingArgs grouping;  // rows < 2^31
   int tile;
   int* block_experts;  // [ceil(rows / tile) + experts]: at most that many blocks
   int* row_blocks;     // [ceil(rows / tile) + experts][3]

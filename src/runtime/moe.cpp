@@ -225,8 +225,10 @@ MoeGroupedBlocks MoeGroupedBlocks::of(const MoeIndexedRouting& routing) {
 
 namespace {
 
-// The host fields of a grouping of `rows` rows over `experts` experts.
-void check_grouped_rows(const MoeGroupedRows& groups, std::int64_t rows, int experts) {
+// The host fields of a grouping of `rows` rows over `experts` experts, checked, as the kernels
+// read them.
+kernels::MoeRowGroupingArgs grouping_args(const MoeGroupedRows& groups, std::int64_t rows,
+                                          int experts) {
   require(experts >= 1 && experts <= kMaxLocalExperts,
           "moe grouped rows: {} experts (rule: 1 .. {})", experts, kMaxLocalExperts);
   if (groups.grouping == MoeRowGrouping::Contiguous) {
@@ -245,6 +247,14 @@ void check_grouped_rows(const MoeGroupedRows& groups, std::int64_t rows, int exp
             "experts x capacity, 1 <= capacity < 2^31)",
             rows, groups.capacity, experts);
   }
+  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
+  kernels::MoeRowGroupingArgs g{};
+  g.offsets = contiguous ? groups.offsets : nullptr;
+  g.counts = contiguous ? nullptr : groups.counts;
+  g.capacity = groups.capacity;
+  g.rows = rows;
+  g.experts = experts;
+  return g;
 }
 
 }  // namespace
@@ -252,15 +262,9 @@ void check_grouped_rows(const MoeGroupedRows& groups, std::int64_t rows, int exp
 void launch_moe_group_ids(const LoadedKernel& kernel, const MoeGroupedRows& groups,
                           std::int64_t rows, int experts, std::int32_t* ids, std::int32_t* map,
                           CUstream stream) {
-  check_grouped_rows(groups, rows, experts);
-  require(ids != nullptr && map != nullptr, "moe grouped rows: null ids or map workspace");
-  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
   kernels::MoeGroupIdsArgs args{};
-  args.offsets = contiguous ? groups.offsets : nullptr;
-  args.counts = contiguous ? nullptr : groups.counts;
-  args.capacity = groups.capacity;
-  args.rows = rows;
-  args.experts = experts;
+  args.grouping = grouping_args(groups, rows, experts);
+  require(ids != nullptr && map != nullptr, "moe grouped rows: null ids or map workspace");
   args.ids = ids;
   args.map = map;
   const int threads = kernel.launch.threads_per_block;
@@ -285,7 +289,8 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
                                        std::int64_t rows, int experts, int tile, void* workspace,
                                        void* zero_out, std::int64_t ld_out, std::int64_t n,
                                        int out_bytes, CUstream stream) {
-  check_grouped_rows(groups, rows, experts);
+  kernels::MoeRowBlocksArgs args{};
+  args.grouping = grouping_args(groups, rows, experts);
   require(rows >= 1 && tile >= 1 && tile <= kMaxBlock &&
               moe_row_blocks_max(rows, experts, tile) * tile <=
                   std::numeric_limits<std::int32_t>::max(),
@@ -302,13 +307,6 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
   auto at = [&](std::size_t offset) {
     return reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) + offset);
   };
-  const bool contiguous = groups.grouping == MoeRowGrouping::Contiguous;
-  kernels::MoeRowBlocksArgs args{};
-  args.offsets = contiguous ? groups.offsets : nullptr;
-  args.counts = contiguous ? nullptr : groups.counts;
-  args.capacity = groups.capacity;
-  args.rows = rows;
-  args.experts = experts;
   args.tile = tile;
   args.block_experts = at(0);
   args.row_blocks = at(aligned(static_cast<std::size_t>(most) * 4));

@@ -524,40 +524,25 @@ TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
       << verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected;
 }
 
-// Every INT8 spec compiles for sm_90a without spills or a stack frame: each token width, 2-, 4-
-// and 8-bit weights (bitnet's ternary included), groups, channel and tensor scales, split-K,
-// fp16 / fp32 outputs.
-TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
+// One forced 8-bit config against one scheme's weight and M.
+struct ForcedSpecCase {
+  const char* scheme;
+  std::int64_t m, n, k;
+  const char* config;
+  Format output;
+};
+
+// Each case's spec (its config forced, `codes` activation codes) compiles for sm_90a without
+// spills, a stack frame or wgmma that ptxas had to serialize.
+void expect_forced_specs_compile_clean(const Format& codes,
+                                       const std::vector<ForcedSpecCase>& cases) {
   jit::KernelCache cache(jit::CacheConfig{});
-  struct Case {
-    const char* scheme;
-    std::int64_t m, n, k;
-    const char* config;
-    Format output;
-  };
-  const Case cases[] = {
-      {"w8a8-int8", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
-      {"w8a8-int8", 16, 8192, 8192, "wgmma-int8-16", formats::bf16},
-      {"w8a8-int8", 64, 8192, 8192, "wgmma-int8-64", formats::fp16},
-      {"w8a8-int8", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
-      {"w8a8-int8", 16, 28672, 8192, "wgmma-int8-16-k256", formats::fp32},
-      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 1, 8192, 8192, "wgmma-int8-8-k256", formats::bf16},
-      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 32, 8192, 8192, "wgmma-int8-32", formats::bf16},
-      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
-      {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 256, 8192, 8192, "wgmma-int8-128",
-       formats::fp16},
-      {"bitnet", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
-      {"bitnet", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
-      {"w=uint2:g128:s=bf16:zp=mid;a=int8:tok;o=bf16", 64, 8192, 8192, "wgmma-int8-64",
-       formats::bf16},
-  };
-  for (const Case& c : cases) {
+  for (const ForcedSpecCase& c : cases) {
     const layout::MmaWeight w = wgmma_weight(c.scheme, c.n, c.k);
     const WgmmaConfig& config = config_named(c.config);
-    ASSERT_FALSE(config.unsupported_reason(c.m, w, formats::int8, kH200)) << c.config;
-    const WgmmaLaunch launch = wgmma_launch(config, c.m, w, formats::int8, kH200);
-    const jit::KernelSpec spec =
-        wgmma_spec(config, launch, w, formats::int8, c.output, jit::Arch::sm_90a);
+    ASSERT_FALSE(config.unsupported_reason(c.m, w, codes, kH200)) << c.config;
+    const WgmmaLaunch launch = wgmma_launch(config, c.m, w, codes, kH200);
+    const jit::KernelSpec spec = wgmma_spec(config, launch, w, codes, c.output, jit::Arch::sm_90a);
     SCOPED_TRACE(jit::to_string(spec));
     const auto lookup = cache.get(spec);
     ASSERT_TRUE(lookup.kernel);
@@ -569,48 +554,53 @@ TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
   }
 }
 
+// Every INT8 spec compiles for sm_90a without spills or a stack frame: each token width, 2-, 4-
+// and 8-bit weights (bitnet's ternary included), groups, channel and tensor scales, split-K,
+// fp16 / fp32 outputs.
+TEST(WgmmaInt8, SpecsCompileWithoutSpills) {
+  expect_forced_specs_compile_clean(
+      formats::int8,
+      {
+          {"w8a8-int8", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
+          {"w8a8-int8", 16, 8192, 8192, "wgmma-int8-16", formats::bf16},
+          {"w8a8-int8", 64, 8192, 8192, "wgmma-int8-64", formats::fp16},
+          {"w8a8-int8", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
+          {"w8a8-int8", 16, 28672, 8192, "wgmma-int8-16-k256", formats::fp32},
+          {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 1, 8192, 8192, "wgmma-int8-8-k256",
+           formats::bf16},
+          {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 32, 8192, 8192, "wgmma-int8-32", formats::bf16},
+          {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 4096, 8192, 8192, "wgmma-int8-128",
+           formats::bf16},
+          {"w=uint4:g64:s=fp16:zp=mid;a=int8:tok;o=fp16", 256, 8192, 8192, "wgmma-int8-128",
+           formats::fp16},
+          {"bitnet", 1, 8192, 8192, "wgmma-int8-8", formats::bf16},
+          {"bitnet", 4096, 8192, 8192, "wgmma-int8-128", formats::bf16},
+          {"w=uint2:g128:s=bf16:zp=mid;a=int8:tok;o=bf16", 64, 8192, 8192, "wgmma-int8-64",
+           formats::bf16},
+      });
+}
+
 // Every FP8 spec the selector can choose compiles for sm_90a without spills or a stack frame:
 // each token width, 4-bit and e4m3 weights, e2m1, split-K, fp16 / fp32 outputs, channel scales.
 TEST(WgmmaFp8, SpecsCompileWithoutSpills) {
-  jit::KernelCache cache(jit::CacheConfig{});
-  struct Case {
-    const char* scheme;
-    std::int64_t m, n, k;
-    const char* config;
-    Format output;
-  };
-  const Case cases[] = {
-      {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
-      {"w4a8-fp8", 16, 8192, 8192, "wgmma-fp8-16", formats::bf16},
-      {"w4a8-fp8", 32, 8192, 8192, "wgmma-fp8-32", formats::fp16},
-      {"w4a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
-      {"w4a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
-      {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8-k256", formats::bf16},
-      {"w4a8-fp8", 16, 28672, 8192, "wgmma-fp8-16-k256", formats::fp32},
-      {"w8a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
-      {"w8a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
-      {"w8a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
-      {"w8a8-fp8", 16, 8192, 8192, "wgmma-fp8-16-k256", formats::fp16},
-      {"w=e2m1:g64:s=e8m0;a=e4m3:tok", 256, 8192, 8192, "wgmma-fp8-128", formats::bf16},
-      {"w=e2m1:g128:s=bf16;a=e4m3:tok", 32, 8192, 8192, "wgmma-fp8-32", formats::bf16},
-      {"w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok", 8, 8192, 8192, "wgmma-fp8-8", formats::bf16},
-  };
-  for (const Case& c : cases) {
-    const Scheme s = parse_scheme(c.scheme);
-    const layout::MmaWeight w = wgmma_weight(c.scheme, c.n, c.k);
-    const WgmmaConfig& config = config_named(c.config);
-    ASSERT_FALSE(config.unsupported_reason(c.m, w, formats::e4m3, kH200)) << c.config;
-    const WgmmaLaunch launch = wgmma_launch(config, c.m, w, formats::e4m3, kH200);
-    const jit::KernelSpec spec =
-        wgmma_spec(config, launch, w, formats::e4m3, c.output, jit::Arch::sm_90a);
-    SCOPED_TRACE(jit::to_string(spec));
-    const auto lookup = cache.get(spec);
-    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
-    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
-    std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
-                lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
-  }
+  expect_forced_specs_compile_clean(
+      formats::e4m3,
+      {
+          {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+          {"w4a8-fp8", 16, 8192, 8192, "wgmma-fp8-16", formats::bf16},
+          {"w4a8-fp8", 32, 8192, 8192, "wgmma-fp8-32", formats::fp16},
+          {"w4a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
+          {"w4a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+          {"w4a8-fp8", 1, 8192, 8192, "wgmma-fp8-8-k256", formats::bf16},
+          {"w4a8-fp8", 16, 28672, 8192, "wgmma-fp8-16-k256", formats::fp32},
+          {"w8a8-fp8", 1, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+          {"w8a8-fp8", 64, 8192, 8192, "wgmma-fp8-64", formats::bf16},
+          {"w8a8-fp8", 4096, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+          {"w8a8-fp8", 16, 8192, 8192, "wgmma-fp8-16-k256", formats::fp16},
+          {"w=e2m1:g64:s=e8m0;a=e4m3:tok", 256, 8192, 8192, "wgmma-fp8-128", formats::bf16},
+          {"w=e2m1:g128:s=bf16;a=e4m3:tok", 32, 8192, 8192, "wgmma-fp8-32", formats::bf16},
+          {"w=uint4:g128:s=bf16:zp=mid;a=e4m3:tok", 8, 8192, 8192, "wgmma-fp8-8", formats::bf16},
+      });
 }
 
 }  // namespace
@@ -631,9 +621,9 @@ TEST(WgmmaFp8, BlockScaledSpecsCompileWithoutSpills) {
     bool prequantized;
   };
   const Case cases[] = {
-      {1, 7168, 18432, "wgmma-fp8-8", false},    {16, 7168, 18432, "wgmma-fp8-16", true},
-      {32, 7168, 18432, "wgmma-fp8-32", false},  {64, 7168, 18432, "wgmma-fp8-64", false},
-      {4096, 7168, 18432, "wgmma-fp8-128", true}, {1, 7168, 18432, "wgmma-fp8-8-k256", false},
+      {1, 7168, 18432, "wgmma-fp8-8", false},       {16, 7168, 18432, "wgmma-fp8-16", true},
+      {32, 7168, 18432, "wgmma-fp8-32", false},     {64, 7168, 18432, "wgmma-fp8-64", false},
+      {4096, 7168, 18432, "wgmma-fp8-128", true},   {1, 7168, 18432, "wgmma-fp8-8-k256", false},
       {16, 4000, 2880, "wgmma-fp8-16-k256", false},
   };
   for (const Case& c : cases) {

@@ -688,6 +688,22 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
     EXPECT_EQ(invalid.to_vector<std::int32_t>(1)[0], expect_broken ? g.rows : 0);
   };
 
+  // Row r of `bits` ([rows, k] bf16) times expert e's row j, exactly, and Σ |a · w| (0, 0 for
+  // a row of no expert).
+  auto product = [&](const std::vector<std::uint16_t>& bits, std::int64_t r, int e,
+                     std::int64_t j) {
+    double sum = 0, magnitude = 0;
+    if (e >= 0)
+      for (std::int64_t i = 0; i < k; ++i) {
+        const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]);
+        const double w = layer.gate_up_values[static_cast<std::size_t>(e)]
+                                             [static_cast<std::size_t>(j * k + i)];
+        sum += a * w;
+        magnitude += std::fabs(a * w);
+      }
+    return std::pair<double, double>{sum, magnitude};
+  };
+
   GemmProblem problem = gemm_problem(layer.gate_up_prepared, 1, formats::bf16, formats::fp32);
   problem.m_max = 256;
   const GemmPlan plan32 = engine.plan(problem, layer.gate_up_prepared);
@@ -761,15 +777,7 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
     for (std::int64_t r = 0; r < g.rows; ++r)
       for (std::int64_t j = 0; j < n; ++j) {
         const int e = expert[static_cast<std::size_t>(r)];
-        double sum = 0, magnitude = 0;
-        if (e >= 0)
-          for (std::int64_t i = 0; i < k; ++i) {
-            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]);
-            const double w = layer.gate_up_values[static_cast<std::size_t>(e)]
-                                                 [static_cast<std::size_t>(j * k + i)];
-            sum += a * w;
-            magnitude += std::fabs(a * w);
-          }
+        const auto [sum, magnitude] = product(bits, r, e, j);
         const double value = decode(formats::bf16, got[static_cast<std::size_t>(r * n + j)]);
         const double bound = std::ldexp(magnitude, -8) + std::ldexp(std::fabs(sum), -7) + 1e-6;
         const bool ok = e < 0 ? value == 0.0 : std::fabs(value - sum) <= bound;
@@ -846,15 +854,7 @@ TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
     for (std::int64_t r = 0; r < g.rows; ++r) {
       const int e = expert[static_cast<std::size_t>(r)];
       for (std::int64_t j = 0; j < n; j += 7) {  // a sample of columns
-        double sum = 0, magnitude = 0;
-        if (e >= 0)
-          for (std::int64_t i = 0; i < k; ++i) {
-            const double a = decode(formats::bf16, bits[static_cast<std::size_t>(r * k + i)]);
-            const double w = layer.gate_up_values[static_cast<std::size_t>(e)]
-                                                 [static_cast<std::size_t>(j * k + i)];
-            sum += a * w;
-            magnitude += std::fabs(a * w);
-          }
+        const auto [sum, magnitude] = product(bits, r, e, j);
         const double value = got[static_cast<std::size_t>(r * n + j)];
         const bool ok = e < 0 ? value == 0.0
                               : std::fabs(value - sum) <= std::ldexp(magnitude, -8) + 1e-6;
