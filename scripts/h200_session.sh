@@ -204,6 +204,20 @@ grouped)
   echo "moe recipe rc=$? at ${SECONDS}s"
   grep -E '^\[' "$out/moe.log" | sed -E 's/^\[ *[0-9]+\/[0-9]+ [0-9:]+\] //; s/ +\(error [^)]*\)//'
   tail -25 "$out/moe.txt"
+  # The in-place rows against the gather path they replace, on Qwen3's gate_up (w4a16), if the
+  # call has time left.
+  left=$((${DEADLINE:-560} - SECONDS))
+  if [ $left -gt 40 ]; then
+    sed -n '1,/^cases:/p' "$out/moe.yaml" | sed -e 's/^backends: .*/backends: [qgemm]/' \
+      > "$out/moe_gather.yaml"
+    echo '  - {label: qwen3 gate_up w4a16, scheme: w4a16, kind: moe, experts: 128, top_k: 8, n: 1536, k: 2048, m: [16, 256, 4096]}' \
+      >> "$out/moe_gather.yaml"
+    for in_place in 1 0; do
+      QGEMM_GROUPED_IN_PLACE=$in_place timeout $((left / 2)) build-gpu/qgemm bench \
+        "$out/moe_gather.yaml" > "$out/moe_in_place_$in_place.txt" 2>&1
+      echo "QGEMM_GROUPED_IN_PLACE=$in_place rc=$?"; tail -5 "$out/moe_in_place_$in_place.txt"
+    done
+  fi
   ;;
 eight-bit)
   # The FP8 and INT8 wgmma tiles (#16): their GPU test (sampled), memcheck over it, then every
