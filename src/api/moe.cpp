@@ -19,8 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <string_view>
 #include <optional>
+#include <string_view>
 
 #include "api/engine_impl.hpp"
 #include "common/log.hpp"
@@ -46,6 +46,41 @@ std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
 bool grouped_in_place_allowed() {
   const char* value = std::getenv("QGEMM_GROUPED_IN_PLACE");
   return !(value && std::string_view(value) == "0");
+}
+
+// Why moe_gemm_grouped cannot read the caller's rows and write its output in place (null: it
+// can), the kernels reading and writing them through a table of token blocks (no gather, no
+// put-back). It needs rows TMA and 16-byte copies can read, an output that does not overlap
+// them, and, for quantized activations, contiguous rows with row-local scales: the quantizer then
+// passes over every row, and a masked layout's are mostly unused capacity (whatever the caller
+// left there, which a tensor absmax must not see either): those are quantized after a gather.
+const char* why_not_in_place(const MoeGroupedRows& groups, const DeviceMatrix& rows_in,
+                             const DeviceMatrix& rows_out, const ActivationQuant& quant,
+                             dispatch::Path path, int experts, int tile) {
+  const std::int64_t rows = rows_in.rows;
+  const auto in_first = reinterpret_cast<std::uintptr_t>(rows_in.data);
+  const auto out_first = reinterpret_cast<std::uintptr_t>(rows_out.data);
+  const bool overlap =
+      in_first < out_first + static_cast<std::uintptr_t>(rows * rows_out.stride) *
+                                 rows_out.dtype.storage_bytes() &&
+      out_first < in_first + static_cast<std::uintptr_t>(rows * rows_in.stride) *
+                                 rows_in.dtype.storage_bytes();
+  const std::int64_t blocks = runtime::moe_row_blocks_max(rows, experts, tile);
+  if (!grouped_in_place_allowed()) return "QGEMM_GROUPED_IN_PLACE=0";
+  if (overlap) return "rows_out overlaps rows_in (a block would overwrite rows another reads)";
+  if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
+    return "its activation scale is the routed rows' absmax";
+  if (quant.is_quantized() && groups.grouping == MoeRowGrouping::Masked)
+    return "masked rows are quantized once routed (the capacity is mostly unused)";
+  if (!quant.is_quantized() && (in_first % 16 != 0 || rows_in.stride % 8 != 0))
+    return "rows_in's rows are not 16-byte aligned";
+  if (blocks * tile > std::numeric_limits<std::int32_t>::max())
+    return "its token blocks would pass 2^31 rows";
+  if (path != dispatch::Path::Wgmma && blocks > 65535)
+    return "the decode kernel's grid takes at most 65535 token blocks";
+  if (path != dispatch::Path::Wgmma && rows < tile)
+    return "the decode kernel reads whole token blocks, more rows than rows_in has";
+  return nullptr;
 }
 
 // A call's workspace carved into consecutive 256-byte aligned regions: take(bytes) is the next
@@ -286,41 +321,10 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
   const ActivationQuant& quant = w.activation;
   const auto cu_stream = static_cast<CUstream>(stream);
 
-  // In place: the kernels read the caller's rows (or their quantized operand) and write the
-  // caller's output rows where they are, through a table of token blocks — no gather, no
-  // put-back. It needs rows TMA and 16-byte copies can read, and, for quantized activations,
-  // contiguous rows with row-local scales: the quantizer then passes over every row, and a
-  // masked layout's are mostly unused capacity (whatever the caller left there, which a tensor
-  // absmax must not see either): those are quantized after a gather, below.
   const detail::PlanStep& step = plan.data_->step_for(rows);
   const int tile = step.grouped_tile();
-  const char* gather_because = nullptr;
-  const auto in_first = reinterpret_cast<std::uintptr_t>(rows_in.data);
-  const auto out_first = reinterpret_cast<std::uintptr_t>(rows_out.data);
-  const bool overlap =
-      in_first < out_first + static_cast<std::uintptr_t>(rows * rows_out.stride) *
-                                 rows_out.dtype.storage_bytes() &&
-      out_first < in_first + static_cast<std::uintptr_t>(rows * rows_in.stride) *
-                                 rows_in.dtype.storage_bytes();
-  if (!grouped_in_place_allowed())
-    gather_because = "QGEMM_GROUPED_IN_PLACE=0";
-  else if (overlap)
-    gather_because = "rows_out overlaps rows_in (a block would overwrite rows another reads)";
-  else if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
-    gather_because = "its activation scale is the routed rows' absmax";
-  else if (quant.is_quantized() && groups.grouping == MoeRowGrouping::Masked)
-    gather_because = "masked rows are quantized once routed (the capacity is mostly unused)";
-  else if (!quant.is_quantized() &&
-           (reinterpret_cast<std::uintptr_t>(rows_in.data) % 16 != 0 || rows_in.stride % 8 != 0))
-    gather_because = "rows_in's rows are not 16-byte aligned";
-  else if (runtime::moe_row_blocks_max(rows, w.experts, tile) * tile >
-           std::numeric_limits<std::int32_t>::max())
-    gather_because = "its token blocks would pass 2^31 rows";
-  else if (step.launch.path != dispatch::Path::Wgmma &&
-           runtime::moe_row_blocks_max(rows, w.experts, tile) > 65535)
-    gather_because = "the decode kernel's grid takes at most 65535 token blocks";
-  else if (step.launch.path != dispatch::Path::Wgmma && rows < tile)
-    gather_because = "the decode kernel reads whole token blocks, more rows than rows_in has";
+  const char* gather_because =
+      why_not_in_place(groups, rows_in, rows_out, quant, step.launch.path, w.experts, tile);
   if (gather_because == nullptr) {
     WorkspaceRegions regions;
     const std::size_t table_at = regions.take(runtime::moe_row_blocks_bytes(rows, w.experts, tile));
