@@ -70,6 +70,7 @@
 #include "gemm/mma_weight_layout.cuh"
 #include "gemm/sm80_decode_shape.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
+#include "moe/routing_args.cuh"  // the in-place row-block table
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
 #include "ptx/mma_sync.cuh"
@@ -484,9 +485,9 @@ struct DecodeGemm {
   };
   __device__ static GroupedRows grouped_rows(const DenseGemmParams& p) {
     if (p.row_blocks != nullptr) {
-      const int begin = __ldg(p.row_blocks + 3 * blockIdx.y + 1);
-      return {__ldg(p.row_blocks + 3 * blockIdx.y), begin,
-              begin + __ldg(p.row_blocks + 3 * blockIdx.y + 2)};
+      const int* entry = p.row_blocks + kMoeRowBlockFields * blockIdx.y;
+      const int begin = __ldg(entry + kRowBlockSkip);
+      return {__ldg(entry + kRowBlockLoad0), begin, begin + __ldg(entry + kRowBlockCount)};
     }
     return {static_cast<int>(blockIdx.y) * kRows, 0, kRows};
   }

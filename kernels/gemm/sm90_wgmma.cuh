@@ -81,6 +81,7 @@
 #include "gemm/sm90_wgmma_shape.cuh"
 #include "gemm/wgmma_gemm_params.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
+#include "moe/routing_args.cuh"  // the in-place row-block table
 #include "ptx/bulk_copy.cuh"
 #include "ptx/mma_sync.cuh"  // stmatrix
 #include "ptx/reduce.cuh"
@@ -208,9 +209,10 @@ struct WgmmaGemm {
   __device__ static TokenRows token_rows(const WgmmaGemmParams& p, int m_block) {
     if constexpr (kGrouped) {
       if (p.row_blocks != nullptr) {
-        const int first = __ldg(p.row_blocks + 3 * m_block);
-        const int begin = first + __ldg(p.row_blocks + 3 * m_block + 1);
-        return {first, begin, begin + __ldg(p.row_blocks + 3 * m_block + 2)};
+        const int* entry = p.row_blocks + kMoeRowBlockFields * m_block;
+        const int first = __ldg(entry + kRowBlockLoad0);
+        const int begin = first + __ldg(entry + kRowBlockSkip);
+        return {first, begin, begin + __ldg(entry + kRowBlockCount)};
       }
     }
     return {m_block * kTokens, m_block * kTokens, p.m};

@@ -267,9 +267,10 @@ __global__ void __launch_bounds__(kThreads) moe_row_blocks_kernel(MoeRowBlocksAr
       const int load0 =
           row0 + args.tile > g.rows ? max(0, static_cast<int>(g.rows) - args.tile) : row0;
       args.block_experts[b] = low;
-      args.row_blocks[3 * b] = load0;
-      args.row_blocks[3 * b + 1] = row0 - load0;
-      args.row_blocks[3 * b + 2] = min(args.tile, end_row[low] - row0);
+      int* entry = args.row_blocks + kMoeRowBlockFields * b;
+      entry[kRowBlockLoad0] = load0;
+      entry[kRowBlockSkip] = row0 - load0;
+      entry[kRowBlockCount] = min(args.tile, end_row[low] - row0);
     }
     if (threadIdx.x == 0) {
       *args.routed_total = total * args.tile;

@@ -90,11 +90,19 @@ struct MoeGroupIdsArgs {
 //   expert's rows, or rows before r_j) are multiplied and never stored. A grouping that breaks
 //   its rule gives no block. With `out` given, the rows of no expert (every row of a broken
 //   grouping) are zeroed there.
+// The fields of token block b in row_blocks: row_blocks[kMoeRowBlockFields · b + field].
+enum MoeRowBlockField {
+  kRowBlockLoad0 = 0,
+  kRowBlockSkip = 1,
+  kRowBlockCount = 2,
+  kMoeRowBlockFields = 3
+};
+
 struct MoeRowBlocksArgs {
   MoeRowGroupingArgs grouping;  // rows < 2^31
   int tile;
   int* block_experts;  // [ceil(rows / tile) + experts]: at most that many blocks
-  int* row_blocks;     // [ceil(rows / tile) + experts][3]
+  int* row_blocks;     // [ceil(rows / tile) + experts][kMoeRowBlockFields]
   int* routed_total;   // [1]
   int* invalid_rows;   // [1]: the rows of a broken grouping (0 for a valid one), or null
   void* out;           // [rows][ldo] elements of out_bytes (2 or 4), n columns; or null

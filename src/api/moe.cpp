@@ -42,9 +42,10 @@ namespace {
 std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
 
 // QGEMM_GROUPED_IN_PLACE=1 (read at each call): moe_gemm_grouped reads the rows in place where
-// it can. Off by default: its first GPU run (H100, eleventh session, bench/NOTES.md) left some
-// token blocks unwritten or wrong (the row-block table's entries differed from their host twin),
-// while the gather path passed everywhere; on until that is found and fixed.
+// it can. Off by default until a GPU run confirms the fix of what its first one found (H100,
+// eleventh session, bench/NOTES.md: the table's workspace was sized for two ints an entry, the
+// kernel writes three, so the routed total overwrote an entry and the table ran into the next
+// region), while the gather path passed everywhere.
 bool grouped_in_place_allowed() {
   const char* value = std::getenv("QGEMM_GROUPED_IN_PLACE");
   return value && std::string_view(value) == "1";
@@ -329,7 +330,8 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
       why_not_in_place(groups, rows_in, rows_out, quant, step.launch.path, w.experts, tile);
   if (gather_because == nullptr) {
     WorkspaceRegions regions;
-    const std::size_t table_at = regions.take(runtime::moe_row_blocks_bytes(rows, w.experts, tile));
+    const std::size_t table_bytes = runtime::moe_row_blocks_bytes(rows, w.experts, tile);
+    const std::size_t table_at = regions.take(table_bytes);
     const std::int64_t ld_in = row_stride(p.k);
     const std::size_t operand_at =
         quant.is_quantized()
@@ -344,7 +346,8 @@ void Engine::moe_gemm_grouped(const GemmPlan& plan, const MoeGroupedRows& groups
     impl_->make_current();
     const runtime::MoeGroupedBlocks blocks = runtime::launch_moe_row_blocks(
         impl_->kernel(jit::moe_row_blocks_spec(impl_->arch)), groups, rows, w.experts, tile,
-        at<void>(base, table_at), groups.zero_rows_of_no_expert ? rows_out.data : nullptr,
+        at<void>(base, table_at), table_bytes,
+        groups.zero_rows_of_no_expert ? rows_out.data : nullptr,
         rows_out.stride, p.n, static_cast<int>(rows_out.dtype.storage_bytes()), cu_stream);
     DeviceMatrix operand = rows_in;
     if (quant.is_quantized()) {

@@ -278,17 +278,36 @@ std::int64_t moe_row_blocks_max(std::int64_t rows, int experts, int tile) {
   return (rows + tile - 1) / tile + experts;
 }
 
-// block_experts [max], row_blocks [max][2], routed_total [1], invalid_rows [1]: int32 each,
-// 256-byte aligned.
-std::size_t moe_row_blocks_bytes(std::int64_t rows, int experts, int tile) {
+namespace {
+
+// The row-block table's arrays in its workspace, int32 each, 256-byte aligned each:
+// block_experts [most], row_blocks [most][kMoeRowBlockFields], routed_total [1].
+struct RowBlocksLayout {
+  std::size_t block_experts, row_blocks, routed_total, bytes;
+};
+
+RowBlocksLayout row_blocks_layout(std::int64_t rows, int experts, int tile) {
   const auto most = static_cast<std::size_t>(moe_row_blocks_max(rows, experts, tile));
-  return aligned(most * 4) + aligned(most * 8) + aligned(4);
+  RowBlocksLayout layout{};
+  layout.block_experts = 0;
+  layout.row_blocks = aligned(most * sizeof(std::int32_t));
+  layout.routed_total =
+      layout.row_blocks + aligned(most * kernels::kMoeRowBlockFields * sizeof(std::int32_t));
+  layout.bytes = layout.routed_total + aligned(sizeof(std::int32_t));
+  return layout;
+}
+
+}  // namespace
+
+std::size_t moe_row_blocks_bytes(std::int64_t rows, int experts, int tile) {
+  return row_blocks_layout(rows, experts, tile).bytes;
 }
 
 MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGroupedRows& groups,
                                        std::int64_t rows, int experts, int tile, void* workspace,
-                                       void* zero_out, std::int64_t ld_out, std::int64_t n,
-                                       int out_bytes, CUstream stream) {
+                                       std::size_t workspace_bytes, void* zero_out,
+                                       std::int64_t ld_out, std::int64_t n, int out_bytes,
+                                       CUstream stream) {
   kernels::MoeRowBlocksArgs args{};
   args.grouping = grouping_args(groups, rows, experts);
   require(rows >= 1 && tile >= 1 && tile <= kMaxBlock &&
@@ -297,8 +316,12 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
           "moe row blocks: {} rows of {} experts in tiles of {} (rule: tiles of 1 .. {}, at most "
           "2^31 - 1 token positions: (ceil(rows / tile) + experts) x tile)",
           rows, experts, tile, kMaxBlock);
-  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % kAlign == 0,
-          "moe row blocks: workspace at {} (rule: 256-byte aligned)", workspace);
+  const RowBlocksLayout layout = row_blocks_layout(rows, experts, tile);
+  require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % kAlign == 0 &&
+              workspace_bytes >= layout.bytes,
+          "moe row blocks: workspace of {} bytes at {} (rule: at least moe_row_blocks_bytes = {}, "
+          "256-byte aligned)",
+          workspace_bytes, workspace, layout.bytes);
   require(zero_out == nullptr || (ld_out >= n && n >= 1 && (out_bytes == 2 || out_bytes == 4)),
           "moe row blocks: an output of {} columns, stride {}, {}-byte elements (rule: stride >= "
           "columns >= 1, 2- or 4-byte elements)",
@@ -308,10 +331,9 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
     return reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) + offset);
   };
   args.tile = tile;
-  args.block_experts = at(0);
-  args.row_blocks = at(aligned(static_cast<std::size_t>(most) * 4));
-  args.routed_total =
-      at(aligned(static_cast<std::size_t>(most) * 4) + aligned(static_cast<std::size_t>(most) * 8));
+  args.block_experts = at(layout.block_experts);
+  args.row_blocks = at(layout.row_blocks);
+  args.routed_total = at(layout.routed_total);
   args.invalid_rows = groups.invalid_rows;
   args.out = zero_out;
   args.ldo = ld_out;

@@ -59,8 +59,9 @@ std::int64_t moe_row_blocks_max(std::int64_t rows, int experts, int tile);
 std::size_t moe_row_blocks_bytes(std::int64_t rows, int experts, int tile);
 MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGroupedRows& groups,
                                        std::int64_t rows, int experts, int tile, void* workspace,
-                                       void* zero_out, std::int64_t ld_out, std::int64_t n,
-                                       int out_bytes, CUstream stream);
+                                       std::size_t workspace_bytes, void* zero_out,
+                                       std::int64_t ld_out, std::int64_t n, int out_bytes,
+                                       CUstream stream);
 
 // rows_out[p] = input[sorted_slots[p] / top_k] (16-bit rows of `columns`; zero for padding) for
 // p below the padded total the device holds; `kernel` from jit::moe_gather_spec.

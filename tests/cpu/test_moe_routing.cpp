@@ -1,10 +1,13 @@
-// The MoE routing shape's rules and workspace sizes (include/qgemm/moe.hpp), without a GPU.
+// The MoE routing shape's rules and workspace sizes (include/qgemm/moe.hpp, src/runtime/moe.hpp),
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "moe/routing_args.cuh"
 #include "qgemm/error.hpp"
 #include "qgemm/moe.hpp"
+#include "runtime/moe.hpp"
 
 namespace qgemm {
 namespace {
@@ -43,6 +46,28 @@ TEST(MoeRouting, CapacityHoldsEveryRoutingOfTheShape) {
   const std::size_t capacity = static_cast<std::size_t>(moe_routing_capacity(s));
   EXPECT_GE(moe_routing_workspace_bytes(s), 4 * (capacity + capacity / 64 + 8000 + 3 * 64 + 2));
   EXPECT_EQ(moe_routing_workspace_bytes(s) % 256, 0u);
+}
+
+// The in-place row-block table (moe_row_blocks): at most ceil(rows / tile) + experts blocks, and
+// its workspace holds that many expert ids, that many entries of kMoeRowBlockFields ints (what
+// the kernel writes: a 2-int sizing let the routed total overwrite an entry on the first GPU
+// run) and the routed total, each array 256-byte aligned.
+TEST(MoeRouting, RowBlockTableWorkspaceHoldsEveryEntry) {
+  EXPECT_EQ(kernels::kMoeRowBlockFields, 3);
+  struct Shape {
+    std::int64_t rows;
+    int experts, tile;
+  };
+  for (const Shape& s : {Shape{333, 6, 16}, Shape{600, 8, 32}, Shape{1, 1, 8},
+                         Shape{32768, 128, 128}, Shape{64 * 48, 64, 8}}) {
+    const std::int64_t most = runtime::moe_row_blocks_max(s.rows, s.experts, s.tile);
+    EXPECT_EQ(most, (s.rows + s.tile - 1) / s.tile + s.experts);
+    const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const std::size_t entries = static_cast<std::size_t>(most);
+    EXPECT_GE(runtime::moe_row_blocks_bytes(s.rows, s.experts, s.tile),
+              aligned(entries * 4) + aligned(entries * 4 * kernels::kMoeRowBlockFields) + 4)
+        << s.rows << " rows, " << s.experts << " experts, tile " << s.tile;
+  }
 }
 
 TEST(MoeRouting, BadShapesNameTheFieldAndTheRule) {

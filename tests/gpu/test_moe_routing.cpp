@@ -385,8 +385,8 @@ TEST(MoeRoutingGpu, RowBlockTableCoversEachExpertsRowsOnce) {
         DeviceBuffer out(static_cast<std::size_t>(g.rows * ld) * out_bytes);
         out.fill_bytes(0xff);
         const runtime::MoeGroupedBlocks table = runtime::launch_moe_row_blocks(
-            kernel, groups, g.rows, experts, tile, workspace.as<void>(), out.as<void>(), ld, n,
-            out_bytes, nullptr);
+            kernel, groups, g.rows, experts, tile, workspace.as<void>(), workspace.bytes(),
+            out.as<void>(), ld, n, out_bytes, nullptr);
         driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
         EXPECT_EQ(table.route_block, tile);
         EXPECT_EQ(table.positions, runtime::moe_row_blocks_max(g.rows, experts, tile) * tile);
