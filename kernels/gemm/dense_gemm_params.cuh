@@ -16,8 +16,8 @@ struct DenseGemmParams {
     const float* row_factors;
     // The grouped decode kernel over rows grouped in place by the caller (its rows are 16-bit,
     // never factored; moe/routing_args.cuh, MoeRowBlocksArgs): token block y's row l is row
-    // row_blocks[3y] + l of A and C, stored for l in [row_blocks[3y + 1], + row_blocks[3y + 2])
-    // (its expert block_experts[y], blocks_per_route 1); null: the indexed layout.
+    // load0 + l of A and C, stored for l in [skip, skip + count) (the fields of its table
+    // entry; its expert block_experts[y], blocks_per_route 1); null: the indexed layout.
     const int* row_blocks;
   };
   // Split-K (zero between calls) — or, in the grouped (MoE) decode kernel, which never splits K

@@ -49,8 +49,8 @@
 //   grid   x: 64-column slices of ONE expert, y: token blocks of kRows rows, z: 1 (no split-K:
 //          a split's partial sums would cover every token block of the capacity)
 //   block (slice, y): rows [y · kRows, + kRows) of A and C (rows grouped in place by the caller,
-//          params.row_blocks: kRows rows from row_blocks[3y], of which it stores
-//          row_blocks[3y + 2] from row_blocks[3y + 1] on: the table keeps them inside A); if
+//          params.row_blocks: kRows rows from the table entry y's load0, of which it stores
+//          `count` from `skip` on; the table keeps them inside A); if
 //          y · kRows ≥ *routed_total it returns at once (the capacity is a bound, the routed
 //          total is known on the device only); else its expert e = block_experts[y /
 //          blocks_per_route] and

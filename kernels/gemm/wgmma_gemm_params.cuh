@@ -43,9 +43,9 @@ struct WgmmaGemmParams {
   const int* routed_total;
   int blocks_per_route;
   // Rows grouped in place by the caller (moe/routing_args.cuh, MoeRowBlocksArgs): token block
-  // b's token l is row row_blocks[3b] + l of A and C, stored for l in [row_blocks[3b + 1],
-  // + row_blocks[3b + 2]) (its expert block_experts[b], blocks_per_route 1); null: the indexed
-  // layout above.
+  // b's token l is row load0 + l of A and C, stored for l in [skip, skip + count) (the fields of
+  // its table entry; its expert block_experts[b], blocks_per_route 1); null: the indexed layout
+  // above.
   const int* row_blocks;
 };
 

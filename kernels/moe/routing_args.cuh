@@ -77,11 +77,12 @@ struct MoeGroupIdsArgs {
 //   its blocks        ceil((end_e − first_e) / tile), numbered after expert e − 1's (a scan)
 //   block b, the j-th of expert e, stores rows r_j = first_e + j · tile .. + count − 1
 //   (count = min(tile, end_e − r_j)):
-//     block_experts[b]       e
-//     row_blocks[3b]         load0: the first of the `tile` rows of A it reads; its token l is
-//                            row load0 + l of A and of C
-//     row_blocks[3b + 1]     skip = r_j − load0: its tokens before the expert's rows
-//     row_blocks[3b + 2]     count: the tokens from skip on that it stores
+//     block_experts[b]   e
+//     row_blocks[3b + ·] its entry (MoeRowBlockField):
+//       load0            the first of the `tile` rows of A it reads; its token l is row
+//                        load0 + l of A and of C
+//       skip             r_j − load0: its tokens before the expert's rows
+//       count            the tokens from skip on that it stores
 //   *routed_total     blocks · tile: the token positions the kernels walk, as the routing's
 //
 //   load0 = r_j, skip = 0, except where r_j + tile would pass the last row: there load0 =
