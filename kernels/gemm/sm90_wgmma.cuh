@@ -138,8 +138,8 @@ struct WgmmaGemm {
   static_assert(!kEightBit ||
                     (!kStoredZeros && wgmma_codes8_exact(kFormat, kZeroMode == kZeroConstant,
                                                          kCodes8)),
-                "the 8-bit wgmma takes 4- and 8-bit codes with at most a constant zero, every "
-                "value exact in its type");
+                "the 8-bit wgmma takes 2-, 4- and 8-bit codes with at most a constant zero, "
+                "every value exact in its type");
   // 1x128 activation groups (fp8-block's): each promoted group's sums are scaled by the weight
   // row's scale times the token's group scale, so the promotion groups must be the activation's.
   static constexpr int kActGroup = 128;

@@ -350,8 +350,7 @@ Cost wgmma_cost(const GemmProblem& p, std::int64_t m, const WgmmaConfig& config,
   const double dequant_rate = (transform ? r.wgmma_transform_gelems : r.wgmma_dequant_gelems) *
                               promoted *
                               (dequant == "packed16"  ? 1.0
-                               : dequant == "e4m3"    ? codes8_factor
-                               : dequant == "s8"      ? codes8_factor
+                               : dequant == "e4m3" || dequant == "s8" ? codes8_factor
                                : dequant == "float16" ? 0.7
                                                       : 0.4);
   const double dequant_us =

@@ -21,6 +21,11 @@ kernels::WgmmaShape shape_of(const kernels::WgmmaTile& tile, const layout::MmaWe
   return kernels::wgmma_shape(tile, w.format.bits, w.group_size, w.stores_zeros());
 }
 
+// The tensor cores an eight-bit tile's activation codes run on, as messages name them.
+const char* tensor_cores_of(const Format& codes) {
+  return codes == formats::int8 ? "INT8" : "FP8";
+}
+
 }  // namespace
 
 bool wgmma_ranked_by_default() {
@@ -135,7 +140,7 @@ std::optional<std::string> WgmmaConfig::unsupported_reason(std::int64_t m,
   if (tile.eight_bit) {
     if (operand != codes())
       return fmt::format("the {} wgmma configs take {} activation codes ({} given)",
-                         int8 ? "INT8" : "FP8", codes().name(), operand.name());
+                         tensor_cores_of(codes()), codes().name(), operand.name());
     if (auto why = wgmma_codes8_weight_unsupported(weight, codes())) return why;
   } else if (operand != formats::bf16 && operand != formats::fp16) {
     return fmt::format("the wgmma configs take bf16/fp16 operands ({} given)", operand.name());
@@ -164,7 +169,7 @@ std::optional<std::string> wgmma_codes8_weight_unsupported(const layout::MmaWeig
   if (s8 && f.is_float())
     return fmt::format("the INT8 wgmma takes integer weights ({} given)", f.name());
   if (!(f.bits == 2 || f.bits == 4 || (s8 && f.bits == 8)))
-    return fmt::format("the {} wgmma takes {} weights ({} is {} bits)", s8 ? "INT8" : "FP8",
+    return fmt::format("the {} wgmma takes {} weights ({} is {} bits)", tensor_cores_of(codes),
                        s8 ? "2-, 4- or 8-bit integer" : "e4m3, 2- or 4-bit", f.name(), f.bits);
   if (weight.zero_mode != layout::MmaZeroMode::None && !constant_zero)
     return fmt::format("stored zero points ({}) make u − zero a per-group value, not one {} "
@@ -330,7 +335,7 @@ std::size_t wgmma_zeroed_bytes(const WgmmaConfig& config, const WgmmaLaunch& lau
 std::optional<std::string> wgmma_codes8_activation_unsupported(const ActivationQuant& quant,
                                                                const layout::MmaWeight& weight,
                                                                const Format& codes) {
-  const char* tiles = codes == formats::int8 ? "INT8" : "FP8";
+  const char* tiles = tensor_cores_of(codes);
   if (!quant.is_quantized() || quant.format != codes)
     return fmt::format("the {} configs take {} activation codes ({} given)", tiles, codes.name(),
                        quant.format.name());

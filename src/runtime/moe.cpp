@@ -281,14 +281,17 @@ std::int64_t moe_row_blocks_max(std::int64_t rows, int experts, int tile) {
 namespace {
 
 // The row-block table's arrays in its workspace, int32 each, 256-byte aligned each:
-// block_experts [most], row_blocks [most][kMoeRowBlockFields], routed_total [1].
+// block_experts [most], row_blocks [most][kMoeRowBlockFields], routed_total [1]; `most` blocks
+// at most (moe_row_blocks_max).
 struct RowBlocksLayout {
+  std::int64_t most;
   std::size_t block_experts, row_blocks, routed_total, bytes;
 };
 
 RowBlocksLayout row_blocks_layout(std::int64_t rows, int experts, int tile) {
-  const auto most = static_cast<std::size_t>(moe_row_blocks_max(rows, experts, tile));
   RowBlocksLayout layout{};
+  layout.most = moe_row_blocks_max(rows, experts, tile);
+  const auto most = static_cast<std::size_t>(layout.most);
   layout.block_experts = 0;
   layout.row_blocks = aligned(most * sizeof(std::int32_t));
   layout.routed_total =
@@ -310,13 +313,12 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
                                        CUstream stream) {
   kernels::MoeRowBlocksArgs args{};
   args.grouping = grouping_args(groups, rows, experts);
+  const RowBlocksLayout layout = row_blocks_layout(rows, experts, tile);
   require(rows >= 1 && tile >= 1 && tile <= kMaxBlock &&
-              moe_row_blocks_max(rows, experts, tile) * tile <=
-                  std::numeric_limits<std::int32_t>::max(),
+              layout.most * tile <= std::numeric_limits<std::int32_t>::max(),
           "moe row blocks: {} rows of {} experts in tiles of {} (rule: tiles of 1 .. {}, at most "
           "2^31 - 1 token positions: (ceil(rows / tile) + experts) x tile)",
           rows, experts, tile, kMaxBlock);
-  const RowBlocksLayout layout = row_blocks_layout(rows, experts, tile);
   require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % kAlign == 0 &&
               workspace_bytes >= layout.bytes,
           "moe row blocks: workspace of {} bytes at {} (rule: at least moe_row_blocks_bytes = {}, "
@@ -326,7 +328,6 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
           "moe row blocks: an output of {} columns, stride {}, {}-byte elements (rule: stride >= "
           "columns >= 1, 2- or 4-byte elements)",
           n, ld_out, out_bytes);
-  const std::int64_t most = moe_row_blocks_max(rows, experts, tile);
   auto at = [&](std::size_t offset) {
     return reinterpret_cast<std::int32_t*>(static_cast<char*>(workspace) + offset);
   };
@@ -349,7 +350,7 @@ MoeGroupedBlocks launch_moe_row_blocks(const LoadedKernel& kernel, const MoeGrou
   out.block_experts = args.block_experts;
   out.routed_total = args.routed_total;
   out.row_blocks = args.row_blocks;
-  out.positions = most * tile;
+  out.positions = layout.most * tile;
   out.route_block = tile;
   out.slots = rows;
   out.experts = experts;
