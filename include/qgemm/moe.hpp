@@ -71,12 +71,11 @@ struct MoeIndexedRouting {
 // were routed nowhere for that reason (0 for a valid grouping; read it after the stream, as
 // route_moe's invalid_ids).
 //
-// The rows are gathered by expert and put back. With QGEMM_GROUPED_IN_PLACE=1 (not yet correct
-// everywhere: bench/NOTES.md, eleventh session) the kernels read the rows and write the output
-// where they are (a table of token blocks per expert, built on the device) when rows_in's rows
-// are 16-byte aligned, rows_out does not overlap them and, for experts with quantized
-// activations, the rows are contiguous and their scales row-local (QGEMM_LOG_LEVEL >= 2 says
-// which path and why).
+// The kernels read the rows and write the output where they are (a table of token blocks per
+// expert, built on the device) when rows_in's rows are 16-byte aligned, rows_out does not
+// overlap them and, for experts with quantized activations, the rows are contiguous and their
+// scales row-local; otherwise (or with QGEMM_GROUPED_IN_PLACE=0) the rows are gathered by
+// expert and the results put back (QGEMM_LOG_LEVEL >= 2 says which path and why).
 enum class MoeRowGrouping { Contiguous, Masked };
 struct MoeGroupedRows {
   MoeRowGrouping grouping = MoeRowGrouping::Contiguous;

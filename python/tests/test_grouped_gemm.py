@@ -157,13 +157,12 @@ def test_cuda_op_matches_the_cpu_op(rng, scheme, grouping):
 
 
 @cuda
-def test_cuda_engine_leaves_rows_of_no_expert_when_asked(rng, monkeypatch):
+def test_cuda_engine_leaves_rows_of_no_expert_when_asked(rng):
     """Engine.moe_gemm_grouped(..., zero_rows_of_no_expert=False) on a masked layout, read in
-    place (QGEMM_GROUPED_IN_PLACE=1, opt-in): the routed rows equal the op's (which zeroes the
+    place (the default): the routed rows equal the op's (which zeroes the
     rest), the unused capacity keeps the NaN it held."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the grouped GEMM runs on sm_90a")
-    monkeypatch.setenv("QGEMM_GROUPED_IN_PLACE", "1")
     _, _, w = experts_of(rng, "w4a16", 4, 128, 256)
     rows = rows_of(rng, (4, 24, 256)).cuda()
     counts = torch.tensor([24, 0, 7, 13], dtype=torch.int32, device="cuda")

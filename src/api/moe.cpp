@@ -41,14 +41,13 @@ namespace {
 // 16-bit rows 16 bytes apart: TMA reads the grouped GEMMs' A rows (it zero-fills past K).
 std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
 
-// QGEMM_GROUPED_IN_PLACE=1 (read at each call): moe_gemm_grouped reads the rows in place where
-// it can. Off by default until a GPU run confirms the fix of what its first one found (H100,
-// eleventh session, bench/NOTES.md: the table's workspace was sized for two ints an entry, the
-// kernel writes three, so the routed total overwrote an entry and the table ran into the next
-// region), while the gather path passed everywhere.
+// QGEMM_GROUPED_IN_PLACE=0 (read at each call) turns the in-place path off: moe_gemm_grouped
+// then gathers the rows and puts the results back everywhere. On by default since its GPU run
+// (H100, twelfth session, bench/NOTES.md) passed the grouped tests and recipe after the fix of
+// what its first run found (the table's workspace was sized for two ints an entry).
 bool grouped_in_place_allowed() {
   const char* value = std::getenv("QGEMM_GROUPED_IN_PLACE");
-  return value && std::string_view(value) == "1";
+  return !(value && std::string_view(value) == "0");
 }
 
 // Why moe_gemm_grouped cannot read the caller's rows and write its output in place (null: it
@@ -69,7 +68,7 @@ const char* why_not_in_place(const MoeGroupedRows& groups, const DeviceMatrix& r
       out_first < in_first + static_cast<std::uintptr_t>(rows * rows_in.stride) *
                                  rows_in.dtype.storage_bytes();
   const std::int64_t blocks = runtime::moe_row_blocks_max(rows, experts, tile);
-  if (!grouped_in_place_allowed()) return "the in-place path is off (QGEMM_GROUPED_IN_PLACE=1)";
+  if (!grouped_in_place_allowed()) return "the in-place path is off (QGEMM_GROUPED_IN_PLACE=0)";
   if (overlap) return "rows_out overlaps rows_in (a block would overwrite rows another reads)";
   if (quant.is_quantized() && runtime::needs_tensor_absmax(quant, 0.0))
     return "its activation scale is the routed rows' absmax";

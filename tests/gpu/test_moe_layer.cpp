@@ -602,9 +602,8 @@ std::vector<int> experts_of_rows(const GroupedRowsCase& g, int experts) {
 TEST(MoeLayerGpu, GroupedRowsContiguousAndMaskedMatchTheirExperts) {
   QGEMM_REQUIRE_GPU();
   if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
-  // The in-place path is opt-in until it passes here (its first run, H100: wgmma-32 left the
-  // last block of an expert unwritten; bench/NOTES.md, eleventh session).
-  const test::ScopedEnv in_place("QGEMM_GROUPED_IN_PLACE", "1");
+  // Aligned views are read in place (the default), unaligned ones and rows_out over rows_in
+  // through the gather path.
   std::mt19937 rng(test_seed() + 400);
   LayerCase c;
   c.experts = 8, c.hidden = 512, c.inter = 160;  // N = 320
