@@ -3,10 +3,13 @@
 // from the host call to its return (both synchronize):
 //   quantize  quantize_weight_on_device: the three steps, its allocations and the small
 //             read-back (summary, scales, zeros)
+//   repack    both device repacks of the quantized weight (mma layout and wgmma order, each
+//             with its allocations and scale flags): the rest of prepare's device work
 //   prepare   Engine::prepare_weight(DeviceMatrix, ...): quantize, then the kernel layouts
+//             the selector keeps
 // GB/s = bf16 input bytes / time. A first untimed call compiles the kernels.
 //
-//   build/bench/qgemm_quantize_bench [--quick]
+//   build/bench/qgemm_quantize_bench [--quick] [--scheme NAME]   (one scheme: for ncu)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "layout/mma_repack_gpu.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "quant/quantize_on_device.hpp"
@@ -55,7 +59,18 @@ double median_ms(int repeats, F&& call) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  const char* only_scheme = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--scheme") == 0 && i + 1 < argc) {
+      only_scheme = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: qgemm_quantize_bench [--quick] [--scheme NAME]\n");
+      return 2;
+    }
+  }
   try {
     qgemm::Engine engine(0);
     const auto arch = qgemm::jit::arch_for_device(qgemm::runtime::device_info(0).major,
@@ -68,8 +83,8 @@ int main(int argc, char** argv) {
     const char* schemes[] = {"w4a16",    "w4a16-zp",  "w3a16",     "w8a16",  "nvfp4",
                              "mxfp4-a16", "fp8-block", "w8a8-fp8", "bitnet"};
     const int repeats = quick ? 3 : 5;
-    std::printf("%-10s %-12s %12s %9s %12s %9s\n", "scheme", "shape", "quantize_ms", "GB/s",
-                "prepare_ms", "GB/s");
+    std::printf("%-10s %-12s %12s %9s %10s %12s %9s\n", "scheme", "shape", "quantize_ms", "GB/s",
+                "repack_ms", "prepare_ms", "GB/s");
     for (const Shape& shape : shapes) {
       const std::size_t count = static_cast<std::size_t>(shape.n * shape.k);
       const qgemm::runtime::DeviceBuffer input =
@@ -78,20 +93,35 @@ int main(int argc, char** argv) {
                                        shape.k, shape.k, qgemm::formats::bf16};
       const double gigabytes = static_cast<double>(count) * 2 / 1e9;
       for (const char* name : schemes) {
+        if (only_scheme && std::strcmp(name, only_scheme) != 0) continue;
         const qgemm::Scheme scheme = qgemm::parse_scheme(name);
         auto quantize = [&] {
           qgemm::quant_detail::quantize_weight_on_device(weight, scheme.weight, arch, nullptr);
         };
-        auto prepare = [&] {
-          engine.prepare_weight(weight, scheme.weight, scheme.activation);
+        auto prepare = [&] { engine.prepare_weight(weight, scheme.weight, scheme.activation); };
+        const qgemm::quant_detail::DeviceQuantizedWeight quantized =
+            qgemm::quant_detail::quantize_weight_on_device(weight, scheme.weight, arch, nullptr);
+        auto repack = [&] {
+          const qgemm::layout::CanonicalOnDevice source{
+              quantized.codes.address(), quantized.scales.address(), quantized.zeros.address()};
+          for (const auto order :
+               {qgemm::layout::FragmentOrder::Mma, qgemm::layout::FragmentOrder::Wgmma})
+            qgemm::layout::repack_for_mma_on_device(quantized.meta, source, arch, nullptr, order);
         };
         quantize();  // compiles
         prepare();
+        double repack_ms = 0;
+        try {
+          repack();
+          repack_ms = median_ms(repeats, repack);
+        } catch (const qgemm::Error&) {  // a weight neither layout takes (reported as 0)
+        }
         const double quantize_ms = median_ms(repeats, quantize);
         const double prepare_ms = median_ms(repeats, prepare);
         const std::string dims = std::to_string(shape.n) + "x" + std::to_string(shape.k);
-        std::printf("%-10s %-12s %12.2f %9.0f %12.2f %9.0f\n", name, dims.c_str(), quantize_ms,
-                    gigabytes / (quantize_ms / 1e3), prepare_ms, gigabytes / (prepare_ms / 1e3));
+        std::printf("%-10s %-12s %12.2f %9.0f %10.2f %12.2f %9.0f\n", name, dims.c_str(),
+                    quantize_ms, gigabytes / (quantize_ms / 1e3), repack_ms, prepare_ms,
+                    gigabytes / (prepare_ms / 1e3));
         std::fflush(stdout);
       }
     }

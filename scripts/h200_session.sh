@@ -158,6 +158,23 @@ quantize)
   PYTHONPATH=build-gpu/python timeout 90 python3 bench/quantize_python.py \
     > "$out/quantize_python.txt" 2>&1
   echo "python quantize rc=$? at ${SECONDS}s"; cat "$out/quantize_python.txt"
+  # Where prepare's time goes: each kernel's mean duration under ncu (quick shape, one scheme).
+  for scheme in nvfp4 w4a16; do
+    timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      build-gpu/bench/qgemm_quantize_bench --quick --scheme $scheme \
+      > "$out/ncu_quantize_$scheme.csv" 2> "$out/ncu_quantize_$scheme.log"
+    echo "ncu $scheme rc=$? at ${SECONDS}s"
+    python3 - "$out/ncu_quantize_$scheme.csv" <<'PY'
+import csv, collections, re, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14 and r[12] == "gpu__time_duration.sum"]
+times = collections.defaultdict(list)
+for r in rows:
+    name = re.sub(r"<.*", "", r[4]) + (" " + m.group(0) if (m := re.search(r"step=\w+|order=\w+", r[4])) else "")
+    times[name].append(float(r[14].replace(",", "")) / (1e3 if r[13] == "nsecond" else 1))
+for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+    print(f"  {name:<48} x{len(t):<3} mean {sum(t) / len(t):9.1f} us")
+PY
+  done
   ;;
 actquant)
   # Its tests (codes and scales bit for bit against the host), then actquant_bench.
@@ -250,16 +267,18 @@ multi)
 profile)
   case_=$2; shift 2
   bench=build-gpu/bench/qgemm_dense_bench
-  timeout 120 $bench --wgmma --case "$case_" > "$out/profile_times.txt" 2>&1
+  # BENCH_MODE: the bench's mode that lists the configs (--wgmma; --fp8 for the 8-bit tiles).
+  timeout 120 $bench ${BENCH_MODE:---wgmma} --case "$case_" > "$out/profile_times.txt" 2>&1
   echo "times rc=$?"; cat "$out/profile_times.txt"
   for config in "$@"; do
     timeout 120 ncu --clock-control none --kernel-name regex:'wgmma|dense_' --launch-skip 1 \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-      $bench --wgmma --case "$case_" --config "$config" > "$out/ncu_$config.txt" 2>&1
+      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+      $bench ${BENCH_MODE:---wgmma} --case "$case_" --config "$config" > "$out/ncu_$config.txt" 2>&1
     echo "== ncu $config rc=$?"
-    grep -iE "spends|stalled|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Warp Cycles Per Issued|Stall|L2 Hit|Compute \(SM\)" \
-      "$out/ncu_$config.txt" | head -30
+    grep -iE "spends|stalled|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|No Eligible|Warp Cycles Per Issued|Stall|L2 Hit|Compute \(SM\)|Shared|Bank|Pipe|Tensor" \
+      "$out/ncu_$config.txt" | head -45
   done
   ;;
 esac

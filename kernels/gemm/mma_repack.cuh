@@ -7,7 +7,9 @@
 //                                      converts signed codes to offset binary (flip the sign
 //                                      bit) and writes its `bits` words
 //                [lanes, lanes + g·n)  one thread per (group, column): decodes the scale (and
-//                                      zero) and stores it at its lane-permuted column
+//                                      zero) and stores it at its lane-permuted column; a
+//                                      block's scales that are not exact for packed16 set
+//                                      the metadata's flags (one atomic a block)
 //
 // Reads are gathered (a lane touches 8 rows), but the 4 lanes of a row read the same 2-4
 // bytes, so a warp reads 8 short row segments per k16 block: L1 absorbs the reuse.
@@ -19,6 +21,7 @@
 #include "util/format_code.cuh"
 #include "util/number_codec.cuh"
 #include "util/packed_codes.cuh"
+#include "util/scale_exactness.cuh"
 
 namespace qgemm::kernels {
 
@@ -38,6 +41,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   const long long lanes = a.n_padded / 64 * a.k_blocks * 32;
   const long long total = lanes + static_cast<long long>(a.groups) * a.n;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  bool inexact_bf16 = false, inexact_fp16 = false;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {
     if (index < lanes) {
@@ -70,7 +74,10 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;
       const long long at =
           static_cast<long long>(group) * a.n_padded + Layout::scale_column(n);
-      a.scales_out[at] = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
+      const float scale = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
+      a.scales_out[at] = scale;
+      inexact_bf16 |= !packed16_scale_exact(scale, kPacked16Bf16, kBits);
+      inexact_fp16 |= !packed16_scale_exact(scale, kPacked16Fp16, kBits);
       if constexpr (kZero == 1) {
         a.zeros_out[at] = static_cast<float>(
             read_packed_code<kBits>(a.zeros + (cell / a.grid_cols) * a.zero_row_bytes,
@@ -81,6 +88,10 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       }
     }
   }
+  const bool block_bf16 = __syncthreads_or(inexact_bf16);
+  const bool block_fp16 = __syncthreads_or(inexact_fp16);
+  if (threadIdx.x == 0 && (block_bf16 || block_fp16))
+    atomicOr(a.scale_inexact, (block_bf16 ? 1u : 0u) | (block_fp16 ? 2u : 0u));
 }
 
 }  // namespace qgemm::kernels

@@ -18,6 +18,9 @@ struct MmaRepackArgs {
   long long n_padded, k_blocks;
   int groups, group_size;
   float zero_offset;  // added to float zeros (2^(b-1) for signed formats, else 0)
+  // The scale flags of the layout's metadata (util/scale_exactness.cuh), zeroed before launch:
+  // bit 0 set where some scale is not exact for packed16 in bf16, bit 1 in fp16.
+  unsigned* scale_inexact;
 };
 
 }  // namespace qgemm::kernels

@@ -3,9 +3,10 @@
 // (src/quant/block_quant.cpp) computes from the same values. The host's three passes, one
 // launch each (the `step` parameter):
 //
-//   stats  a warp per piece, the part of one row inside one grid cell (cols_per values):
-//          min, max and (absmean) Σ|x| -> pieces[n][grid_cols]; the flat index of the first
-//          non-finite element -> *first_bad (atomicMin); the tensor's absmax (second level)
+//   stats  per piece, the part of one row inside one grid cell (cols_per values): min, max
+//          and (absmean) Σ|x| -> pieces[n][grid_cols]; the flat index of the first non-finite
+//          element -> *first_bad (atomicMin); the tensor's absmax (second level). A warp a
+//          piece, or with 16-byte loads several pieces a warp (quantize_weight_stats_vector8)
 //   cells  a thread per unit of 8 cells of a grid row: merges the cells' pieces row by row,
 //          derives scale and zero as the host does (in double) and stores their codes; the 8
 //          integer zeros of a unit fill `bits` whole bytes of the packed zero row
@@ -42,6 +43,28 @@ __device__ __forceinline__ float load_weight_value(const void* base, long long i
     return static_cast<const float*>(base)[index];
   } else {
     return weight_half_to_float<kInput>(static_cast<const unsigned short*>(base)[index]);
+  }
+}
+
+// Eight consecutive inputs of a row from column `first`, 16 bytes at a time (args.vector8: k
+// and ld multiples of 8, the input 16-byte aligned).
+template <int kInput>
+__device__ __forceinline__ void load_weight_run8(const QuantizeWeightArgs& args, long long row,
+                                                 long long first, float (&x)[8]) {
+  if constexpr (kInput == kWeightFp32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(args.input) +
+                                                      row * args.ld + first);
+    const float4 a = p[0], b = p[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(args.input) +
+                                                    row * args.ld + first);
+    const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = weight_half_to_float<kInput>(static_cast<unsigned short>(words[i]));
+      x[2 * i + 1] = weight_half_to_float<kInput>(static_cast<unsigned short>(words[i] >> 16));
+    }
   }
 }
 
@@ -145,6 +168,64 @@ __device__ __forceinline__ double weight_second_level(const QuantizeWeightArgs& 
                                                                 : 1.0;
 }
 
+// stats where the inputs load 16 bytes at a time and the cells are whole runs of 8 wide (not
+// absmean: its sums keep the host's order, runs of 32 by a warp's butterfly). `lanes` lanes
+// share a piece (a power of two, at most 32 and at most the piece's runs of 8), so a warp takes
+// 32 / lanes neighbouring pieces at once and reads a contiguous stretch of the row:
+//
+//   lane l  ->  piece  step · (32 / lanes) + l / lanes,  runs  l % lanes,  + lanes, ...
+//
+// (NVFP4's 16-wide cells: 2 lanes a piece, 16 pieces a warp, where a warp a piece left half the
+// lanes idle and loaded 2 bytes a lane.) Returns the thread's part of the tensor's absmax.
+template <int kInput, int kThreads>
+__device__ float quantize_weight_stats_vector8(const QuantizeWeightArgs& args) {
+  const int lane = threadIdx.x % 32;
+  const long long runs = args.cols_per / 8;
+  int lanes = 32;
+  while (lanes > runs) lanes /= 2;
+  const int per_warp = 32 / lanes;
+  const long long pieces = args.n * args.grid_cols;
+  const long long steps = (pieces + per_warp - 1) / per_warp;
+  const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
+  float tensor_absmax = 0.0f;
+  for (long long step = blockIdx.x * (kThreads / 32ll) + threadIdx.x / 32; step < steps;
+       step += warps) {
+    const long long piece = step * per_warp + lane / lanes;
+    float low = __int_as_float(0x7f800000), high = __int_as_float(0xff800000);  // +Inf, -Inf
+    if (piece < pieces) {
+      const long long row = piece / args.grid_cols, cell_col = piece - row * args.grid_cols;
+      const long long begin = cell_col * args.cols_per;
+      const long long end = min(args.k, begin + args.cols_per);
+#pragma unroll 4
+      for (long long first = begin + 8 * (lane % lanes); first < end; first += 8ll * lanes) {
+        float x[8];
+        load_weight_run8<kInput>(args, row, first, x);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (!isfinite(x[e])) {
+            atomicMin(args.first_bad, static_cast<unsigned long long>(row * args.k + first + e));
+            x[e] = 0.0f;
+          }
+          low = fminf(low, x[e]);
+          high = fmaxf(high, x[e]);
+        }
+      }
+    }
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
+      low = fminf(low, __shfl_xor_sync(~0u, low, offset));
+      high = fmaxf(high, __shfl_xor_sync(~0u, high, offset));
+    }
+    if (piece < pieces) {  // every lane of the piece holds its extremes (from >= 1 value)
+      if (lane % lanes == 0) {
+        args.piece_min[piece] = low;
+        args.piece_max[piece] = high;
+      }
+      tensor_absmax = fmaxf(tensor_absmax, fmaxf(fabsf(low), fabsf(high)));
+    }
+  }
+  return tensor_absmax;
+}
+
 template <unsigned long long kWeight, unsigned long long kScale, int kZero, int kInput,
           int kThreads>
 __device__ void quantize_weight_stats(const QuantizeWeightArgs& args, float* warp_absmax) {
@@ -153,8 +234,10 @@ __device__ void quantize_weight_stats(const QuantizeWeightArgs& args, float* war
   const long long pieces = args.n * args.grid_cols;
   const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
   float tensor_absmax = 0.0f;
-  for (long long piece = blockIdx.x * (kThreads / 32ll) + threadIdx.x / 32; piece < pieces;
-       piece += warps) {
+  const bool vector8 = !Q::absmean && args.vector8 && args.cols_per % 8 == 0;
+  if (vector8) tensor_absmax = quantize_weight_stats_vector8<kInput, kThreads>(args);
+  for (long long piece = blockIdx.x * (kThreads / 32ll) + threadIdx.x / 32;
+       !vector8 && piece < pieces; piece += warps) {
     const long long row = piece / args.grid_cols, cell_col = piece - row * args.grid_cols;
     const long long begin = cell_col * args.cols_per;
     const long long end = min(args.k, begin + args.cols_per);
@@ -299,22 +382,7 @@ __device__ void quantize_weight_codes(const QuantizeWeightArgs& args) {
     const int count = static_cast<int>(min(8ll, args.k - first));
     float x[8];
     if (args.vector8 && count == 8) {
-      if constexpr (kInput == kWeightFp32) {
-        const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(args.input) +
-                                                          row * args.ld + first);
-        const float4 a = p[0], b = p[1];
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z,
-        x[7] = b.w;
-      } else {
-        const uint4 v = *reinterpret_cast<const uint4*>(
-            static_cast<const unsigned short*>(args.input) + row * args.ld + first);
-        const unsigned words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          x[2 * i] = weight_half_to_float<kInput>(static_cast<unsigned short>(words[i]));
-          x[2 * i + 1] = weight_half_to_float<kInput>(static_cast<unsigned short>(words[i] >> 16));
-        }
-      }
+      load_weight_run8<kInput>(args, row, first, x);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e)

@@ -141,8 +141,8 @@ struct QuantizeWeightArgs {
   unsigned char* scales;  // [grid_rows][grid_cols] scale codes
   unsigned char* zeros;   // integer: [grid_rows][zero_row_bytes]; float: like scales; else null
   long long zero_row_bytes;
-  // codes: 1 when each unit's 8 inputs can be loaded 16 bytes at a time (k and ld multiples
-  // of 8, the input 16-byte aligned). Set by launch_quantize_weight.
+  // stats and codes: 1 when a row's inputs can be loaded 16 bytes at a time (k and ld multiples
+  // of 8, the input 16-byte aligned). Set by quantize_weight_on_device.
   int vector8;
 };
 

@@ -160,7 +160,7 @@ QuantWeight Engine::prepare_weight(const DeviceMatrix& weight, const WeightQuant
                                    void* stream) {
   impl_->make_current();
   quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
-      weight, quant, impl_->arch, static_cast<CUstream>(stream));
+      weight, quant, impl_->arch, static_cast<CUstream>(stream), quant_detail::HostScales::Leave);
   const PackedWeight meta = canonical.meta;
   return impl_->prepare_canonical(meta, std::move(canonical), activation,
                                   static_activation_scale, max_rows);
@@ -247,9 +247,16 @@ QuantWeight Engine::Impl::prepare_canonical(const PackedWeight& weight,
     prepared->codes = std::move(canonical.codes);
     prepared->canonical_scales = std::move(canonical.scales);
     prepared->canonical_zeros = std::move(canonical.zeros);
-    if (facts.fp8_weight_mode)
+    if (facts.fp8_weight_mode) {
+      // cuBLASLt's weight scales, from the scales on the host (a weight quantized on the
+      // device left them there: few, one per channel or 128 x 128 block).
+      PackedWeight with_scales = weight;
+      if (with_scales.scales.empty())
+        with_scales.scales =
+            prepared->canonical_scales.to_vector<std::uint8_t>(prepared->canonical_scales.bytes());
       prepared->fp8_scales = runtime::DeviceBuffer::from(
-          runtime::fp8_weight_scales(weight, *facts.fp8_weight_mode));
+          runtime::fp8_weight_scales(with_scales, *facts.fp8_weight_mode));
+    }
   }
   prepared->facts = std::move(facts);
   QuantWeight out;

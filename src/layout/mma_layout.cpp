@@ -13,6 +13,7 @@
 #include "qgemm/error.hpp"
 #include "quant/block_quant.hpp"
 #include "quant/parallel.hpp"
+#include "util/scale_exactness.cuh"
 
 namespace qgemm::layout {
 namespace {
@@ -119,16 +120,8 @@ MmaWeight mma_shape(const WeightQuant& q, std::int64_t n, std::int64_t k, double
 }
 
 bool packed16_scale_exact(double scale, const Format& type, int bits) {
-  // packed16 computes (code − zero) · scale in the 16-bit type: exact operands, one rounding.
-  // Exactness by the significand's width (frexp, not round_to): this runs over every scale of
-  // every layer a server loads.
-  scale = std::fabs(scale);
-  if (scale == 0.0) return true;
-  const double largest_factor = std::ldexp(1.0, bits);  // |code − zero| < 2^bits
-  int exponent = 0;
-  const double scaled = std::ldexp(std::frexp(scale, &exponent), type.mantissa_bits + 1);
-  return scaled == std::floor(scaled) && scale >= type.min_normal() &&
-         scale * largest_factor <= type.max_finite();
+  return kernels::packed16_scale_exact(
+      scale, {type.mantissa_bits, type.min_normal(), type.max_finite()}, bits);
 }
 
 MmaWeight mma_metadata(const PackedWeight& w, FragmentOrder order) {
@@ -364,8 +357,7 @@ double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   });
   // K padding past the last group (the wgmma order's chunks of 64) takes the last row, as the
   // kernels clamp it.
-  const int g =
-      w.group_size == 0 ? 0 : std::min(static_cast<int>(k / w.group_size), w.groups - 1);
+  const int g = w.group_size == 0 ? 0 : std::min(static_cast<int>(k / w.group_size), w.groups - 1);
   const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + column;
   const double scale = w.scales[at];
   if (w.format.is_float()) return decode(w.format, code) * scale;

@@ -24,7 +24,7 @@ const char* zero_choice(MmaZeroMode mode) {
 }  // namespace
 
 jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch, FragmentOrder order) {
-  const MmaWeight meta = mma_metadata(weight, order);
+  const MmaWeight meta = mma_shape(weight.quant, weight.n, weight.k, weight.global_scale, order);
   jit::KernelSpec spec;
   spec.family = "mma_repack";
   spec.arch = arch;
@@ -49,7 +49,9 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, 
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalOnDevice& source,
                                          jit::Arch arch, CUstream stream, FragmentOrder order) {
   MmaDeviceWeight out;
-  out.meta = mma_metadata(w, order);
+  // The scale flags come from the kernel, which decodes every scale anyway: the host's
+  // mma_metadata would scan the scales on the host (NVFP4's 28672 x 8192: 14.7 M of them).
+  out.meta = mma_shape(w.quant, w.n, w.k, w.global_scale, order);
   const MmaWeight& m = out.meta;
   const int bits = w.quant.format.bits;
   const bool stored_zeros = m.stores_zeros();
@@ -87,6 +89,9 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalO
   args.groups = m.groups;
   args.group_size = m.group_size;
   args.zero_offset = w.quant.format.is_signed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
+  runtime::DeviceBuffer scale_inexact(sizeof(unsigned));
+  scale_inexact.fill_bytes(0);
+  args.scale_inexact = scale_inexact.as<unsigned>();
 
   const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch, order));
   const runtime::LoadedKernel kernel = runtime::KernelLoader::global().get(*compiled.kernel);
@@ -96,6 +101,9 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalO
   runtime::launch_kernel(kernel, {blocks, 1, 1}, args, stream);
   const auto& driver = runtime::Driver::get();
   driver.check(driver.cuStreamSynchronize(stream), "mma repack: cuStreamSynchronize");
+  const unsigned inexact = scale_inexact.to_vector<unsigned>(1)[0];
+  out.meta.scales_exact_in_bf16 = !(inexact & 1u);
+  out.meta.scales_exact_in_fp16 = !(inexact & 2u);
   return out;
 }
 

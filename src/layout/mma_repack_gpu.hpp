@@ -25,8 +25,9 @@ struct CanonicalOnDevice {
 };
 
 // In the current context, on `stream`; returns after the repack has finished. `weight`
-// describes the weight, its scales and zeros on the host too (the metadata reads them; its
-// codes may be absent); `source` holds its arrays on the device.
+// describes the weight (its quantization, shape and global scale: its host arrays may be
+// empty); `source` holds its arrays on the device. The metadata's scale flags are computed
+// there, as the host's mma_metadata computes them.
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight,
                                          const CanonicalOnDevice& source, jit::Arch arch,
                                          CUstream stream,

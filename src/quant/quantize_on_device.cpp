@@ -108,7 +108,7 @@ std::optional<std::string> device_quantizer_gap(const WeightQuant& quant) {
 
 DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
                                                 const WeightQuant& quant, jit::Arch arch,
-                                                CUstream stream) {
+                                                CUstream stream, HostScales host_scales) {
   check_matrix(weight);
   const std::int64_t n = weight.rows, k = weight.cols;
   validate_weight(quant, n, k);
@@ -210,8 +210,10 @@ DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
                             kFunction, r, c, element_value(weight.dtype, stored)));
   }
   meta.global_scale = result.global_scale;
-  meta.scales = out.scales.to_vector<std::uint8_t>(out.scales.bytes());
-  if (out.zeros.bytes()) meta.zeros = out.zeros.to_vector<std::uint8_t>(out.zeros.bytes());
+  if (host_scales == HostScales::Copy) {
+    meta.scales = out.scales.to_vector<std::uint8_t>(out.scales.bytes());
+    if (out.zeros.bytes()) meta.zeros = out.zeros.to_vector<std::uint8_t>(out.zeros.bytes());
+  }
   return out;
 }
 

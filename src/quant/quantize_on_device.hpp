@@ -16,8 +16,8 @@
 namespace qgemm::quant_detail {
 
 struct DeviceQuantizedWeight {
-  // quant, n, k, global_scale, and host copies of the scales and zeros (small; the layouts'
-  // metadata reads them); its codes are empty: they live in `codes` only.
+  // quant, n, k, global_scale, and host copies of the scales and zeros where asked for
+  // (HostScales::Copy); its codes are empty: they live in `codes` only.
   PackedWeight meta;
   runtime::DeviceBuffer codes, scales, zeros;
 };
@@ -30,12 +30,17 @@ DeviceQuantizedWeight upload_packed_weight(const PackedWeight& weight);
 // not exponent-only or mantissa-less elements, nor float zeros in e8m0 (no checkpoint uses them).
 std::optional<std::string> device_quantizer_gap(const WeightQuant& quant);
 
+// Whether the quantized weight's scales and zeros are also copied to the host (meta): what
+// quantize_weight returns needs them; prepare_weight reads them on the device.
+enum class HostScales { Copy, Leave };
+
 // Quantizes `weight` (bf16, fp16 or fp32 rows in device memory) in the current context on
 // `stream` and returns when done. Error(InvalidArgument) names a bad matrix or scheme, or the
 // first non-finite element as quantize_weight does. A scheme the GPU quantizer does not take
 // (device_quantizer_gap) is served by the host quantizer (logged at QGEMM_LOG_LEVEL >= 2).
 DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
                                                 const WeightQuant& quant, jit::Arch arch,
-                                                CUstream stream);
+                                                CUstream stream,
+                                                HostScales host_scales = HostScales::Copy);
 
 }  // namespace qgemm::quant_detail

@@ -13,6 +13,7 @@
 #include "jit/compiler.hpp"
 #include "layout/mma_layout.hpp"
 #include "layout/mma_repack_gpu.hpp"
+#include "util/scale_exactness.cuh"
 #include "qgemm/error.hpp"
 
 namespace qgemm {
@@ -453,6 +454,32 @@ TEST(DenseGemmSpecs, Sm75ServesFp16Activations) {
   const auto lookup = cache.get(jit::quantize_activation_spec(
       per_token, formats::fp16, jit::ActivationEmit::Operand, formats::fp16, jit::Arch::sm_75));
   EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+}
+
+// The 16-bit types the device repack checks scales against (util/scale_exactness.cuh) are
+// bf16 and fp16 as the format library defines them, and the rule holds at its edges.
+TEST(MmaLayout, Packed16ScaleExactnessAtItsEdges) {
+  for (const auto& [type, format] : {std::pair{kernels::kPacked16Bf16, formats::bf16},
+                                     std::pair{kernels::kPacked16Fp16, formats::fp16}}) {
+    EXPECT_EQ(type.mantissa_bits, format.mantissa_bits);
+    EXPECT_EQ(type.min_normal, format.min_normal());
+    EXPECT_EQ(type.max_finite, format.max_finite());
+  }
+  using kernels::packed16_scale_exact;
+  EXPECT_TRUE(packed16_scale_exact(0.0, kernels::kPacked16Fp16, 4));
+  EXPECT_TRUE(packed16_scale_exact(-0.375, kernels::kPacked16Bf16, 4));  // 1.1b · 2^-2
+  EXPECT_FALSE(packed16_scale_exact(1.0 / 3.0, kernels::kPacked16Bf16, 4));
+  // 1 + 2^-8: 9 significant bits, beyond bf16's 8 and within fp16's 11.
+  EXPECT_FALSE(packed16_scale_exact(1.0 + 0x1p-8, kernels::kPacked16Bf16, 4));
+  EXPECT_TRUE(packed16_scale_exact(1.0 + 0x1p-8, kernels::kPacked16Fp16, 4));
+  // fp16: 2^-14 is its smallest normal, 2^-15 subnormal; 4096 · 2^4 = 65536 overflows it.
+  EXPECT_TRUE(packed16_scale_exact(0x1p-14, kernels::kPacked16Fp16, 4));
+  EXPECT_FALSE(packed16_scale_exact(0x1p-15, kernels::kPacked16Fp16, 4));
+  EXPECT_TRUE(packed16_scale_exact(2048.0, kernels::kPacked16Fp16, 4));
+  EXPECT_FALSE(packed16_scale_exact(4096.0, kernels::kPacked16Fp16, 4));
+  // The host's Format wrapper agrees.
+  EXPECT_FALSE(layout::packed16_scale_exact(4096.0, formats::fp16, 4));
+  EXPECT_TRUE(layout::packed16_scale_exact(4096.0, formats::bf16, 4));
 }
 
 // The device twin of the repack compiles for every weight family (integer, float, zero points).

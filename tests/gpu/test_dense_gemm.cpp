@@ -789,7 +789,7 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
   for (const char* text :
        {"w4a16", "w4a16-zp", "w2a16", "w3a16", "w8a16", "mxfp4-a16", "nvfp4-a16", "fp8-block",
         "bitnet", "w=uint6:g128:s=fp16:zp=float;a=fp16", "w=int3:g32:s=bf16:zp=float;a=bf16",
-        "w=uint1:g64:s=bf16:zp=int;a=bf16"}) {
+        "w=uint1:g64:s=bf16:zp=int;a=bf16", "w=int4:g64:s=fp32;a=bf16"}) {
     for (const bool partial : {false, true}) {
       const Scheme scheme = parse_scheme(text);
       // partial: K = 2904, a partial last group of every group size here (88 of 128, 24 of 64
@@ -807,6 +807,9 @@ TEST(MmaRepackGpu, MatchesTheHostTwinAndReportsItsBandwidth) {
           layout::repack_for_mma_on_device(packed, arch, nullptr);
       EXPECT_EQ(device.words.to_vector<std::uint32_t>(host.words.size()), host.words);
       EXPECT_EQ(device.scales.to_vector<float>(host.scales.size()), host.scales);
+      // The scale flags, from the kernel against the host's scan of the same scales.
+      EXPECT_EQ(device.meta.scales_exact_in_bf16, host.scales_exact_in_bf16);
+      EXPECT_EQ(device.meta.scales_exact_in_fp16, host.scales_exact_in_fp16);
       if (!host.zeros.empty())
         EXPECT_EQ(device.zeros.to_vector<float>(host.zeros.size()), host.zeros);
     }
