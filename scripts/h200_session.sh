@@ -168,11 +168,14 @@ quantize)
 import csv, collections, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14 and r[12] == "gpu__time_duration.sum"]
 times = collections.defaultdict(list)
-for r in rows:
-    name = re.sub(r"<.*", "", r[4]) + (" " + m.group(0) if (m := re.search(r"step=\w+|order=\w+", r[4])) else "")
-    times[name].append(float(r[14].replace(",", "")) / (1e3 if r[13] == "nsecond" else 1))
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3}
+for r in rows:  # the kernel's name, its step / order parameters and its grid
+    params = re.search(r"<([^>]*)>", r[4])
+    name = re.sub(r"<.*", "", r[4]).replace("void ", "")
+    name += " <" + ",".join(params.group(1).split(", ")[2:5]) + "> grid " + r[8] if params else ""
+    times[name].append(float(r[14].replace(",", "")) * scale.get(r[13], float("nan")))
 for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-    print(f"  {name:<48} x{len(t):<3} mean {sum(t) / len(t):9.1f} us")
+    print(f"  {name:<64} x{len(t):<3} mean {sum(t) / len(t):9.1f} us")
 PY
   done
   ;;

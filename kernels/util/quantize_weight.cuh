@@ -176,7 +176,7 @@ __device__ __forceinline__ double weight_second_level(const QuantizeWeightArgs& 
 //   lane l  ->  piece  step · (32 / lanes) + l / lanes,  runs  l % lanes,  + lanes, ...
 //
 // (NVFP4's 16-wide cells: 2 lanes a piece, 16 pieces a warp, where a warp a piece left half the
-// lanes idle and loaded 2 bytes a lane.) Returns the thread's part of the tensor's absmax.
+// lanes idle and loaded 2 bytes a lane.) Returns the warp's part of the tensor's absmax.
 template <int kInput, int kThreads>
 __device__ float quantize_weight_stats_vector8(const QuantizeWeightArgs& args) {
   const int lane = threadIdx.x % 32;
@@ -223,6 +223,11 @@ __device__ float quantize_weight_stats_vector8(const QuantizeWeightArgs& args) {
       tensor_absmax = fmaxf(tensor_absmax, fmaxf(fabsf(low), fabsf(high)));
     }
   }
+  // The warp's lanes saw different pieces: every lane returns the warp's absmax (the caller
+  // keeps lane 0's).
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    tensor_absmax = fmaxf(tensor_absmax, __shfl_xor_sync(~0u, tensor_absmax, offset));
   return tensor_absmax;
 }
 
