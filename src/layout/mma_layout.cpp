@@ -357,7 +357,8 @@ double mma_weight_value(const MmaWeight& w, std::int64_t n, std::int64_t k) {
   });
   // K padding past the last group (the wgmma order's chunks of 64) takes the last row, as the
   // kernels clamp it.
-  const int g = w.group_size == 0 ? 0 : std::min(static_cast<int>(k / w.group_size), w.groups - 1);
+  const int g =
+      w.group_size == 0 ? 0 : std::min(static_cast<int>(k / w.group_size), w.groups - 1);
   const std::size_t at = static_cast<std::size_t>(g) * w.n_padded + column;
   const double scale = w.scales[at];
   if (w.format.is_float()) return decode(w.format, code) * scale;

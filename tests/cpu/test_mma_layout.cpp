@@ -13,8 +13,8 @@
 #include "jit/compiler.hpp"
 #include "layout/mma_layout.hpp"
 #include "layout/mma_repack_gpu.hpp"
-#include "util/scale_exactness.cuh"
 #include "qgemm/error.hpp"
+#include "util/scale_exactness.cuh"
 
 namespace qgemm {
 namespace {
