@@ -128,47 +128,66 @@ __global__ void __launch_bounds__(
   const unsigned first_slice = static_cast<unsigned>(args.n_begin / Shape::kTileRows);
   const long long ld_out = args.ld_out;
   const unsigned k = static_cast<unsigned>(args.k);
-  for (unsigned tile = blockIdx.x * Shape::kWarps + warp; tile < tiles;
-       tile += gridDim.x * Shape::kWarps) {
-    const unsigned chunk_slice = tile / k_tiles;  // slice within the chunk
-    const unsigned kb0 = (tile - chunk_slice * k_tiles) * kBlocks;
-    const unsigned slice = first_slice + chunk_slice;
-    const unsigned blocks = min(k_blocks - kb0, static_cast<unsigned>(kBlocks));  // 1..4
-
-    // 1. Every load of the tile, issued before any is used.
+  // A warp's tiles: tile, tile + stride, ... Each tile's words and scales are loaded while the
+  // previous tile is stored (1 below, issued after its dequantization freed the registers), so
+  // the store phase no longer waits with nothing in flight.
+  struct TileAt {
+    unsigned chunk_slice, kb0, slice, blocks;  // slice within the chunk, first k16 block, 1..4
+  };
+  auto tile_at = [&](unsigned tile) {
+    TileAt at;
+    at.chunk_slice = tile / k_tiles;
+    at.kb0 = (tile - at.chunk_slice * k_tiles) * kBlocks;
+    at.slice = first_slice + at.chunk_slice;
+    at.blocks = min(k_blocks - at.kb0, static_cast<unsigned>(kBlocks));
+    return at;
+  };
+  // The scale row of k16 block kb: the wgmma order pads K to whole chunks of 64, whose blocks
+  // past the last group take its row (the columns past K are stored as zero anyway; the mma
+  // order's last block already lies in the last group).
+  auto group_of_block = [&](unsigned kb) {
+    if constexpr (kGroup == 0) {
+      return 0u;
+    } else {
+      return min(kb * MmaWeightLayout::kBlockK / kGroup, (k - 1) / kGroup);
+    }
+  };
+  unsigned words[kBlocks][kBits];
+  float scales[kScaleRows][8], zeros[kScaleRows][8];
+  // 1. Every load of a tile, issued before any is used.
+  auto load_tile = [&](const TileAt& at) {
     const unsigned* tile_words =
-        args.words + MmaWeightLayout::word_index(slice, kb0, k_blocks, lane, kBits);
-    unsigned words[kBlocks][kBits];
+        args.words + MmaWeightLayout::word_index(at.slice, at.kb0, k_blocks, lane, kBits);
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
       for (int w = 0; w < kBits; ++w) words[b][w] = 0u;
-      if (b < blocks) load_lane_words<kBits>(tile_words + b * 32 * kBits, words[b]);
+      if (b < at.blocks) load_lane_words<kBits>(tile_words + b * 32 * kBits, words[b]);
     }
-    const long long slice_column = static_cast<long long>(slice) * Shape::kTileRows;
-    // The scale row of k16 block kb: the wgmma order pads K to whole chunks of 64, whose blocks
-    // past the last group take its row (the columns past K are stored as zero anyway; the mma
-    // order's last block already lies in the last group).
-    auto group_of_block = [&](unsigned kb) {
-      if constexpr (kGroup == 0) {
-        return 0u;
-      } else {
-        return min(kb * MmaWeightLayout::kBlockK / kGroup, (k - 1) / kGroup);
-      }
-    };
-    float scales[kScaleRows][8], zeros[kScaleRows][8];
+    const long long slice_column = static_cast<long long>(at.slice) * Shape::kTileRows;
 #pragma unroll
     for (int s = 0; s < kScaleRows; ++s) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) scales[s][j] = zeros[s][j] = 0.0f;
       const int b = Shape::first_block_of_scale_row(kGroup, s);
-      if (b < blocks) {
-        const unsigned group = group_of_block(kb0 + b);
-        const long long at = static_cast<long long>(group) * args.n_padded + slice_column;
-        load_lane_columns<Order>(args.scales + at, q, scales[s]);
-        if constexpr (kStoredZeros) load_lane_columns<Order>(args.zeros + at, q, zeros[s]);
+      if (b < at.blocks) {
+        const unsigned group = group_of_block(at.kb0 + b);
+        const long long column = static_cast<long long>(group) * args.n_padded + slice_column;
+        load_lane_columns<Order>(args.scales + column, q, scales[s]);
+        if constexpr (kStoredZeros) load_lane_columns<Order>(args.zeros + column, q, zeros[s]);
       }
     }
+  };
+  const unsigned stride = gridDim.x * Shape::kWarps;
+  unsigned tile = blockIdx.x * Shape::kWarps + warp;
+  TileAt at = tile_at(tile < tiles ? tile : 0);
+  if (tile < tiles) load_tile(at);
+  for (; tile < tiles; tile += stride) {
+    const unsigned chunk_slice = at.chunk_slice, kb0 = at.kb0, slice = at.slice;
+    const unsigned blocks = at.blocks;
+    const unsigned* tile_words =
+        args.words + MmaWeightLayout::word_index(slice, kb0, k_blocks, lane, kBits);
+    const long long slice_column = static_cast<long long>(slice) * Shape::kTileRows;
 
     // 2-3. Dequantize each k16 block and stage its pairs: pair h of n8 block j is word
     // 8b + 4h + t of row 8j + q (k = 16b + 8h + 2t, 2t + 1). Its codes: pair decode_pair(b, j, h)
@@ -249,10 +268,10 @@ __global__ void __launch_bounds__(
             load_lane_words<kBits>(tile_words + ((b / kRead) * kRead + run) * 32 * kBits,
                                    block_words[run]);
           const unsigned group = group_of_block(kb0 + b);
-          const long long at = static_cast<long long>(group) * args.n_padded + slice_column;
+          const long long column = static_cast<long long>(group) * args.n_padded + slice_column;
           float block_scales[8], block_zeros[8];
-          load_lane_columns<Order>(args.scales + at, q, block_scales);
-          load_lane_columns<Order>(args.zeros + at, q, block_zeros);
+          load_lane_columns<Order>(args.scales + column, q, block_scales);
+          load_lane_columns<Order>(args.zeros + column, q, block_zeros);
           unsigned pairs[8][2];
 #pragma unroll
           for (int j = 0; j < 8; ++j)
@@ -264,6 +283,11 @@ __global__ void __launch_bounds__(
           stage(pairs, b);
         }
       }
+    }
+    // The next tile's loads, in flight while this one is stored.
+    if (tile + stride < tiles) {
+      at = tile_at(tile + stride);
+      load_tile(at);
     }
     __syncwarp();
 
