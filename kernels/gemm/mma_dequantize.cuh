@@ -128,9 +128,12 @@ __global__ void __launch_bounds__(
   const unsigned first_slice = static_cast<unsigned>(args.n_begin / Shape::kTileRows);
   const long long ld_out = args.ld_out;
   const unsigned k = static_cast<unsigned>(args.k);
-  // A warp's tiles: tile, tile + stride, ... Each tile's words and scales are loaded while the
-  // previous tile is stored (1 below, issued after its dequantization freed the registers), so
-  // the store phase no longer waits with nothing in flight.
+  // A warp's tiles: tile, tile + stride, ... Where the operands fit beside the store phase, each
+  // tile's words and scales are loaded while the previous tile is stored (1 below, issued after
+  // its dequantization freed the registers), so the store phase no longer waits with nothing in
+  // flight; else at the start of its own turn.
+  constexpr bool kPrefetch = Shape::prefetches_next_tile(kBits, kStoredZeros,
+                                                         kZeroMode == kZeroFloat, kGroup);
   struct TileAt {
     unsigned chunk_slice, kb0, slice, blocks;  // slice within the chunk, first k16 block, 1..4
   };
@@ -181,8 +184,12 @@ __global__ void __launch_bounds__(
   const unsigned stride = gridDim.x * Shape::kWarps;
   unsigned tile = blockIdx.x * Shape::kWarps + warp;
   TileAt at = tile_at(tile < tiles ? tile : 0);
-  if (tile < tiles) load_tile(at);
+  if (kPrefetch && tile < tiles) load_tile(at);
   for (; tile < tiles; tile += stride) {
+    if constexpr (!kPrefetch) {
+      at = tile_at(tile);
+      load_tile(at);
+    }
     const unsigned chunk_slice = at.chunk_slice, kb0 = at.kb0, slice = at.slice;
     const unsigned blocks = at.blocks;
     const unsigned* tile_words =
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(
       }
     }
     // The next tile's loads, in flight while this one is stored.
-    if (tile + stride < tiles) {
+    if (kPrefetch && tile + stride < tiles) {
       at = tile_at(tile + stride);
       load_tile(at);
     }

@@ -82,6 +82,13 @@ struct MmaDequantizeShape {
            : tile_operand_registers(bits, stored_zeros, float_zeros, group) <= 96 ? 2
                                                                                   : 1;
   }
+  // Whether a warp loads its next tile's operands before storing the current one (they then
+  // stay live through the store phase): where they are few enough to fit beside it, the
+  // 3-block configurations (80 registers); more (8-bit codes with 4 scale and zero rows) spill.
+  QGEMM_HOST_DEVICE static constexpr bool prefetches_next_tile(int bits, bool stored_zeros,
+                                                              bool float_zeros, int group) {
+    return tile_operand_registers(bits, stored_zeros, float_zeros, group) <= 48;
+  }
   // Blocks to launch: enough for every tile, at most the resident ones (persistent loop).
   QGEMM_HOST_DEVICE static constexpr long long grid_blocks(long long tiles, int sm_count,
                                                            int blocks_per_sm) {

@@ -81,10 +81,13 @@ struct GpuRates {
   double wgmma_tflops = 1010;
   double wgmma_dequant_gelems = 5300;
   double wgmma_transform_gelems = 1160;
-  // The FP8 configs (issue #16; predicted, not yet measured): the e4m3 wgmma at ~1500 TFLOPS
-  // (cuBLASLt FP8 reaches 1518-1550 on 8192³, dense peak ~1979), and e4m3 weight codes, which
-  // need one PRMT per 4 codes, dequantized at 2.5x the rate of 4-bit ones.
-  double wgmma_fp8_tflops = 1500;
+  // The 8-bit configs (issue #16): their tensor work at an effective 780 TFLOPS, fitted to the
+  // 128-token tiles' H100 times (bench/NOTES.md, twelfth session: w8a8-int8 / int4 × int8 /
+  // w4a8-fp8 on 8192², M = 256 and 4096, predicted within 3-12 %; e4m3 weights ~15 % faster than
+  // predicted): their weight fragment passes shared memory → registers → the conversion between
+  // each wgmma, so they reach ~45 % of the FP8 peak where cuBLASLt reaches ~80 %. e4m3 weight
+  // codes, one PRMT per 4 codes, are dequantized at 2.5x the rate of 4-bit ones.
+  double wgmma_fp8_tflops = 780;
   double wgmma_e4m3_bytes_factor = 2.5;
   // Dequantize + cuBLAS: the dequantization pass's share of the copy bandwidth, cuBLAS's fixed
   // cost and the share of the copy bandwidth its GEMV-like small-M calls stream the weight at.

@@ -65,8 +65,8 @@ const std::vector<WgmmaConfig>& wgmma_configs();
 // A forced config is served whenever the weight has its layout.
 bool wgmma_ranked_by_default();
 bool every_layout_on_every_weight();
-// QGEMM_WGMMA_FP8=1 (read at each call): the eight-bit configs (FP8 and INT8) are ranked like
-// the rest although they are held back (WgmmaConfig::held_back), for the gates and benches that
+// QGEMM_WGMMA_FP8=1 (read at each call): the held-back eight-bit configs (FP8 and INT8 below
+// 128 tokens) are ranked like the rest (WgmmaConfig::held_back), for the gates and benches that
 // judge them before the hold is lifted.
 bool wgmma_fp8_ranked();
 // The streamed decode kernel and qdq's dequantization read the wgmma order unforced, so that

@@ -314,8 +314,8 @@ TEST(WgmmaFp8, RulesNameWhatTheFp8TilesCannotHold) {
 // The selector offers the FP8 configs only where the activation codes are their operand: e4m3
 // per token (w4a8-fp8, w8a8-fp8) or in fp32 groups of 128 against weight groups of 128
 // (fp8-block), not other groups, not 16-bit activations; the verdict's operand is e4m3 and the
-// spec names act=e4m3 (act=e4m3_g128 for group scales), dequant=e4m3. Until they have run on a
-// GPU they are held back: served when forced, never the model's choice.
+// spec names act=e4m3 (act=e4m3_g128 for group scales), dequant=e4m3. The 128-token tile is
+// ranked, the narrower ones held back (served when forced).
 TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
   test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
   for (const char* scheme : {"w4a8-fp8", "w8a8-fp8", "fp8-block"}) {
@@ -323,10 +323,9 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
     GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
     p.input = formats::bf16;  // quantized on the GPU into the codes
     const Selection ranked = select_on(p, kH200);
-    EXPECT_NE(verdict_of(ranked, "wgmma-fp8-128").rejected.find("forced"), std::string::npos)
-        << verdict_of(ranked, "wgmma-fp8-128").rejected;
-    EXPECT_FALSE(ranked.chosen().candidate->wgmma &&
-                 ranked.chosen().candidate->wgmma->tile.eight_bit);
+    EXPECT_EQ(verdict_of(ranked, "wgmma-fp8-128").rejected, "");
+    EXPECT_NE(verdict_of(ranked, "wgmma-fp8-64").rejected.find("forced"), std::string::npos)
+        << verdict_of(ranked, "wgmma-fp8-64").rejected;
     const Selection forced = select_on(p, kH200, "wgmma-fp8-128");
     const Verdict& v = forced.chosen();
     ASSERT_EQ(v.candidate->name, "wgmma-fp8-128");
@@ -343,7 +342,7 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
     EXPECT_EQ(launch.row_factors, !groups);
     EXPECT_EQ(launch.group_scales, groups);
   }
-  // QGEMM_WGMMA_FP8=1 ranks them despite the hold (for gates and benches before it is lifted).
+  // QGEMM_WGMMA_FP8=1 ranks the held-back ones (for gates and benches before it is lifted).
   {
     GemmProblem p = problem_of("w4a8-fp8", 1024, 8192, 8192);
     p.input = formats::bf16;
@@ -351,7 +350,7 @@ TEST(WgmmaFp8, SelectorOffersThemForPerTokenE4m3Codes) {
       const test::ScopedEnv fp8_ranked("QGEMM_WGMMA_FP8", "1");
       return select_on(p, kH200);
     }();
-    const Verdict& v = verdict_of(ranked, "wgmma-fp8-128");
+    const Verdict& v = verdict_of(ranked, "wgmma-fp8-64");
     EXPECT_TRUE(v.rejected.empty()) << v.rejected;
     EXPECT_GT(v.cost.total_us, 0.0);
   }
@@ -486,8 +485,8 @@ TEST(WgmmaCodes8, FragmentsHoldTheWeightAtThePermutedK) {
 }
 
 // The selector offers the INT8 configs for int8 codes with one scale per row (w8a8-int8, int4 ×
-// int8), held back like the FP8 ones (served when forced), with act=int8 and dequant=s8 specs;
-// they refuse e4m3 codes and 16-bit activations, and the FP8 configs refuse int8 codes.
+// int8), ranked and held back as the FP8 ones, with act=int8 and dequant=s8 specs; they refuse
+// e4m3 codes and 16-bit activations, and the FP8 configs refuse int8 codes.
 TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
   test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
   for (const char* scheme : {"w8a8-int8", "w=int4:g128:s=bf16;a=int8:tok;o=bf16"}) {
@@ -495,8 +494,9 @@ TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
     GemmProblem p = problem_of(scheme, 1024, 8192, 8192);
     p.input = formats::bf16;
     const Selection ranked = select_on(p, kH200);
-    EXPECT_NE(verdict_of(ranked, "wgmma-int8-128").rejected.find("forced"), std::string::npos)
-        << verdict_of(ranked, "wgmma-int8-128").rejected;
+    EXPECT_EQ(verdict_of(ranked, "wgmma-int8-128").rejected, "");
+    EXPECT_NE(verdict_of(ranked, "wgmma-int8-64").rejected.find("forced"), std::string::npos)
+        << verdict_of(ranked, "wgmma-int8-64").rejected;
     {
       const test::ScopedEnv rank_eight_bit("QGEMM_WGMMA_FP8", "1");  // past the hold
       const Selection all = select_on(p, kH200);
@@ -522,6 +522,56 @@ TEST(WgmmaInt8, SelectorOffersThemForPerTokenInt8Codes) {
   EXPECT_NE(verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected.find("int8 activation"),
             std::string::npos)
       << verdict_of(select_on(fp8, kH200), "wgmma-int8-128").rejected;
+}
+
+// Where the ranked 8-bit tiles win, the model picks them, and nowhere else: the winners measured
+// on an H100 (bench/NOTES.md, twelfth session, `qgemm_dense_bench --fp8`: every config forced
+// against the choice, qdq and cuBLASLt FP8; µs).
+TEST(WgmmaEightBit, SelectionFollowsTheMeasuredWinners) {
+  test::ScopedEnv unset("QGEMM_WGMMA", nullptr);
+  test::ScopedEnv not_ranked("QGEMM_WGMMA_FP8", nullptr);
+  struct Case {
+    const char* scheme;
+    std::int64_t m, n, k;
+    const char* winner;  // the measured fastest, or "" for: not an 8-bit wgmma tile
+  };
+  const Case cases[] = {
+      // int8-128 65.8 against the 16-bit wgmma-256's 80.8, qdq 163.1
+      {"w8a8-int8", 256, 8192, 8192, "wgmma-int8-128"},
+      // int8-128 75.0 against 82.5 and 150.9
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 256, 8192, 8192, "wgmma-int8-128"},
+      // fp8-128 75.5 against 83.8 and 151.3
+      {"w4a8-fp8", 256, 8192, 8192, "wgmma-fp8-128"},
+      // qdq 812.0 / 791.8 / 797.6 against the 128-token tiles' 907.2 / 1002.7 / 972.4
+      {"w8a8-int8", 4096, 8192, 8192, ""},
+      {"w=int4:g128:s=bf16;a=int8:tok;o=bf16", 4096, 8192, 8192, ""},
+      {"w4a8-fp8", 4096, 8192, 8192, ""},
+      // the decode kernel 31.8 against wgmma-fp8-16's 39.1
+      {"w4a8-fp8", 16, 8192, 8192, ""},
+      // cuBLASLt FP8 39.3 / 400.3 against 60.0 / 772.6; fp8-block 73.9 / 914.0 against 162.4 /
+      // 2144.6
+      {"w8a8-fp8", 256, 8192, 8192, "cublaslt-fp8"},
+      {"w8a8-fp8", 4096, 8192, 8192, "cublaslt-fp8"},
+      {"fp8-block", 256, 7168, 18432, "cublaslt-fp8"},
+      {"fp8-block", 4096, 7168, 18432, "cublaslt-fp8"},
+  };
+  for (const Case& c : cases) {
+    GemmProblem p = problem_of(c.scheme, c.m, c.n, c.k);
+    p.input = formats::bf16;
+    const Selection s = select_on(p, kH200);
+    const Candidate& chosen = *s.chosen().candidate;
+    SCOPED_TRACE(std::string(c.scheme) + " M = " + std::to_string(c.m) + ": " + chosen.name);
+    if (*c.winner)
+      EXPECT_EQ(chosen.name, c.winner);
+    else
+      EXPECT_FALSE(chosen.wgmma && chosen.wgmma->tile.eight_bit);
+  }  // The grouped kernels have no 8-bit mode: a grouped problem refuses them by name.
+  GemmProblem grouped = problem_of("w4a8-fp8", 32768, 1536, 2048);
+  grouped.input = formats::bf16;
+  grouped.experts = 128;
+  const Selection s = select_on(grouped, kH200);
+  EXPECT_NE(verdict_of(s, "wgmma-fp8-128").rejected.find("grouped"), std::string::npos)
+      << verdict_of(s, "wgmma-fp8-128").rejected;
 }
 
 // One forced 8-bit config against one scheme's weight and M.
