@@ -127,11 +127,11 @@ int main(int argc, char** argv) {
   }
   if (fp8) {
     cases.clear();
-    for (long long m : {1, 16, 256, 4096}) cases.push_back({"w4a8-fp8", m, 8192, 8192});
+    for (long long m : {1, 16, 256, 1024, 4096}) cases.push_back({"w4a8-fp8", m, 8192, 8192});
     for (long long m : {1, 16, 4096}) cases.push_back({"w4a8-fp8", m, 28672, 8192});
     for (long long m : {1, 256, 4096}) cases.push_back({"w8a8-fp8", m, 8192, 8192});
     for (long long m : {1, 256, 4096}) cases.push_back({"fp8-block", m, 7168, 18432});
-    for (long long m : {1, 256, 4096}) cases.push_back({"w8a8-int8", m, 8192, 8192});
+    for (long long m : {1, 256, 1024, 4096}) cases.push_back({"w8a8-int8", m, 8192, 8192});
     for (long long m : {256, 4096})
       cases.push_back({"w=int4:g128:s=bf16;a=int8:tok;o=bf16", m, 8192, 8192});
   }
