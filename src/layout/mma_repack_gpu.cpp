@@ -13,6 +13,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Zeroes a buffer of 4-byte words on `stream`, ahead of the repack on the same stream (without
+// the context synchronization of DeviceBuffer::fill_bytes, three a repack).
+void zero_on_stream(const runtime::DeviceBuffer& buffer, CUstream stream) {
+  const auto& driver = runtime::Driver::get();
+  driver.check(driver.cuMemsetD32Async(buffer.address(), 0u, buffer.bytes() / 4, stream),
+               "mma repack: cuMemsetD32Async");
+}
+
 const char* zero_choice(MmaZeroMode mode) {
   switch (mode) {
     case MmaZeroMode::Integer: return "int";
@@ -60,10 +68,10 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalO
 
   out.words = runtime::DeviceBuffer(lanes * bits * sizeof(std::uint32_t));
   out.scales = runtime::DeviceBuffer(scale_count * sizeof(float));
-  out.scales.fill_bytes(0);  // padding columns stay 0 (words are all written)
+  zero_on_stream(out.scales, stream);  // padding columns stay 0 (words are all written)
   if (stored_zeros) {
     out.zeros = runtime::DeviceBuffer(scale_count * sizeof(float));
-    out.zeros.fill_bytes(0);
+    zero_on_stream(out.zeros, stream);
   }
 
   const ScaleGrid grid = w.scale_grid();
@@ -90,7 +98,7 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalO
   args.group_size = m.group_size;
   args.zero_offset = w.quant.format.is_signed ? static_cast<float>(1 << (bits - 1)) : 0.0f;
   runtime::DeviceBuffer scale_inexact(sizeof(unsigned));
-  scale_inexact.fill_bytes(0);
+  zero_on_stream(scale_inexact, stream);
   args.scale_inexact = scale_inexact.as<unsigned>();
 
   const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch, order));
