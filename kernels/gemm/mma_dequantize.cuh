@@ -158,23 +158,23 @@ __global__ void __launch_bounds__(
   unsigned words[kBlocks][kBits];
   float scales[kScaleRows][8], zeros[kScaleRows][8];
   // 1. Every load of a tile, issued before any is used.
-  auto load_tile = [&](const TileAt& at) {
+  auto load_tile = [&](const TileAt& of) {
     const unsigned* tile_words =
-        args.words + MmaWeightLayout::word_index(at.slice, at.kb0, k_blocks, lane, kBits);
+        args.words + MmaWeightLayout::word_index(of.slice, of.kb0, k_blocks, lane, kBits);
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
       for (int w = 0; w < kBits; ++w) words[b][w] = 0u;
-      if (b < at.blocks) load_lane_words<kBits>(tile_words + b * 32 * kBits, words[b]);
+      if (b < of.blocks) load_lane_words<kBits>(tile_words + b * 32 * kBits, words[b]);
     }
-    const long long slice_column = static_cast<long long>(at.slice) * Shape::kTileRows;
+    const long long slice_column = static_cast<long long>(of.slice) * Shape::kTileRows;
 #pragma unroll
     for (int s = 0; s < kScaleRows; ++s) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) scales[s][j] = zeros[s][j] = 0.0f;
       const int b = Shape::first_block_of_scale_row(kGroup, s);
-      if (b < at.blocks) {
-        const unsigned group = group_of_block(at.kb0 + b);
+      if (b < of.blocks) {
+        const unsigned group = group_of_block(of.kb0 + b);
         const long long column = static_cast<long long>(group) * args.n_padded + slice_column;
         load_lane_columns<Order>(args.scales + column, q, scales[s]);
         if constexpr (kStoredZeros) load_lane_columns<Order>(args.zeros + column, q, zeros[s]);
