@@ -68,6 +68,15 @@ __device__ __forceinline__ void load_weight_run8(const QuantizeWeightArgs& args,
   }
 }
 
+// x, or 0 where x is not finite, which also lowers *first_bad to its flat index (row · k + col):
+// what the stats step does with each input.
+__device__ __forceinline__ float finite_or_flagged(const QuantizeWeightArgs& args, float x,
+                                                   long long row, long long col) {
+  if (isfinite(x)) return x;
+  atomicMin(args.first_bad, static_cast<unsigned long long>(row * args.k + col));
+  return 0.0f;
+}
+
 // The code of a finite double in float format kFormat (not exponent-only), rounded to nearest
 // with ties to the even code: the host's encode_float (src/format) for |v| <= the format's
 // largest finite value (callers clamp). An unsigned format takes negatives as 0.
@@ -202,10 +211,7 @@ __device__ float quantize_weight_stats_vector8(const QuantizeWeightArgs& args) {
         load_weight_run8<kInput>(args, row, first, x);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          if (!isfinite(x[e])) {
-            atomicMin(args.first_bad, static_cast<unsigned long long>(row * args.k + first + e));
-            x[e] = 0.0f;
-          }
+          x[e] = finite_or_flagged(args, x[e], row, first + e);
           low = fminf(low, x[e]);
           high = fmaxf(high, x[e]);
         }
@@ -252,11 +258,8 @@ __device__ void quantize_weight_stats(const QuantizeWeightArgs& args, float* war
       const long long col = run + lane;
       float x = 0.0f;
       if (col < end) {
-        x = load_weight_value<kInput>(args.input, row * args.ld + col);
-        if (!isfinite(x)) {
-          atomicMin(args.first_bad, static_cast<unsigned long long>(row * args.k + col));
-          x = 0.0f;
-        }
+        x = finite_or_flagged(args, load_weight_value<kInput>(args.input, row * args.ld + col),
+                              row, col);
         low = fminf(low, x);
         high = fmaxf(high, x);
       }

@@ -490,12 +490,12 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
           reject("the weight has no wgmma order: " + weight.no_wgmma);
           break;
         }
-        if (config.tile.eight_bit && p.experts > 0) {
-          reject("the grouped (MoE) kernels take 16-bit rows: the 8-bit tiles have no grouped "
-                 "mode yet");
-          break;
-        }
         if (config.tile.eight_bit) {
+          if (p.experts > 0) {
+            reject("the grouped (MoE) kernels take 16-bit rows: the 8-bit tiles have no "
+                   "grouped mode yet");
+            break;
+          }
           // The activation quantizer's codes are the operand as they are (in the 8-bit mma's K
           // order): e4m3 or int8 with one scale per row, applied in the epilogue, or e4m3 per
           // 1x128 group, promoted in the loop (wgmma_codes8_activation_unsupported).
