@@ -125,6 +125,19 @@ class Engine {
   // The GPU quantization alone, downloaded into the canonical packed form (to save a checkpoint).
   PackedWeight quantize_weight(const DeviceMatrix& weight, const WeightQuant& quant,
                                void* stream = nullptr);
+  // Both from one quantization: the canonical packed form downloaded (quantize_weight's) and
+  // the weight prepared from the same device arrays (prepare_weight's). What a module that keeps
+  // a host copy (a state_dict, a CPU path) needs, without quantizing twice or uploading back.
+  struct QuantizedOnDevice {
+    PackedWeight packed;
+    QuantWeight prepared;
+  };
+  QuantizedOnDevice quantize_and_prepare_weight(const DeviceMatrix& weight,
+                                                const WeightQuant& quant,
+                                                const ActivationQuant& activation = {},
+                                                double static_activation_scale = 0.0,
+                                                std::int64_t max_rows = kPrepareMaxRows,
+                                                void* stream = nullptr);
 
   // The plan for `problem` against `weight`: the selector's choice per M bucket, every kernel
   // compiled and loaded, and the workspace of `stream` sized for it. Error(Unsupported) when
@@ -185,6 +198,18 @@ class Engine {
   QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
                               const ActivationQuant& activation = {},
                               ExpertLayout layout = ExpertLayout::Auto);
+  // The same from expert weights in device memory (each [N, K], bf16, fp16 or fp32, one
+  // shape), quantized on this GPU as quantize_and_prepare_weight does: their canonical packed
+  // forms downloaded (one per expert), and the set prepared from the same device arrays.
+  struct QuantizedExperts {
+    std::vector<PackedWeight> packed;
+    QuantWeight prepared;
+  };
+  QuantizedExperts quantize_and_prepare_experts(const std::vector<DeviceMatrix>& experts,
+                                                const WeightQuant& quant,
+                                                const ActivationQuant& activation = {},
+                                                ExpertLayout layout = ExpertLayout::Auto,
+                                                void* stream = nullptr);
 
   // The grouped GEMM alone, for engines that route themselves:
   //   rows_out[p] = rows_in[p] · W_eᵀ (+ bias[e]),  e = routing.block_experts[p / block]

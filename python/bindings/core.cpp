@@ -80,6 +80,18 @@ const char* granularity_name(qgemm::WeightGranularity g) {
 
 using CudaArray = nb::ndarray<nb::device::cuda>;
 
+// A CUDA array's element format as a DeviceMatrix takes it: bf16, fp16 or fp32.
+qgemm::Format matrix_format(const CudaArray& t, const char* name, const char* function) {
+  const nb::dlpack::dtype dt = t.dtype();
+  if (dt == nb::dtype<float>()) return qgemm::formats::fp32;
+  if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16)
+    return qgemm::formats::fp16;
+  if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16)
+    return qgemm::formats::bf16;
+  throw Error(ErrorCode::InvalidArgument,
+              fmt::format("{}: {} must be bf16, fp16 or fp32", function, name));
+}
+
 // A CUDA array as a DeviceMatrix: 2-D, unit column stride, bf16 / fp16 / fp32, on `device`.
 qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int device,
                                   const char* function = "Engine.gemm") {
@@ -91,21 +103,21 @@ qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int devi
   qgemm::require(t.device_id() == device, "{}: {} is on GPU {}, the engine on GPU {}", function,
                  name, t.device_id(), device);
   qgemm::DeviceMatrix m;
-  const nb::dlpack::dtype dt = t.dtype();
-  if (dt == nb::dtype<float>())
-    m.dtype = qgemm::formats::fp32;
-  else if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16)
-    m.dtype = qgemm::formats::fp16;
-  else if (dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16)
-    m.dtype = qgemm::formats::bf16;
-  else
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{}: {} must be bf16, fp16 or fp32", function, name));
+  m.dtype = matrix_format(t, name, function);
   m.data = t.data();
   m.rows = static_cast<std::int64_t>(t.shape(0));
   m.cols = static_cast<std::int64_t>(t.shape(1));
   m.stride = t.shape(0) > 1 ? static_cast<std::int64_t>(t.stride(0)) : m.cols;
   return m;
+}
+
+// An expert layout by name (auto, wgmma, mma).
+qgemm::ExpertLayout expert_layout_of(const std::string& layout, const char* function) {
+  if (layout == "wgmma") return qgemm::ExpertLayout::Wgmma;
+  if (layout == "mma") return qgemm::ExpertLayout::Mma;
+  qgemm::require(layout == "auto", "{}: layout = '{}' (rule: auto, wgmma or mma)", function,
+                 layout);
+  return qgemm::ExpertLayout::Auto;
 }
 
 // A CUDA array as the epilogue's bias: fp32, contiguous, n values, on `device`.
@@ -324,16 +336,8 @@ NB_MODULE(_core, m) {
             qgemm::require(!experts.empty(), "Engine.prepare_experts: no experts");
             for (const qgemm::PackedWeight& w : experts)
               require_weight_of(scheme, w, "Engine.prepare_experts");
-            qgemm::ExpertLayout expert_layout = qgemm::ExpertLayout::Auto;
-            if (layout == "wgmma") {
-              expert_layout = qgemm::ExpertLayout::Wgmma;
-            } else if (layout == "mma") {
-              expert_layout = qgemm::ExpertLayout::Mma;
-            } else {
-              qgemm::require(layout == "auto",
-                             "Engine.prepare_experts: layout = '{}' (rule: auto, wgmma or mma)",
-                             layout);
-            }
+            const qgemm::ExpertLayout expert_layout =
+                expert_layout_of(layout, "Engine.prepare_experts");
             nb::gil_scoped_release release;
             return e.prepare_experts(experts, scheme.activation, expert_layout);
           },
@@ -342,6 +346,43 @@ NB_MODULE(_core, m) {
           "one layout: 'auto' (the wgmma order on SM90, the mma layout on SM80-SM89), 'wgmma' or "
           "'mma' (the grouped decode kernel: faster at decode, one weight pass per 16 rows an "
           "expert beyond it).")
+      .def(
+          "quantize_and_prepare_experts",
+          [](qgemm::Engine& e, const CudaArray& experts, const qgemm::Scheme& scheme,
+             const std::string& layout, std::uintptr_t stream) {
+            constexpr const char* kFunction = "Engine.quantize_and_prepare_experts";
+            qgemm::require(experts.ndim() == 3 && experts.shape(0) >= 1,
+                           "{}: experts must be 3-D [E, N, K] with E >= 1 ({} dimensions given)",
+                           kFunction, experts.ndim());
+            const qgemm::ExpertLayout expert_layout = expert_layout_of(layout, kFunction);
+            qgemm::require(experts.stride(2) == 1 || experts.shape(2) == 1,
+                           "{}: experts must have unit column stride (stride {} given)",
+                           kFunction, experts.stride(2));
+            qgemm::require(experts.device_id() == e.device(),
+                           "{}: experts are on GPU {}, the engine on GPU {}", kFunction,
+                           experts.device_id(), e.device());
+            // Expert x: the matrix [N, K] that starts x · stride(0) elements in.
+            qgemm::DeviceMatrix one;
+            one.dtype = matrix_format(experts, "experts", kFunction);
+            one.rows = static_cast<std::int64_t>(experts.shape(1));
+            one.cols = static_cast<std::int64_t>(experts.shape(2));
+            one.stride = one.rows > 1 ? static_cast<std::int64_t>(experts.stride(1)) : one.cols;
+            std::vector<qgemm::DeviceMatrix> matrices(experts.shape(0), one);
+            for (std::size_t x = 0; x < matrices.size(); ++x)
+              matrices[x].data = static_cast<unsigned char*>(experts.data()) +
+                                 static_cast<std::int64_t>(x) * experts.stride(0) *
+                                     one.dtype.storage_bytes();
+            nb::gil_scoped_release release;
+            qgemm::Engine::QuantizedExperts both = e.quantize_and_prepare_experts(
+                matrices, scheme.weight, scheme.activation, expert_layout,
+                reinterpret_cast<void*>(stream));
+            return std::make_pair(std::move(both.packed), std::move(both.prepared));
+          },
+          nb::arg("experts"), nb::arg("scheme"), nb::arg("layout") = "auto",
+          nb::arg("stream") = 0,
+          "Expert weights on this GPU (a CUDA array [E, N, K], bf16, fp16 or fp32) quantized "
+          "there: ([PackedWeight] * E, QuantWeight), what quantize_weight per expert and "
+          "prepare_experts give, without quantizing twice or uploading back.")
       .def(
           "moe",
           [](qgemm::Engine& e, const CudaArray& hidden, const CudaArray& topk_ids,
@@ -480,6 +521,23 @@ NB_MODULE(_core, m) {
           nb::arg("weight"), nb::arg("scheme"), nb::arg("stream") = 0,
           "Round-to-nearest quantization of a CUDA array [n, k] (bf16, fp16 or fp32) on the "
           "GPU: the PackedWeight qgemm.quantize_weight gives for the same values.")
+      .def(
+          "quantize_and_prepare_weight",
+          [](qgemm::Engine& e, const CudaArray& w, const qgemm::Scheme& scheme,
+             std::int64_t max_rows, std::uintptr_t stream) {
+            const qgemm::DeviceMatrix m =
+                device_matrix(w, "weight", e.device(), "Engine.quantize_and_prepare_weight");
+            nb::gil_scoped_release release;
+            qgemm::Engine::QuantizedOnDevice both = e.quantize_and_prepare_weight(
+                m, scheme.weight, scheme.activation, 0.0, max_rows,
+                reinterpret_cast<void*>(stream));
+            return std::make_pair(std::move(both.packed), std::move(both.prepared));
+          },
+          nb::arg("weight"), nb::arg("scheme"), nb::arg("max_rows") = 65536,
+          nb::arg("stream") = 0,
+          "Both from one quantization on the GPU: (PackedWeight, QuantWeight), what "
+          "quantize_weight and prepare_weight give, without quantizing twice or uploading the "
+          "packed weight back.")
       .def(
           "gemm",
           [](qgemm::Engine& e, const CudaArray& a, const qgemm::QuantWeight& w,

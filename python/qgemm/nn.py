@@ -37,14 +37,21 @@ def _scheme(scheme, function: str) -> Scheme:
                 f"({type(scheme).__name__} given)")
 
 
+def _device_quantizable(weight: torch.Tensor) -> torch.Tensor:
+    """A CUDA weight in a type the GPU quantizer reads (bf16, fp16, fp32: others go through
+    fp32)."""
+    weight = weight.detach()
+    return weight if weight.dtype in (torch.bfloat16, torch.float16, torch.float32) else \
+        weight.to(torch.float32)
+
+
 def _quantize(scheme: Scheme, weight: torch.Tensor) -> PackedWeight:
     """A float weight [n, k] quantized as `scheme`, round to nearest: on its GPU where it lies on
     one (Engine.quantize_weight: the host quantizer's codes, byte for byte, at device speed),
     else on the host."""
     weight = weight.detach()
     if weight.is_cuda:
-        if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            weight = weight.to(torch.float32)
+        weight = _device_quantizable(weight)
         with torch.cuda.device(weight.device):
             stream = torch.cuda.current_stream(weight.device).cuda_stream
             return ops.engine(weight.device.index).quantize_weight(weight, scheme, stream)
@@ -129,6 +136,10 @@ class QuantLinear(torch.nn.Module):
                      max_rows=max_rows)
         if linear.bias is not None:
             module.bias.data.copy_(linear.bias.detach())
+        if weight.is_cuda:  # prepared where it lies: the packed form comes down, nothing goes up
+            module.qweight = ops.quantize_and_register(_device_quantizable(weight), scheme,
+                                                       max_rows)
+            return module
         return module.set_weight(_quantize(scheme, weight))
 
     @classmethod
@@ -243,8 +254,13 @@ class QuantMoE(torch.nn.Module):
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0]:
             raise Error(f"QuantMoE.from_float: gate_up must be [E, 2I, H] and down [E, H, I] "
                         f"({list(gate_up.shape)}, {list(down.shape)} given)")
-        experts = ops.register_experts([_quantize(scheme, w) for w in gate_up],
-                                       [_quantize(scheme, w) for w in down], scheme)
+        if gate_up.is_cuda and down.device == gate_up.device:
+            # Prepared where they lie: the packed forms come down, nothing goes up.
+            experts = ops.quantize_and_register_experts(_device_quantizable(gate_up),
+                                                        _device_quantizable(down), scheme)
+        else:
+            experts = ops.register_experts([_quantize(scheme, w) for w in gate_up],
+                                           [_quantize(scheme, w) for w in down], scheme)
         return cls(experts, activation, **kwargs)
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,

@@ -81,8 +81,9 @@ import torch
 from ._core import (Engine, Error, PackedWeight, QuantWeight, Scheme, reference_gemm,
                     reference_moe_layer)
 
-__all__ = ["RegisteredWeight", "register_weight", "lookup", "prepare", "engine", "gemm",
-           "RegisteredExperts", "register_experts", "moe", "RegisteredGroupedWeight",
+__all__ = ["RegisteredWeight", "register_weight", "quantize_and_register", "lookup", "prepare",
+           "engine", "gemm", "RegisteredExperts", "register_experts",
+           "quantize_and_register_experts", "moe", "RegisteredGroupedWeight",
            "register_grouped_weight", "grouped_gemm"]
 
 # The activation and output types the operator takes, by torch dtype and qgemm format name.
@@ -209,6 +210,24 @@ def register_weight(packed: PackedWeight, scheme, max_rows: int = 65536) -> Regi
     activations are quantized for it. `max_rows` is Engine.prepare_weight's: the most rows a
     call is expected to have (fewer can mean fewer kernel layouts on the GPU)."""
     return RegisteredWeight(packed, scheme, max_rows)
+
+
+def quantize_and_register(weight: torch.Tensor, scheme, max_rows: int = 65536) -> RegisteredWeight:
+    """A CUDA weight [n, k] (bf16, fp16 or fp32) quantized on its GPU (round to nearest, the codes
+    qgemm.quantize_weight gives) and registered, prepared there from that one quantization: the
+    host packed form (the CPU path, state_dict) is downloaded, nothing is uploaded back."""
+    if not weight.is_cuda:
+        raise Error(f"quantize_and_register: weight must be a CUDA tensor ({weight.device} given; "
+                    "qgemm.quantize_weight quantizes on the host)")
+    scheme = _scheme_of(scheme, "quantize_and_register")
+    device = _cuda_index(weight.device)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        packed, prepared = engine(device).quantize_and_prepare_weight(
+            weight.detach(), scheme, int(max_rows), stream)
+    registered = RegisteredWeight(packed, scheme, max_rows)
+    registered._entry.prepared[device] = prepared
+    return registered
 
 
 def lookup(handle: int) -> _Entry:
@@ -408,6 +427,29 @@ class RegisteredExperts:
 
 
 _experts_registry: dict[int, _ExpertsEntry] = {}
+
+
+def quantize_and_register_experts(gate_up: torch.Tensor, down: torch.Tensor,
+                                  scheme) -> RegisteredExperts:
+    """Float experts on a GPU (gate_up [E, 2I, H]: gate rows, then up rows; down [E, H, I])
+    quantized there (round to nearest, the codes qgemm.quantize_weight gives per expert) and
+    registered, prepared there from that one quantization: the host packed forms (the CPU path)
+    are downloaded, nothing is uploaded back."""
+    if not gate_up.is_cuda or gate_up.device != down.device:
+        raise Error(f"quantize_and_register_experts: gate_up and down must be CUDA tensors on "
+                    f"one device ({gate_up.device}, {down.device} given)")
+    scheme = _scheme_of(scheme, "quantize_and_register_experts")
+    device = _cuda_index(gate_up.device)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        e = engine(device)
+        gate_up_packed, gate_up_prepared = e.quantize_and_prepare_experts(
+            gate_up.detach(), scheme, "auto", stream)
+        down_packed, down_prepared = e.quantize_and_prepare_experts(
+            down.detach(), scheme, "auto", stream)
+    registered = RegisteredExperts(gate_up_packed, down_packed, scheme)
+    registered._entry.prepared[device] = (gate_up_prepared, down_prepared)
+    return registered
 
 
 def register_experts(gate_up, down, scheme) -> RegisteredExperts:

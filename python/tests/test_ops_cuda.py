@@ -225,8 +225,10 @@ def test_gpu_quantizer_names_a_non_finite_weight(rng):
 @pytest.mark.parametrize("scheme_text", ["w4a16", "nvfp4", "w4a8-fp8"])
 def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_codes(rng,
                                                                                    scheme_text):
-    """QuantLinear.from_float and QuantMoE.from_float of CUDA tensors quantize on the GPU: the
-    same packed weight as of the same tensors on the CPU (the host quantizer)."""
+    """QuantLinear.from_float and QuantMoE.from_float of CUDA tensors quantize on the GPU and
+    prepare there (Engine.quantize_and_prepare_weight / _experts): the same packed weight as of
+    the same tensors on the CPU (the host quantizer), and the same outputs, bit for bit, as that
+    packed weight prepared from the host."""
     torch.manual_seed(int(rng.integers(2**31)))
     linear = torch.nn.Linear(1024, 320).to(torch.bfloat16)
     on_cpu = QuantLinear.from_float(linear, scheme_text)
@@ -236,11 +238,24 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
         assert np.array_equal(getattr(on_gpu.qweight.packed, part),
                               getattr(on_cpu.qweight.packed, part)), part
     assert on_gpu.qweight.packed.global_scale == on_cpu.qweight.packed.global_scale
+    x = torch.randn(37, 1024, device="cuda", dtype=torch.bfloat16)
+    from_host = on_cpu.to("cuda")(x)  # prepared on the device from the host packing
+    assert torch.isfinite(from_host).all()
+    assert torch.equal(on_gpu(x), from_host)
 
+    # 4 experts with an NVFP4 global scale each: the device path refolds them as the host's does.
     gate_up, down = torch.randn(4, 96, 256) / 16, torch.randn(4, 256, 48) / 7
-    host = qgemm.nn.QuantMoE.from_float(gate_up, down, "w4a16")
-    gpu = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), "w4a16")
+    gate_up[1] *= 3  # a different global scale for expert 1
+    host = qgemm.nn.QuantMoE.from_float(gate_up, down, scheme_text)
+    gpu = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), scheme_text)
     for mine, theirs in zip(gpu.experts._entry.gate_up + gpu.experts._entry.down,
                             host.experts._entry.gate_up + host.experts._entry.down):
         assert np.array_equal(mine.codes, theirs.codes)
         assert np.array_equal(mine.scales, theirs.scales)
+        assert mine.global_scale == theirs.global_scale
+    hidden = torch.randn(19, 256, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 4, (19, 2), device="cuda")
+    weights = torch.rand(19, 2, device="cuda")
+    from_host = host(hidden, ids, weights)  # the host packing, prepared on first use
+    assert torch.isfinite(from_host).all() and from_host.abs().max() > 0
+    assert torch.equal(gpu(hidden, ids, weights), from_host)

@@ -169,10 +169,20 @@ QuantWeight Engine::prepare_weight(const DeviceMatrix& weight, const WeightQuant
 PackedWeight Engine::quantize_weight(const DeviceMatrix& weight, const WeightQuant& quant,
                                      void* stream) {
   impl_->make_current();
+  return quant_detail::downloaded(quant_detail::quantize_weight_on_device(weight, quant, impl_->arch,
+                                                           static_cast<CUstream>(stream)));
+}
+
+Engine::QuantizedOnDevice Engine::quantize_and_prepare_weight(
+    const DeviceMatrix& weight, const WeightQuant& quant, const ActivationQuant& activation,
+    double static_activation_scale, std::int64_t max_rows, void* stream) {
+  impl_->make_current();
   quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
       weight, quant, impl_->arch, static_cast<CUstream>(stream));
-  PackedWeight out = std::move(canonical.meta);
-  out.codes = canonical.codes.to_vector<std::uint8_t>(canonical.codes.bytes());
+  QuantizedOnDevice out;
+  out.packed = quant_detail::downloaded(canonical);  // before the preparation takes the device arrays
+  out.prepared = impl_->prepare_canonical(out.packed, std::move(canonical), activation,
+                                          static_activation_scale, max_rows);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "dispatch/tuned_config.hpp"
 #include "jit/cache.hpp"
 #include "jit/kernel_spec.hpp"
+#include "layout/mma_repack_gpu.hpp"
 #include "qgemm/engine.hpp"
 #include "qgemm/error.hpp"
 #include "quant/quantize_on_device.hpp"
@@ -241,6 +243,18 @@ struct Engine::Impl {
                                 quant_detail::DeviceQuantizedWeight canonical,
                                 const ActivationQuant& activation, double static_activation_scale,
                                 std::int64_t max_rows);
+
+  // One expert of a set, repacked on the device in the set's layout, and its global scale.
+  struct RepackedExpert {
+    layout::MmaDeviceWeight device;
+    double global_scale;
+  };
+  // prepare_experts' body: `count` experts of `first`'s quantization and shape, expert e
+  // repacked by `repack_expert(e, order)` (in order, one at a time), into one set.
+  QuantWeight prepare_expert_set(
+      const PackedWeight& first, std::size_t count, const ActivationQuant& activation,
+      ExpertLayout layout,
+      const std::function<RepackedExpert(std::size_t, layout::FragmentOrder)>& repack_expert);
 
   // A new prepared weight of this engine with `like`'s quantization, shape and global scale
   // (its layouts still to fill).

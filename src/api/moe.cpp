@@ -27,6 +27,8 @@
 #include "dispatch/tuned_config.hpp"
 #include "jit/catalog.hpp"
 #include "layout/mma_repack_gpu.hpp"
+#include "quant/block_quant.hpp"
+#include "quant/quantize_on_device.hpp"
 #include "qgemm/moe.hpp"
 #include "runtime/moe.hpp"
 #include "runtime/utility_kernels.hpp"
@@ -131,6 +133,57 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
             e, w.n, w.k, to_string(Scheme{"", w.quant, {}, formats::bf16}), first.n, first.k,
             to_string(Scheme{"", first.quant, {}, formats::bf16}));
   }
+  return impl_->prepare_expert_set(
+      first, experts.size(), activation, layout,
+      [&](std::size_t e, layout::FragmentOrder order) {
+        return Impl::RepackedExpert{
+            layout::repack_for_mma_on_device(experts[e], impl_->arch, nullptr, order),
+            experts[e].global_scale};
+      });
+}
+
+Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
+    const std::vector<DeviceMatrix>& experts, const WeightQuant& quant,
+    const ActivationQuant& activation, ExpertLayout layout, void* stream) {
+  impl_->make_current();
+  require(!experts.empty() && experts.size() <= 4096,
+          "quantize_and_prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
+  const DeviceMatrix& first = experts.front();
+  for (std::size_t e = 0; e < experts.size(); ++e)
+    require(experts[e].rows == first.rows && experts[e].cols == first.cols,
+            "quantize_and_prepare_experts: expert {} is {}x{} but expert 0 is {}x{} (rule: one "
+            "shape for every expert)",
+            e, experts[e].rows, experts[e].cols, first.rows, first.cols);
+  quant_detail::validate_weight(quant, first.rows, first.cols);
+  PackedWeight shape;
+  shape.quant = quant;
+  shape.n = first.rows;
+  shape.k = first.cols;
+  QuantizedExperts out;
+  out.packed.reserve(experts.size());
+  // One expert at a time: quantized on the device, its packed form downloaded, repacked from
+  // its device arrays (which go before the next expert's come).
+  out.prepared = impl_->prepare_expert_set(
+      shape, experts.size(), activation, layout,
+      [&](std::size_t e, layout::FragmentOrder order) {
+        quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
+            experts[e], quant, impl_->arch, static_cast<CUstream>(stream));
+        out.packed.push_back(quant_detail::downloaded(canonical));
+        const PackedWeight& packed = out.packed.back();
+        const layout::CanonicalOnDevice source{canonical.codes.address(),
+                                               canonical.scales.address(),
+                                               canonical.zeros.address()};
+        return Impl::RepackedExpert{
+            layout::repack_for_mma_on_device(packed, source, impl_->arch, nullptr, order),
+            packed.global_scale};
+      });
+  return out;
+}
+
+QuantWeight Engine::Impl::prepare_expert_set(
+    const PackedWeight& first, std::size_t count, const ActivationQuant& activation,
+    ExpertLayout layout,
+    const std::function<RepackedExpert(std::size_t, layout::FragmentOrder)>& repack_expert) {
   if (activation.is_quantized()) {
     // Engine::moe quantizes the hidden states so, then runs the 16-bit grouped GEMMs on them.
     const Scheme quantized{"", first.quant, activation, formats::bf16};
@@ -140,16 +193,16 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   Scheme scheme;  // the kernels' view: the weight, with 16-bit activations
   scheme.weight = first.quant;
   dispatch::WeightFacts facts =
-      dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, impl_->arch);
+      dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, arch);
   // One layout per expert set (moe.hpp, ExpertLayout): the wgmma order where the SM90 family
   // can take the weight and the caller did not ask for the mma layout, else the mma layout.
-  const bool on_sm90 = impl_->arch == jit::Arch::sm_90a;
+  const bool on_sm90 = arch == jit::Arch::sm_90a;
   if (layout == ExpertLayout::Wgmma && !facts.wgmma)
     throw Error(ErrorCode::Unsupported,
                 fmt::format("prepare_experts: layout = wgmma, but the SM90 wgmma family cannot "
                             "take this weight on {}: {} (rule: wgmma on sm_90a only; auto or mma "
                             "elsewhere)",
-                            jit::arch_name(impl_->arch), facts.no_wgmma));
+                            jit::arch_name(arch), facts.no_wgmma));
   const bool use_wgmma =
       layout == ExpertLayout::Wgmma || (layout == ExpertLayout::Auto && on_sm90 && facts.wgmma);
   if (!use_wgmma && !facts.mma)
@@ -162,26 +215,28 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
   const layout::FragmentOrder order =
       use_wgmma ? layout::FragmentOrder::Wgmma : layout::FragmentOrder::Mma;
 
-  // Each expert into the layout on the device, then one buffer per array with the experts
-  // back to back (the repacked sizes are equal: one shape and quantization).
-  auto prepared = impl_->new_prepared(first);
-  prepared->experts = static_cast<int>(experts.size());
+  // Each expert into the layout on the device, then copied there into one buffer per array
+  // with the experts back to back (the repacked sizes are equal: one shape and quantization).
+  auto prepared = new_prepared(first);
+  prepared->experts = static_cast<int>(count);
   prepared->activation = activation.is_quantized() ? activation : ActivationQuant{};
-  std::vector<unsigned char> words, scales, zeros;
   // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
-  require(static_cast<double>(experts.size()) * static_cast<double>(first.n + 64) <
+  require(static_cast<double>(count) * static_cast<double>(first.n + 64) <
               2147483647.0 / 64,
           "prepare_experts: {} experts of {} rows (rule: fewer than 2^31 / 64 rows of tiles)",
-          experts.size(), first.n);
+          count, first.n);
+  runtime::DeviceBuffer words, scales, zeros;  // sized at expert 0
   std::optional<layout::MmaWeight> meta_of_one;
   // Experts with global scales of their own (NVFP4 checkpoints keep one per expert): the
   // kernels multiply by expert 0's, so each expert's fp32 group scales take the ratio of its
   // own to that one (once, here; zeros are in code units and stay). The products are no longer
   // exact in 16 bits: the packed16 shortcuts that rely on it are turned off.
   bool scales_refolded = false;
-  for (const PackedWeight& expert : experts) {
-    layout::MmaDeviceWeight device =
-        layout::repack_for_mma_on_device(expert, impl_->arch, nullptr, order);
+  double global_scale = first.global_scale;  // expert 0's, which the kernels multiply by
+  for (std::size_t e = 0; e < count; ++e) {
+    RepackedExpert expert = repack_expert(e, order);
+    layout::MmaDeviceWeight& device = expert.device;
+    if (e == 0) global_scale = expert.global_scale;
     // The scale-exactness flags must hold for every expert (packed16 relies on them).
     if (meta_of_one) {
       const bool bf16 = meta_of_one->scales_exact_in_bf16 && device.meta.scales_exact_in_bf16;
@@ -192,11 +247,6 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
     } else {
       meta_of_one = device.meta;
     }
-    auto append = [](std::vector<unsigned char>& all, const runtime::DeviceBuffer& buffer) {
-      const std::size_t at = all.size();
-      all.resize(at + buffer.bytes());
-      if (buffer.bytes()) buffer.download(all.data() + at, buffer.bytes());
-    };
     // The grouped kernels address expert e's codes and scale rows as rows of the whole:
     //   wgmma order  tile e · n_tiles + t, a tile = k_blocks / 4 chunks × 128 × bits words
     //   mma layout   slice e · slices + s, a slice = k_blocks × 32 lanes × bits words
@@ -217,40 +267,43 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
                               "whole tiles and scale rows (the grouped kernel's addressing)",
                               use_wgmma ? "wgmma order" : "mma layout", device.words.bytes(),
                               device.scales.bytes(), device.zeros.bytes()));
-    append(words, device.words);
-    const std::size_t scales_at = scales.size();
-    append(scales, device.scales);
-    append(zeros, device.zeros);
-    if (expert.global_scale != first.global_scale) {
-      const double ratio = expert.global_scale / first.global_scale;
-      for (std::size_t at = scales_at; at < scales.size(); at += sizeof(float)) {
-        float scale;
-        std::memcpy(&scale, scales.data() + at, sizeof scale);
-        scale = static_cast<float>(scale * ratio);
-        std::memcpy(scales.data() + at, &scale, sizeof scale);
-      }
+    if (e == 0) {
+      words = runtime::DeviceBuffer(count * device.words.bytes());
+      scales = runtime::DeviceBuffer(count * device.scales.bytes());
+      if (device.zeros.bytes()) zeros = runtime::DeviceBuffer(count * device.zeros.bytes());
+    }
+    if (expert.global_scale != global_scale) {  // few floats: refolded on the host
+      std::vector<float> refolded(scale_floats);
+      device.scales.download(refolded.data(), device.scales.bytes());
+      const double ratio = expert.global_scale / global_scale;
+      for (float& scale : refolded) scale = static_cast<float>(scale * ratio);
+      device.scales.upload(refolded.data(), device.scales.bytes());
       scales_refolded = true;
     }
+    words.copy_in(device.words, e * device.words.bytes());
+    scales.copy_in(device.scales, e * device.scales.bytes());
+    if (zeros.bytes()) zeros.copy_in(device.zeros, e * device.zeros.bytes());
   }
-  meta_of_one->global_scale = first.global_scale;  // what the kernels multiply by
+  meta_of_one->global_scale = global_scale;  // what the kernels multiply by
+  prepared->global_scale = global_scale;
   if (scales_refolded) {
     meta_of_one->scales_exact_in_bf16 = false;
     meta_of_one->scales_exact_in_fp16 = false;
   }
   if (use_wgmma) {
-    prepared->wgmma_words = runtime::DeviceBuffer::from(words);
-    prepared->wgmma_scales = runtime::DeviceBuffer::from(scales);
-    if (!zeros.empty()) prepared->wgmma_zeros = runtime::DeviceBuffer::from(zeros);
+    prepared->wgmma_words = std::move(words);
+    prepared->wgmma_scales = std::move(scales);
+    prepared->wgmma_zeros = std::move(zeros);
   } else {
-    prepared->words = runtime::DeviceBuffer::from(words);
-    prepared->scales = runtime::DeviceBuffer::from(scales);
-    if (!zeros.empty()) prepared->zeros = runtime::DeviceBuffer::from(zeros);
+    prepared->words = std::move(words);
+    prepared->scales = std::move(scales);
+    prepared->zeros = std::move(zeros);
   }
   prepared->facts = dispatch::expert_facts(
       std::move(facts), order, meta_of_one,
       use_wgmma ? "expert weights keep the wgmma order only (ExpertLayout::Wgmma)"
                 : "expert weights keep the mma layout only (ExpertLayout::Mma)");
-  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", experts.size(), first.n,
+  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", count, first.n,
       first.k, first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout",
       prepared->bytes());
   QuantWeight out;

@@ -106,6 +106,12 @@ std::optional<std::string> device_quantizer_gap(const WeightQuant& quant) {
   return std::nullopt;
 }
 
+PackedWeight downloaded(const DeviceQuantizedWeight& canonical) {
+  PackedWeight out = canonical.meta;
+  out.codes = canonical.codes.to_vector<std::uint8_t>(canonical.codes.bytes());
+  return out;
+}
+
 DeviceQuantizedWeight quantize_weight_on_device(const DeviceMatrix& weight,
                                                 const WeightQuant& quant, jit::Arch arch,
                                                 CUstream stream, HostScales host_scales) {

@@ -22,6 +22,10 @@ struct DeviceQuantizedWeight {
   runtime::DeviceBuffer codes, scales, zeros;
 };
 
+// The canonical packed form of a weight quantized on the device: its metadata and host scales
+// (HostScales::Copy), with the codes downloaded.
+PackedWeight downloaded(const DeviceQuantizedWeight& canonical);
+
 // A packed weight's arrays uploaded as they are (meta left empty: the caller holds the weight).
 DeviceQuantizedWeight upload_packed_weight(const PackedWeight& weight);
 

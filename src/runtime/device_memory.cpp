@@ -46,6 +46,16 @@ void DeviceBuffer::download(void* host, std::size_t bytes) const {
   driver.check(driver.cuMemcpyDtoH(host, address_, bytes), "cuMemcpyDtoH");
 }
 
+void DeviceBuffer::copy_in(const DeviceBuffer& part, std::size_t offset) {
+  require(offset <= bytes_ && part.bytes() <= bytes_ - offset,
+          "copy of {} bytes into a {}-byte buffer at {}", part.bytes(), bytes_, offset);
+  if (!part.bytes()) return;
+  const Driver& driver = Driver::get();
+  driver.check(driver.cuMemcpyDtoDAsync(address_ + offset, part.address(), part.bytes(), nullptr),
+               "cuMemcpyDtoDAsync");
+  driver.check(driver.cuStreamSynchronize(nullptr), "cuStreamSynchronize (copy_in)");
+}
+
 void DeviceBuffer::fill_bytes(unsigned char value) {
   const Driver& driver = Driver::get();
   driver.check(driver.cuMemsetD8(address_, value, bytes_ ? bytes_ : 1), "cuMemsetD8");

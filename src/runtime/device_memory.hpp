@@ -29,6 +29,8 @@ class DeviceBuffer {
 
   void upload(const void* host, std::size_t bytes);  // blocking
   void download(void* host, std::size_t bytes) const;
+  // `part` whole into this buffer from byte `offset` on, device to device; blocking.
+  void copy_in(const DeviceBuffer& part, std::size_t offset);
   void fill_bytes(unsigned char value);  // blocking; e.g. poison outputs before a test writes them
 
   template <typename T>

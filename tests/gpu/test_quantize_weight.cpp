@@ -267,14 +267,19 @@ TEST(QuantizeWeightGpu, PreparedFromTheDeviceComputesWhatTheHostPreparationDoes)
     const QuantWeight from_device =
         engine.prepare_weight(in.matrix(), scheme.weight, scheme.activation);
     EXPECT_EQ(from_device.device_bytes(), from_host.device_bytes()) << preset;
+    // Both at once: the downloaded packing is the host's, the preparation the same again.
+    const Engine::QuantizedOnDevice both =
+        engine.quantize_and_prepare_weight(in.matrix(), scheme.weight, scheme.activation);
+    expect_same_packing(both.packed, host, std::string(preset) + " (quantize_and_prepare)");
+    EXPECT_EQ(both.prepared.device_bytes(), from_host.device_bytes()) << preset;
     std::normal_distribution<double> normal(0.0, 1.0);
     std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
     for (auto& x : a) x = static_cast<std::uint16_t>(encode(formats::bf16, normal(rng)));
     const DeviceBuffer a_device = DeviceBuffer::from(a);
     const DeviceMatrix am{reinterpret_cast<void*>(a_device.address()), m, k, k, formats::bf16};
-    std::vector<std::uint16_t> outputs[2];
-    const QuantWeight* weights[2] = {&from_host, &from_device};
-    for (int i = 0; i < 2; ++i) {
+    std::vector<std::uint16_t> outputs[3];
+    const QuantWeight* weights[3] = {&from_host, &from_device, &both.prepared};
+    for (int i = 0; i < 3; ++i) {
       DeviceBuffer c(static_cast<std::size_t>(m * n) * 2);
       c.fill_bytes(0xFF);  // NaN
       const DeviceMatrix cm{reinterpret_cast<void*>(c.address()), m, n, n, formats::bf16};
@@ -283,13 +288,15 @@ TEST(QuantizeWeightGpu, PreparedFromTheDeviceComputesWhatTheHostPreparationDoes)
       driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
       outputs[i] = c.to_vector<std::uint16_t>(static_cast<std::size_t>(m * n));
     }
-    std::size_t nan = 0, differing = 0;
-    for (std::size_t i = 0; i < outputs[0].size(); ++i) {
-      nan += std::isnan(decode(formats::bf16, outputs[1][i])) ? 1 : 0;
-      differing += outputs[0][i] != outputs[1][i] ? 1 : 0;
+    for (int i = 1; i < 3; ++i) {
+      std::size_t nan = 0, differing = 0;
+      for (std::size_t j = 0; j < outputs[0].size(); ++j) {
+        nan += std::isnan(decode(formats::bf16, outputs[i][j])) ? 1 : 0;
+        differing += outputs[0][j] != outputs[i][j] ? 1 : 0;
+      }
+      EXPECT_EQ(nan, 0u) << preset << " weight " << i << " (seed " << seed << ")";
+      EXPECT_EQ(differing, 0u) << preset << " weight " << i << " (seed " << seed << ")";
     }
-    EXPECT_EQ(nan, 0u) << preset << " (seed " << seed << ")";
-    EXPECT_EQ(differing, 0u) << preset << " (seed " << seed << ")";
   }
 }
 
