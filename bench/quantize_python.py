@@ -1,9 +1,9 @@
 """GPU weight quantization from Python (issue #18): bf16 torch.nn.Linear weights on the GPU,
 quantized by `Engine.quantize_weight` (the packing downloaded: what QuantLinear keeps for its
-state_dict and CPU path), by `QuantLinear.from_float` (for comparison: still the host
-quantizer, the weight copied to the host in float32), and by `Engine.prepare_weight` of the
-CUDA tensor itself (nothing leaves the device). Medians of 5 after a warm-up call; GB/s of bf16
-input.
+state_dict and CPU path), by `QuantLinear.from_float` (Engine.quantize_and_prepare_weight: that
+packing downloaded and the layouts made from the same device arrays), and by
+`Engine.prepare_weight` of the CUDA tensor itself (nothing leaves the device). Medians of 5 after
+a warm-up call; GB/s of bf16 input.
 
     PYTHONPATH=build/python python3 bench/quantize_python.py [--shape 28672x8192]
 """
