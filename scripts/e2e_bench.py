@@ -317,7 +317,8 @@ def quantize(model, spec, scheme, max_rows):
     import qgemm
 
     note = None
-    if spec.moe and qgemm.Scheme(scheme).activation_quantized:
+    scheme = qgemm.Scheme(scheme) if isinstance(scheme, str) else scheme
+    if spec.moe and scheme.activation_quantized:
         note = (f"MoE experts: {scheme}'s activations are quantized, the grouped GEMMs run on "
                 "16-bit tensor cores (issue #17)")
     qgemm.quantize_model(model, scheme, ignore=("lm_head", *spec.router), max_rows=max_rows)

@@ -116,3 +116,20 @@ def test_a_wrong_kernel_fails_the_logits_check(tmp_path):
     assert not results["checks"]["passed"]
     assert any("dequantized" in failure for failure in results["checks"]["failures"])
     assert "FAILED llama8b w4a16: logits vs dequantized weights" in done.stdout
+
+
+def test_the_moe_model_quantizes_its_experts_with_quantized_activations(tmp_path):
+    # The MoE model with a scheme that quantizes activations: its experts become QuantMoE (the
+    # whole body quantized, router excepted), and the logits checks pass.
+    path = tmp_path / "moe.json"
+    done = run_script("--device", "cpu", "--tiny", "--check-only", "--model", "qwen3moe",
+                      "--variants", "w4a8-fp8", "--json", str(path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(path) as f:
+        results = json.load(f)
+    variant = results["models"]["qwen3moe"]["variants"]["w4a8-fp8"]
+    assert "error" not in variant, variant.get("error")
+    assert variant["coverage"]["quantized_fraction"] > 0.9
+    assert variant["logits"]["vs_dequantized"]["cosine"] >= \
+        load_script().DEQUANTIZED_THRESHOLD_QUANTIZED_ACTIVATIONS
+    assert results["checks"]["passed"]
