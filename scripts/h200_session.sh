@@ -25,6 +25,8 @@
 #                                   grouped pytest cases, then qgemm bench bench/recipes/moe.yaml
 #   scripts/h200_session.sh eight-bit  the FP8 / INT8 wgmma tiles: their GPU test, memcheck over
 #                                   it, qgemm_dense_bench --fp8 (every config forced)
+#   scripts/h200_session.sh e2e MODEL VARIANTS [ARG...]  scripts/e2e_bench.py (issue #18): one
+#                                   model, the variants given (comma-separated), in one call
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
 #                                   world 1, then 2 processes (through gloo on one GPU)
 # Logs go to $OUT (or ./gpu_out); the short table comes last.
@@ -266,6 +268,17 @@ multi)
     echo "multi_gpu world $world on $gpus GPU(s) rc=$? at ${SECONDS}s"
     grep -E "^\||multi_gpu:|Error" "$out/multi_$world.txt" | head -8
   done
+  ;;
+e2e)
+  # One run of scripts/e2e_bench.py (issue #18) in what is left of the call: MODEL VARIANTS and
+  # any further arguments (e.g. --layers 16, --no-jit); its table last. The JSON travels in the
+  # call's archive; runs of several calls merge with --from-json.
+  left=$((${DEADLINE:-570} - SECONDS)); [ $left -gt 60 ] || left=60
+  PYTHONPATH=build-gpu/python timeout $left python3 scripts/e2e_bench.py --model "$2" \
+    --variants "$3" "${@:4}" --json "$out/e2e_$2_${3//,/_}.json" > "$out/e2e.txt" 2>&1
+  echo "e2e rc=$? at ${SECONDS}s"
+  grep -vE '^  [a-z0-9-]+: (prefill|decode|logits|kernel|JIT|memory|quantize)' "$out/e2e.txt" \
+    | tail -40
   ;;
 profile)
   case_=$2; shift 2
