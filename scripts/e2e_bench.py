@@ -35,8 +35,9 @@ Measurements (each variant in a model built afresh from the same seed):
               compiles every kernel), and warm, the same directory again (disk-cache hits).
               Reported: preparing the weights (upload in the kernel layouts), the first pass
               over the shapes, a steady pass, and the warm-up: preparation + first - steady.
-              The quantization time (host, quantize_model) and the parameter count of each
-              variant are recorded too.
+              The quantization time (quantize_model: on the GPU for a model there, the packed
+              weights downloaded for the modules' state and the layouts made on the device) and
+              the parameter count of each variant are recorded too.
 
 Checks (a wrong kernel cannot hide behind a fast number). Each failing check makes the exit
 status 1, after the table and the JSON are written:
@@ -81,9 +82,9 @@ with a message when it is missing). --from-json A.json B.json ... merges runs (e
 device call) and prints, plots, gates and writes them as one.
 
 On the GPU machine (H200; run from the repository root, the package built in build-gpu), one
-call per line so that each fits the device tool's 10 minutes (host quantization of the 8B model
-takes about 1.5 minutes a scheme; each quantized variant also starts two JIT probe processes,
-which --no-jit skips), then merged:
+call per line so that each fits the device tool's 10 minutes (each quantized variant starts two
+JIT probe processes, which --no-jit skips; `scripts/h200_session.sh e2e MODEL VARIANTS` runs
+one line), then merged:
     export PYTHONPATH=build-gpu/python
     python3 scripts/e2e_bench.py --model llama8b --variants bf16,w4a16 --json $OUT/llama-a.json
     python3 scripts/e2e_bench.py --model llama8b --variants w4a8-fp8,mxfp4-a16 \\
