@@ -359,8 +359,14 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
             if type(child) is torch.nn.Linear or _fused_experts_activation(child) is not None:
                 targets.append((owner, child_name, child, name))
     replacements = {}
-    for owner, child_name, child, name in targets:
+    # Each float module is let go once replaced (a module shared by two owners lives on until its
+    # last owner's turn; ids stay unique among the modules still listed), so that the model's
+    # float weights and its quantized ones are not all held at once.
+    for at in range(len(targets)):
+        owner, child_name, child, name = targets[at]
+        targets[at] = None
         if id(child) not in replacements:
+            _return_cached_memory()
             try:
                 if type(child) is torch.nn.Linear:
                     replacement = QuantLinear.from_float(child, scheme, max_rows=max_rows)
@@ -371,7 +377,19 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
             except ValueError as error:
                 raise Error(f"quantize_model: {name}: {error}") from error
         setattr(owner, child_name, replacements[id(child)])
+        del child
     return model
+
+
+def _return_cached_memory() -> None:
+    """Hands torch's cached free blocks back to the driver when they reach a GiB: qgemm's prepared
+    weights are allocated outside torch's allocator, which keeps the memory of the float weights
+    quantize_model frees (a 30B-parameter model would otherwise run out of memory part way)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for device in range(torch.cuda.device_count()):
+            if torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) > 1 << 30:
+                torch.cuda.empty_cache()
+                return
 
 
 def _model_from_config(path: str, dtype):

@@ -303,6 +303,32 @@ def test_quantize_model_replaces_the_right_linears():
     assert type(only.layers[0].q_proj) is torch.nn.Linear and type(only.lm_head) is QuantLinear
 
 
+def test_quantize_model_lets_each_float_linear_go_once_replaced(monkeypatch):
+    # A model's float weights and its quantized ones must not all be held at once (a 30B model
+    # would not fit its GPU): when a layer is quantized, the Linears replaced before it are gone
+    # (the shared one only after its second owner's turn).
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = Model()
+    replaced, alive_at_each_call = [], []
+    real = QuantLinear.from_float.__func__
+
+    def recording(cls, linear, scheme, **kwargs):
+        gc.collect()
+        alive_at_each_call.append(sum(r() is not None for r in replaced))
+        replaced.append(weakref.ref(linear))
+        return real(cls, linear, scheme, **kwargs)
+
+    monkeypatch.setattr(QuantLinear, "from_float", classmethod(recording))
+    qgemm.quantize_model(model, "w4a16")
+    assert len(alive_at_each_call) > 4
+    # At most the shared Linear (whose second owner comes later) outlives its replacement.
+    assert max(alive_at_each_call) <= 1, alive_at_each_call
+    assert type(model.shared) is QuantLinear and model.shared is model.layers[0].tied
+
+
 def test_quantized_model_runs_close_to_the_float_one(rng):
     torch.manual_seed(int(rng.integers(2**31)))
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
