@@ -371,8 +371,8 @@ def quant_linears(model):
 
 
 def prepare_weights(model, device):
-    """Uploads every QuantLinear's weight in its kernel layouts now (not at its first call);
-    returns (seconds, device bytes)."""
+    """Uploads every QuantLinear's weight and QuantMoE's experts in their kernel layouts now (not
+    at their first call); returns (seconds, device bytes)."""
     import torch
 
     import qgemm
@@ -384,6 +384,9 @@ def prepare_weights(model, device):
     total = 0
     for _, module in quant_linears(model):
         total += int(qgemm.ops.prepare(module.qweight, device).device_bytes)
+    for module in model.modules():
+        if isinstance(module, qgemm.nn.QuantMoE):
+            total += sum(int(w.device_bytes) for w in qgemm.ops.prepare(module.experts, device))
     torch.cuda.synchronize()
     return time.perf_counter() - start, total
 

@@ -255,14 +255,17 @@ def _cuda_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def prepare(weight, device=None) -> QuantWeight:
-    """Uploads a registered weight (a RegisteredWeight or its handle) to a CUDA device (default:
-    the current one) now rather than at its first call."""
-    handle = weight.handle if isinstance(weight, RegisteredWeight) else int(weight)
+def prepare(weight, device=None):
+    """Uploads a registered weight (a RegisteredWeight or its handle: its QuantWeight is
+    returned) or expert set (a RegisteredExperts: its (gate_up, down) QuantWeights) to a CUDA
+    device (default: the current one) now rather than at its first call."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else \
         torch.device(device)
     if device.type != "cuda":
         raise Error(f"qgemm.ops.prepare: device must be a CUDA device ({device} given)")
+    if isinstance(weight, RegisteredExperts):
+        return _experts(weight.handle).on_device(_cuda_index(device))
+    handle = weight.handle if isinstance(weight, RegisteredWeight) else int(weight)
     return lookup(handle).on_device(_cuda_index(device))
 
 

@@ -259,3 +259,6 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
     from_host = host(hidden, ids, weights)  # the host packing, prepared on first use
     assert torch.isfinite(from_host).all() and from_host.abs().max() > 0
     assert torch.equal(gpu(hidden, ids, weights), from_host)
+    gate_up_weight, down_weight = qgemm.ops.prepare(gpu.experts)  # the set prepared above
+    assert (gate_up_weight.experts, down_weight.experts) == (4, 4)
+    assert gate_up_weight.device_bytes > 0 and down_weight.device_bytes > 0
