@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "qgemm/error.hpp"
@@ -39,10 +42,75 @@ void DeviceBuffer::upload(const void* host, std::size_t bytes) {
   driver.check(driver.cuMemcpyHtoD(address_, host, bytes), "cuMemcpyHtoD");
 }
 
+namespace {
+
+// Downloads of kStagedFrom bytes or more go through two pinned chunks (download_staged).
+constexpr std::size_t kStagedFrom = std::size_t{16} << 20;
+constexpr std::size_t kStagingChunk = std::size_t{8} << 20;
+
+// The two chunks, made on first use (portable: any context may copy into them) and kept for
+// the process; one staged download at a time.
+struct PinnedStaging {
+  std::mutex mutex;
+  void* chunks[2] = {nullptr, nullptr};
+};
+PinnedStaging& pinned_staging() {
+  static auto* staging = new PinnedStaging;  // never freed: the driver may be gone at exit
+  return *staging;
+}
+
+// A pageable cuMemcpyDtoH of a weight's codes into fresh host memory ran at ~1.9 GB/s (H100,
+// bench/NOTES.md). Here the copy engine fills one pinned chunk while the host copies the other
+// out:
+//   chunk i:  DMA into chunks[i % 2] on the legacy stream (ordered after earlier work there,
+//             as cuMemcpyDtoH is), event[i % 2] recorded
+//   then:     wait for event[(i - 1) % 2], memcpy chunk i - 1 into `host`
+// so chunk i's buffer was emptied (chunk i - 2 copied out) one step before it is refilled.
+void download_staged(const Driver& driver, unsigned char* host, CUdeviceptr source,
+                     std::size_t bytes) {
+  PinnedStaging& staging = pinned_staging();
+  std::lock_guard lock(staging.mutex);
+  for (void*& chunk : staging.chunks)
+    if (!chunk)
+      driver.check(driver.cuMemHostAlloc(&chunk, kStagingChunk, CU_MEMHOSTALLOC_PORTABLE),
+                   "cuMemHostAlloc (download staging)");
+  struct Events {
+    const Driver& driver;
+    CUevent done[2] = {nullptr, nullptr};
+    ~Events() {
+      for (CUevent event : done)
+        if (event) driver.cuEventDestroy(event);
+    }
+  } events{driver};
+  for (CUevent& event : events.done)
+    driver.check(driver.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  const std::size_t chunks = (bytes + kStagingChunk - 1) / kStagingChunk;
+  const auto piece = [&](std::size_t i) { return std::min(kStagingChunk, bytes - i * kStagingChunk); };
+  for (std::size_t i = 0; i <= chunks; ++i) {
+    if (i < chunks) {
+      driver.check(driver.cuMemcpyDtoHAsync(staging.chunks[i % 2], source + i * kStagingChunk,
+                                            piece(i), nullptr),
+                   "cuMemcpyDtoHAsync (download staging)");
+      driver.check(driver.cuEventRecord(events.done[i % 2], nullptr), "cuEventRecord");
+    }
+    if (i >= 1) {
+      const std::size_t previous = i - 1;
+      driver.check(driver.cuEventSynchronize(events.done[previous % 2]), "cuEventSynchronize");
+      std::memcpy(host + previous * kStagingChunk, staging.chunks[previous % 2], piece(previous));
+    }
+  }
+}
+
+}  // namespace
+
 void DeviceBuffer::download(void* host, std::size_t bytes) const {
   require(bytes <= bytes_, "download of {} bytes from a {}-byte buffer", bytes, bytes_);
   if (!bytes) return;
   const Driver& driver = Driver::get();
+  if (bytes >= kStagedFrom) {
+    download_staged(driver, static_cast<unsigned char*>(host), address_, bytes);
+    return;
+  }
   driver.check(driver.cuMemcpyDtoH(host, address_, bytes), "cuMemcpyDtoH");
 }
 

@@ -48,6 +48,13 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoH);
   QGEMM_DRIVER_FUNCTION(cuMemsetD8);
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoDAsync);
+  QGEMM_DRIVER_FUNCTION(cuMemcpyDtoHAsync);
+  QGEMM_DRIVER_FUNCTION(cuMemHostAlloc);
+  QGEMM_DRIVER_FUNCTION(cuMemFreeHost);
+  QGEMM_DRIVER_FUNCTION(cuEventCreate);
+  QGEMM_DRIVER_FUNCTION(cuEventRecord);
+  QGEMM_DRIVER_FUNCTION(cuEventSynchronize);
+  QGEMM_DRIVER_FUNCTION(cuEventDestroy);
   QGEMM_DRIVER_FUNCTION(cuMemsetD32Async);
   QGEMM_DRIVER_FUNCTION(cuStreamCreate);
   QGEMM_DRIVER_FUNCTION(cuStreamDestroy);

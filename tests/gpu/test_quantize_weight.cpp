@@ -253,6 +253,29 @@ TEST(QuantizeWeightGpu, BadInputIsNamed) {
 
 // A GEMM on the weight prepared from the device is the GEMM on the same weight prepared from
 // the host's packing, bit for bit (same layouts, same kernels); NaN-poisoned outputs.
+// Downloads of 16 MiB or more go through pinned chunks of 8 MiB (DeviceBuffer::download): every
+// byte arrives, the partial last chunk too, and a smaller download takes the direct path.
+TEST(QuantizeWeightGpu, LargeDownloadsArriveWhole) {
+  QGEMM_REQUIRE_GPU();
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  Engine engine(0);  // a current context
+  for (const std::size_t bytes : {(std::size_t{40} << 20) + 12345, std::size_t{16} << 20,
+                                  (std::size_t{16} << 20) - 1}) {
+    std::vector<std::uint32_t> words((bytes + 3) / 4);
+    for (auto& w : words) w = rng();
+    std::vector<std::uint8_t> sent(bytes);
+    std::memcpy(sent.data(), words.data(), bytes);
+    DeviceBuffer buffer(bytes);
+    buffer.upload(sent.data(), bytes);
+    std::vector<std::uint8_t> got(bytes, 0xA5);
+    buffer.download(got.data(), bytes);
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < bytes; ++i) differing += got[i] != sent[i] ? 1 : 0;
+    EXPECT_EQ(differing, 0u) << bytes << " bytes (seed " << seed << ")";
+  }
+}
+
 TEST(QuantizeWeightGpu, PreparedFromTheDeviceComputesWhatTheHostPreparationDoes) {
   QGEMM_REQUIRE_GPU();
   const std::uint32_t seed = fresh_seed();
