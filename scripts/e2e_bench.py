@@ -27,6 +27,8 @@ Measurements (each variant in a model built afresh from the same seed):
               time); compile uses torch.compile(mode="reduce-overhead", fullgraph=True); eager
               runs the step as is. When capture or compilation fails, the run falls back to
               eager and prints why (the JSON records the mode used and the reason).
+              --profile adds, per batch, the GPU kernel time of a few eager steps by kind
+              (qgemm's kernels, other GEMMs, attention, the rest: what bounds the ratio to bf16).
     memory    torch.cuda.max_memory_allocated over the prefill and decode runs, plus the device
               bytes of qgemm's prepared weights (qgemm allocates them outside torch's allocator,
               so torch's figure alone would miss them); the device's used memory at the end too.
@@ -425,10 +427,54 @@ def measure_prefill(model, api, batch, seq, reps, device, vocab, seed):
             "tokens_per_s": batch * seq / seconds}
 
 
-def measure_decode(model, api, batch, context, steps, mode, device, vocab, seed):
+# --profile: a decode step's GPU kernels by kind, from their names. qgemm's kernels live in the
+# namespace qgemm::kernels, so every one's (mangled) name holds "qgemm"; other GEMMs are
+# cuBLAS's and CUTLASS's (the bf16 layers, lm_head, and the GEMM after qgemm's dequantization
+# where it runs dequantize + cuBLAS); then attention; the rest (norms, rotary, copies, sampling)
+# is "other".
+PROFILE_STEPS = 4
+KERNEL_KINDS = (("qgemm", ("qgemm",)), ("gemm", ("gemm", "cutlass", "xmma", "cublas")),
+                ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")))
+
+
+def kernel_kind(name):
+    lower = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in lower for m in marks)), "other")
+
+
+def kernel_ms_by_kind(kernels, steps):
+    """(kernel name, GPU µs) pairs over `steps` steps -> ms a step for each kind."""
+    totals = dict.fromkeys([kind for kind, _ in KERNEL_KINDS] + ["other"], 0.0)
+    for name, microseconds in kernels:
+        totals[kernel_kind(name)] += microseconds / 1e3 / steps
+    return totals
+
+
+def profile_steps(step, device):
+    """GPU kernel time of PROFILE_STEPS eager calls of `step`, by kind (kernel_ms_by_kind); eager
+    so that every kernel is seen by name (a graph replay runs the same kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not device.startswith("cuda"):
+        return {"skipped": "the kernel profile needs a CUDA device"}
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_STEPS):
+            step()
+        synchronize(device)
+    kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"skipped": "the profiler saw no kernels"}
+    return {"steps": PROFILE_STEPS, "ms_per_step": kernel_ms_by_kind(kernels, PROFILE_STEPS)}
+
+
+def measure_decode(model, api, batch, context, steps, mode, device, vocab, seed, profile=False):
     """Greedy decode with a static cache: `steps` timed steps at `batch` after a `context`-token
     prompt. mode: graph (one step captured by hand), compile (torch.compile reduce-overhead),
-    eager. A failed capture or compilation falls back to eager, with the reason recorded."""
+    eager. A failed capture or compilation falls back to eager, with the reason recorded.
+    profile: then the GPU kernel time of a few eager steps by kind (profile_steps)."""
     import torch
 
     length = context + DECODE_EAGER_WARMUP + DECODE_REPLAY_WARMUP + steps + 8
@@ -494,6 +540,8 @@ def measure_decode(model, api, batch, context, steps, mode, device, vocab, seed)
                 run()
             synchronize(device)
             seconds = time.perf_counter() - start
+            if profile:
+                result["profile"] = profile_steps(step, device)
     except Exception as error:  # noqa: BLE001 — any capture or compile failure falls back
         if mode == "eager":
             raise
@@ -505,7 +553,8 @@ def measure_decode(model, api, batch, context, steps, mode, device, vocab, seed)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        fallback = measure_decode(model, api, batch, context, steps, "eager", device, vocab, seed)
+        fallback = measure_decode(model, api, batch, context, steps, "eager", device, vocab, seed,
+                                  profile)
         fallback["fallback_reason"] = reason
         return fallback
     del graph, cache
@@ -784,12 +833,18 @@ def run_variant(args, spec, variant, layers, settings, device):
         mode = args.decode_mode if device.startswith("cuda") else "eager"
         for batch in settings["decode_batches"]:
             d = measure_decode(model, api, batch, settings["decode_context"],
-                               settings["decode_steps"], mode, device, vocab, args.seed + 4)
+                               settings["decode_steps"], mode, device, vocab, args.seed + 4,
+                               args.profile)
             if mode != args.decode_mode and "fallback_reason" not in d:
                 d["fallback_reason"] = "CUDA graphs need a CUDA device"
             result["decode"].append(d)
             log(f"  {variant}: decode b{batch}: {d['tokens_per_s']:,.1f} tokens/s "
                 f"({d['ms_per_step']:.2f} ms/step, {d['mode']})")
+            if "profile" in d:
+                kinds = d["profile"].get("ms_per_step")
+                log(f"  {variant}: decode b{batch} GPU kernels a step (eager, profiled): " +
+                    (", ".join(f"{k} {v:.2f} ms" for k, v in kinds.items()) if kinds
+                     else d["profile"]["skipped"]))
             release(device)
         result["memory"] = memory_report(device, qgemm_bytes)
 
@@ -1248,6 +1303,9 @@ def parse_args(argv):
     parser.add_argument("--check-only", action="store_true",
                         help="only the logits checks (no timings, no JIT probes)")
     parser.add_argument("--no-jit", action="store_true", help="skip the JIT warm-up probes")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each decode timing, the GPU kernel time of a few eager steps "
+                             "by kind: qgemm, other GEMMs, attention, other (CUDA only)")
     parser.add_argument("--jit-timeout", type=int, default=600,
                         help="seconds allowed to each JIT probe process")
     parser.add_argument("--min-cosine", type=float,

@@ -41,7 +41,7 @@ def run_script(*arguments):
 def smoke(tmp_path_factory):
     path = tmp_path_factory.mktemp("e2e") / "e2e.json"
     done = run_script("--device", "cpu", "--quick", "--tiny", "--model", "llama8b",
-                      "--variants", "w4a16", "--json", str(path))
+                      "--variants", "w4a16", "--profile", "--json", str(path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(path) as f:
         return path, json.load(f), done.stdout
@@ -67,6 +67,7 @@ def test_smoke_run_writes_every_section(smoke):
     for d in w4a16["decode"]:
         assert d["tokens_per_s"] > 0 and d["mode"] == "eager"
         assert d["fallback_reason"] == "CUDA graphs need a CUDA device"
+        assert d["profile"] == {"skipped": "the kernel profile needs a CUDA device"}
     # The GPU-only parts say why they did not run.
     for key in ("kernel_check", "jit", "memory"):
         assert "skipped" in w4a16[key], key
@@ -133,3 +134,15 @@ def test_the_moe_model_quantizes_its_experts_with_quantized_activations(tmp_path
     assert variant["logits"]["vs_dequantized"]["cosine"] >= \
         load_script().DEQUANTIZED_THRESHOLD_QUANTIZED_ACTIVATIONS
     assert results["checks"]["passed"]
+
+
+def test_the_kernel_profile_sorts_kernels_by_name():
+    bench = load_script()
+    kernels = [("_ZN5qgemm7kernels15wgmma_gemm_sm90ILi2ELi8E", 30.0),   # a JIT kernel of qgemm
+               ("void qgemm::kernels::moe_glue_kernel<0>(...)", 10.0),
+               ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize", 40.0),  # cuBLAS
+               ("cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", 4.0),
+               ("void pytorch_flash::flash_fwd_kernel<...>", 8.0),
+               ("void at::native::vectorized_elementwise_kernel<4, ...>", 6.0)]
+    ms = bench.kernel_ms_by_kind(kernels, 2)
+    assert ms == pytest.approx({"qgemm": 0.02, "gemm": 0.022, "attention": 0.004, "other": 0.003})
