@@ -222,6 +222,27 @@ def test_gpu_quantizer_names_a_non_finite_weight(rng):
         engine.quantize_weight(w[0], qgemm.Scheme("w4a16"))
 
 
+def test_device_preparation_names_bad_input(rng):
+    w = torch.from_numpy(rng.standard_normal((4, 64, 256))).to("cuda", torch.bfloat16)
+    engine = qgemm.ops.engine(torch.cuda.current_device())
+    scheme = qgemm.Scheme("w4a16")
+    with pytest.raises(qgemm.Error, match="experts must be 3-D"):
+        engine.quantize_and_prepare_experts(w[0], scheme)
+    with pytest.raises(qgemm.Error, match="experts must have unit column stride"):
+        engine.quantize_and_prepare_experts(w.transpose(1, 2), scheme)
+    with pytest.raises(qgemm.Error, match=r"layout = 'tiles' \(rule: auto, wgmma or mma\)"):
+        engine.quantize_and_prepare_experts(w, scheme, "tiles")
+    w[2, 5, 7] = float("nan")
+    with pytest.raises(qgemm.Error, match=r"not finite"):
+        engine.quantize_and_prepare_experts(w, scheme)
+    with pytest.raises(qgemm.Error, match="quantize_and_register: weight must be a CUDA tensor"):
+        qgemm.ops.quantize_and_register(w[0].cpu(), scheme)
+    with pytest.raises(qgemm.Error, match="gate_up and down must be CUDA tensors on one device"):
+        qgemm.ops.quantize_and_register_experts(w.cpu(), w, scheme)
+    with pytest.raises(qgemm.Error, match="Engine.quantize_and_prepare_weight: weight must be 2-D"):
+        engine.quantize_and_prepare_weight(w, scheme)
+
+
 @pytest.mark.parametrize("scheme_text", ["w4a16", "nvfp4", "w4a8-fp8"])
 def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_codes(rng,
                                                                                    scheme_text):
