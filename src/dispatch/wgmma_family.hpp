@@ -33,7 +33,7 @@ struct WgmmaConfig {
   kernels::WgmmaTile tile;  // tile.stages is the most the ring takes
   // Why the selector ranks this config only when it is forced (benches, the tuner, the GPU
   // tests); empty: ranked like the rest. A design that measured slower stays servable this way.
-  std::string held_back;
+  std::string held_back = {};
   // An eight-bit tile's activation codes: int8 (the INT8 tensor cores, s8 wgmma); else e4m3.
   bool int8 = false;
 
