@@ -300,5 +300,9 @@ profile)
 esac
 # At most 8 files come back from the device machine: every log of this mode travels in one
 # archive (modes chained in one call each leave their own).
-(cd "$out" && tar czf "logs_${1:-tests}.tgz" --exclude='logs_*.tgz' -- * \
+# An e2e run's archive is named by its model and variants, so that runs chained in one call
+# keep theirs.
+archive="logs_${1:-tests}.tgz"
+[ "${1:-}" = e2e ] && archive="logs_e2e_${2}_${3//,/_}.tgz"
+(cd "$out" && tar czf "$archive" --exclude='logs_*.tgz' -- * \
   && find . -maxdepth 1 -type f ! -name 'logs_*.tgz' -delete)
