@@ -3,7 +3,8 @@ quantized by `Engine.quantize_weight` (the packing downloaded: what QuantLinear 
 state_dict and CPU path), by `QuantLinear.from_float` (Engine.quantize_and_prepare_weight: that
 packing downloaded and the layouts made from the same device arrays), and by
 `Engine.prepare_weight` of the CUDA tensor itself (nothing leaves the device). Medians of 5 after
-a warm-up call; GB/s of bf16 input.
+a warm-up call; GB/s of bf16 input. Last, the rates a download of the int4 codes can reach: into
+fresh pageable memory and into pinned memory.
 
     PYTHONPATH=build/python python3 bench/quantize_python.py [--shape 28672x8192]
 """
@@ -49,6 +50,16 @@ def main():
         print(f"{name:<10} {args.shape:<12} {quantize:>12.2f} {gigabytes / quantize * 1e3:>7.0f} "
               f"{from_float:>14.2f} {gigabytes / from_float * 1e3:>7.0f} {prepare:>11.2f} "
               f"{gigabytes / prepare * 1e3:>7.0f}", flush=True)
+    # What the downloads above can reach: the int4 codes' bytes (n · k / 2) from the device into
+    # fresh pageable memory (torch's .cpu()) and into pinned memory allocated once.
+    codes = torch.randint(0, 256, (n * k // 2,), dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(codes.shape, dtype=torch.uint8, pin_memory=True)
+    pageable_ms = median_ms(lambda: codes.cpu())
+    pinned_ms = median_ms(lambda: pinned.copy_(codes))
+    megabytes = codes.numel() / 1e6
+    print(f"download of {megabytes:.0f} MB: pageable (fresh) {pageable_ms:.2f} ms "
+          f"({megabytes / pageable_ms:.1f} GB/s), pinned {pinned_ms:.2f} ms "
+          f"({megabytes / pinned_ms:.1f} GB/s)", flush=True)
 
 
 if __name__ == "__main__":
