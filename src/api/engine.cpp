@@ -169,18 +169,21 @@ QuantWeight Engine::prepare_weight(const DeviceMatrix& weight, const WeightQuant
 PackedWeight Engine::quantize_weight(const DeviceMatrix& weight, const WeightQuant& quant,
                                      void* stream) {
   impl_->make_current();
-  return quant_detail::downloaded(quant_detail::quantize_weight_on_device(weight, quant, impl_->arch,
-                                                           static_cast<CUstream>(stream)));
+  return quant_detail::downloaded(quant_detail::quantize_weight_on_device(
+      weight, quant, impl_->arch, static_cast<CUstream>(stream)));
 }
 
-Engine::QuantizedOnDevice Engine::quantize_and_prepare_weight(
-    const DeviceMatrix& weight, const WeightQuant& quant, const ActivationQuant& activation,
-    double static_activation_scale, std::int64_t max_rows, void* stream) {
+Engine::QuantizedOnDevice Engine::quantize_and_prepare_weight(const DeviceMatrix& weight,
+                                                              const WeightQuant& quant,
+                                                              const ActivationQuant& activation,
+                                                              double static_activation_scale,
+                                                              std::int64_t max_rows, void* stream) {
   impl_->make_current();
   quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
       weight, quant, impl_->arch, static_cast<CUstream>(stream));
   QuantizedOnDevice out;
-  out.packed = quant_detail::downloaded(canonical);  // before the preparation takes the device arrays
+  // The packing comes down before the preparation takes the device arrays.
+  out.packed = quant_detail::downloaded(canonical);
   out.prepared = impl_->prepare_canonical(out.packed, std::move(canonical), activation,
                                           static_activation_scale, max_rows);
   return out;

@@ -134,8 +134,7 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
             to_string(Scheme{"", first.quant, {}, formats::bf16}));
   }
   return impl_->prepare_expert_set(
-      first, experts.size(), activation, layout,
-      [&](std::size_t e, layout::FragmentOrder order) {
+      first, experts.size(), activation, layout, [&](std::size_t e, layout::FragmentOrder order) {
         return Impl::RepackedExpert{
             layout::repack_for_mma_on_device(experts[e], impl_->arch, nullptr, order),
             experts[e].global_scale};
@@ -164,15 +163,13 @@ Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
   // One expert at a time: quantized on the device, its packed form downloaded, repacked from
   // its device arrays (which go before the next expert's come).
   out.prepared = impl_->prepare_expert_set(
-      shape, experts.size(), activation, layout,
-      [&](std::size_t e, layout::FragmentOrder order) {
+      shape, experts.size(), activation, layout, [&](std::size_t e, layout::FragmentOrder order) {
         quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
             experts[e], quant, impl_->arch, static_cast<CUstream>(stream));
         out.packed.push_back(quant_detail::downloaded(canonical));
         const PackedWeight& packed = out.packed.back();
-        const layout::CanonicalOnDevice source{canonical.codes.address(),
-                                               canonical.scales.address(),
-                                               canonical.zeros.address()};
+        const layout::CanonicalOnDevice source{
+            canonical.codes.address(), canonical.scales.address(), canonical.zeros.address()};
         return Impl::RepackedExpert{
             layout::repack_for_mma_on_device(packed, source, impl_->arch, nullptr, order),
             packed.global_scale};
@@ -192,8 +189,7 @@ QuantWeight Engine::Impl::prepare_expert_set(
   }
   Scheme scheme;  // the kernels' view: the weight, with 16-bit activations
   scheme.weight = first.quant;
-  dispatch::WeightFacts facts =
-      dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, arch);
+  dispatch::WeightFacts facts = dispatch::WeightFacts::of_scheme(scheme, first.n, first.k, arch);
   // One layout per expert set (moe.hpp, ExpertLayout): the wgmma order where the SM90 family
   // can take the weight and the caller did not ask for the mma layout, else the mma layout.
   const bool on_sm90 = arch == jit::Arch::sm_90a;
@@ -221,8 +217,7 @@ QuantWeight Engine::Impl::prepare_expert_set(
   prepared->experts = static_cast<int>(count);
   prepared->activation = activation.is_quantized() ? activation : ActivationQuant{};
   // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
-  require(static_cast<double>(count) * static_cast<double>(first.n + 64) <
-              2147483647.0 / 64,
+  require(static_cast<double>(count) * static_cast<double>(first.n + 64) < 2147483647.0 / 64,
           "prepare_experts: {} experts of {} rows (rule: fewer than 2^31 / 64 rows of tiles)",
           count, first.n);
   runtime::DeviceBuffer words, scales, zeros;  // sized at expert 0
@@ -303,9 +298,8 @@ QuantWeight Engine::Impl::prepare_expert_set(
       std::move(facts), order, meta_of_one,
       use_wgmma ? "expert weights keep the wgmma order only (ExpertLayout::Wgmma)"
                 : "expert weights keep the mma layout only (ExpertLayout::Mma)");
-  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", count, first.n,
-      first.k, first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout",
-      prepared->bytes());
+  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", count, first.n, first.k,
+      first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout", prepared->bytes());
   QuantWeight out;
   out.impl_ = std::move(prepared);
   return out;

@@ -85,7 +85,9 @@ void download_staged(const Driver& driver, unsigned char* host, CUdeviceptr sour
   for (CUevent& event : events.done)
     driver.check(driver.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   const std::size_t chunks = (bytes + kStagingChunk - 1) / kStagingChunk;
-  const auto piece = [&](std::size_t i) { return std::min(kStagingChunk, bytes - i * kStagingChunk); };
+  const auto piece = [&](std::size_t i) {
+    return std::min(kStagingChunk, bytes - i * kStagingChunk);
+  };
   for (std::size_t i = 0; i <= chunks; ++i) {
     if (i < chunks) {
       driver.check(driver.cuMemcpyDtoHAsync(staging.chunks[i % 2], source + i * kStagingChunk,

@@ -64,7 +64,6 @@ struct DriverLoader {
     QGEMM_LOAD(cuMemcpyDtoDAsync)
     QGEMM_LOAD(cuMemcpyDtoHAsync)
     QGEMM_LOAD(cuMemHostAlloc)
-    QGEMM_LOAD(cuMemFreeHost)
     QGEMM_LOAD(cuEventCreate)
     QGEMM_LOAD(cuEventRecord)
     QGEMM_LOAD(cuEventSynchronize)

@@ -50,7 +50,6 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoDAsync);
   QGEMM_DRIVER_FUNCTION(cuMemcpyDtoHAsync);
   QGEMM_DRIVER_FUNCTION(cuMemHostAlloc);
-  QGEMM_DRIVER_FUNCTION(cuMemFreeHost);
   QGEMM_DRIVER_FUNCTION(cuEventCreate);
   QGEMM_DRIVER_FUNCTION(cuEventRecord);
   QGEMM_DRIVER_FUNCTION(cuEventSynchronize);

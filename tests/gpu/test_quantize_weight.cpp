@@ -260,8 +260,8 @@ TEST(QuantizeWeightGpu, LargeDownloadsArriveWhole) {
   const std::uint32_t seed = fresh_seed();
   std::mt19937 rng(seed);
   Engine engine(0);  // a current context
-  for (const std::size_t bytes : {(std::size_t{40} << 20) + 12345, std::size_t{16} << 20,
-                                  (std::size_t{16} << 20) - 1}) {
+  for (const std::size_t bytes :
+       {(std::size_t{40} << 20) + 12345, std::size_t{16} << 20, (std::size_t{16} << 20) - 1}) {
     std::vector<std::uint32_t> words((bytes + 3) / 4);
     for (auto& w : words) w = rng();
     std::vector<std::uint8_t> sent(bytes);
