@@ -15,7 +15,11 @@ The layers are those of the CPU tests (python/qgemm_vllm/tests): checkpoint-form
 python/tests' writers, whose weights w[n, k] are computed there in numpy. Each layer runs on the
 GPU through torch.ops.qgemm.gemm and is compared element-wise with x · wᵀ in float64; then one
 layer's forward is captured in a CUDA graph and replayed on new inputs, and run through
-torch.compile(fullgraph=True, dynamic=True). Exit status 0 when every check passes.
+torch.compile(fullgraph=True, dynamic=True). The MoE layers (QgemmMoEMethod's steps: int4 GPTQ,
+AWQ and compressed-tensors experts, gpt-oss MXFP4 with its interleaved gate/up rows, biases and
+clamped SwiGLU) run through torch.ops.qgemm.moe with random routing against the layer in float64,
+and one is captured in a CUDA graph and replayed on new hidden states and routing. Exit status 0
+when every check passes.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from qgemm_vllm import layout  # noqa: E402
 
 
 def as_torch(value):
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(value, tuple):
         dtype, raw = value
         t = torch.from_numpy(np.ascontiguousarray(raw))
@@ -151,6 +157,212 @@ def cases(rng):
            w, 2.0 ** -3)
 
 
+# --- MoE layers: QgemmMoEMethod's steps (create_weights, the loaders,
+# process_weights_after_loading, apply), driven through qgemm_vllm.layout as the method does.
+
+
+def build_moe(config, experts, hidden, inter, loads, glu="silu", has_bias=False):
+    """The layer's experts as QgemmMoEMethod makes them: one stacked parameter [E, *spec] per
+    stored tensor (expert_specs), each checkpoint tensor placed by load_expert_tensor as vLLM's
+    loaders call it (`loads`: (w13, name, tensor, shard_id, expert or None for all)), then
+    build_experts and QgemmExperts.attach."""
+    config = layout.normalized_config(config)
+    part = layout.ExpertsPartition("l.experts", experts, hidden, inter, has_bias=has_bias)
+    w13_specs, w2_specs = layout.expert_specs(config, part, torch.bfloat16)
+    params = {}
+    for w13, specs in ((True, w13_specs), (False, w2_specs)):
+        for spec in specs:
+            params[w13, spec.name] = (spec, layout.initial_tensor(spec).unsqueeze(0).repeat(
+                (experts,) + (1,) * len(spec.shape)).contiguous())
+    for w13, name, tensor, shard_id, expert in loads:
+        spec, data = params[w13, name]
+        layout.load_expert_tensor(data, spec, w13, part, as_torch(tensor), shard_id, expert)
+    gate_up, down, scheme, gate_up_bias, down_bias = layout.build_experts(
+        config, part, w13_specs, w2_specs, [params[True, s.name][1] for s in w13_specs],
+        [params[False, s.name][1] for s in w2_specs], torch.bfloat16, layout.Settings())
+    module = torch.nn.Module()
+    layout.QgemmExperts(gate_up, down, scheme, gate_up_bias, down_bias, glu).attach(module,
+                                                                                  DEVICE)
+    return module
+
+
+def int4_expert(rng, fmt, n, k):
+    """One projection's checkpoint tensors and its w [n, k] (float64) in `fmt`, group 32."""
+    if fmt == "gptq":
+        return gptq_fixtures.gptq_tensors(rng, n, k, 4, 32, v1=True, act_order=False)
+    if fmt == "awq":  # packed along N in AWQ's nibble order
+        q = rng.integers(0, 16, size=(k, n))
+        z = rng.integers(0, 16, size=(k // 32, n))
+        s = (rng.random((k // 32, n)) * 0.02 + 0.001).astype(np.float16)
+        pack, order = gptq_fixtures.pack_words_along_rows, [0, 2, 4, 6, 1, 3, 5, 7]
+        g = np.arange(k) // 32
+        return ({"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
+                 "scales": s}, ((q - z[g]) * s[g].astype(np.float64)).T)
+    tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, k, 32)
+    return {name[2:]: v for name, v in tensors.items()}, w
+
+
+MOE_INT4_CONFIGS = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
+             "sym": True},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+            "version": "gemm"},
+    "ct": fixtures.ct_config(4, False, "group", 32)}
+
+
+def moe_cases(rng):
+    """(name, module, gate_up [E, 2I, H] float64 (gate rows, then up rows), down [E, H, I],
+    gate_up bias or None, down bias or None, GLU)."""
+    experts, hidden, inter = 8, 256, 128
+    for fmt, config in MOE_INT4_CONFIGS.items():
+        loads, gate_up, down = [], [], []
+        for e in range(experts):
+            ws = []
+            for shard_id, (n, k) in (("w1", (inter, hidden)), ("w3", (inter, hidden)),
+                                     ("w2", (hidden, inter))):
+                tensors, w = int4_expert(rng, fmt, n, k)
+                loads += [(shard_id != "w2", name, v, shard_id, e) for name, v in tensors.items()]
+                ws.append(w)
+            gate_up.append(np.concatenate(ws[:2]))
+            down.append(ws[2])
+        yield (f"moe-{fmt}", build_moe(config, experts, hidden, inter, loads),
+               np.stack(gate_up), np.stack(down), None, None, "silu")
+
+    # gpt-oss: every expert's MXFP4 blocks in one tensor, gate/up rows interleaved, biases, the
+    # clamped SwiGLU (vLLM's gpt-oss loader passes them so).
+    def mxfp4(n, k):
+        blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
+        scales = rng.integers(119, 125, size=(experts, n, k // 32)).astype(np.uint8)
+        flat = blocks.reshape(experts, n, k // 2)
+        codes = np.empty((experts, n, k), np.int64)
+        codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
+        w = fixtures.E2M1[codes] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
+        return blocks, scales, w
+
+    b13, s13, w13 = mxfp4(2 * inter, hidden)
+    b2, s2, w2 = mxfp4(hidden, inter)
+    bias13 = rng.standard_normal((experts, 2 * inter)).astype(np.float32)
+    bias2 = rng.standard_normal((experts, hidden)).astype(np.float32)
+    bf16 = lambda a: torch.from_numpy(a).to(torch.bfloat16)  # noqa: E731
+    loads = [(True, "weight", b13.reshape(experts, 2 * inter, -1), None, None),
+             (True, "weight_scale", s13, None, None), (True, "bias", bf16(bias13), None, None),
+             (False, "weight", b2.reshape(experts, hidden, -1), None, None),
+             (False, "weight_scale", s2, None, None), (False, "bias", bf16(bias2), None, None)]
+    module = build_moe({"quant_method": "mxfp4"}, experts, hidden, inter, loads,
+                       "clamped-swiglu", has_bias=True)
+    b13 = bf16(bias13).double().numpy()
+    yield ("moe-gpt-oss-mxfp4", module, np.concatenate([w13[:, 0::2], w13[:, 1::2]], axis=1),
+           w2, np.concatenate([b13[:, 0::2], b13[:, 1::2]], axis=1),
+           bf16(bias2).double().numpy(), "clamped-swiglu")
+
+
+def glu(kind, gate, up, alpha=1.702, limit=7.0):
+    """The GLU as qgemm computes it (kernels/moe/glue.cuh)."""
+    if kind == "silu":
+        return gate * torch.sigmoid(gate) * up
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
+def moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias, down_bias):
+    """The layer in float64 (gate_up's rows and the GLU's output rounded to bf16, as the
+    operator stores them), and each output's magnitude (Σ |weight| · (|down| · |h| + |y|))."""
+    bf16 = lambda t: t.to(torch.bfloat16).to(torch.float64)  # noqa: E731
+    gate_up, down = torch.from_numpy(gate_up), torch.from_numpy(down)
+    x = x.cpu().to(torch.float64)
+    out, magnitude = torch.zeros_like(x), torch.zeros_like(x)
+    inter = down.shape[2]
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e, w = int(ids[t, j]), float(weights[t, j])
+            g = gate_up[e] @ x[t]
+            if gate_up_bias is not None:
+                g = g + torch.from_numpy(gate_up_bias[e])
+            g = bf16(g)
+            h = bf16(glu(kind, g[:inter], g[inter:]))
+            y = down[e] @ h
+            if down_bias is not None:
+                y = y + torch.from_numpy(down_bias[e])
+            out[t] += w * y
+            magnitude[t] += abs(w) * (down[e].abs() @ h.abs() + y.abs())
+    return out, magnitude
+
+
+def check_moe(name, got, want, magnitude):
+    """Element-wise within 2^-7 of the output's magnitude and of itself: the bf16 roundings
+    of the rows between the two GEMMs (one unit each way), the output's, and the weights'."""
+    bound = 2.0 ** -7 * (magnitude + want.abs()) + 1e-6
+    err = (got.cpu().to(torch.float64) - want).abs()
+    ok = bool((err <= bound).all())
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: max |error| / bound = "
+          f"{float((err / bound).max()):.3f}", flush=True)
+    return ok
+
+
+def routing(rng, tokens, top_k, experts):
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+    weights = rng.uniform(0.05, 1.0, (tokens, top_k)).astype(np.float32)
+    return (torch.from_numpy(ids.astype(np.int64)).to(DEVICE),
+            torch.from_numpy(weights).to(DEVICE))
+
+
+def check_moe_layers(rng):
+    """Every MoE case at a few token counts, then one layer captured in a CUDA graph (GPU)."""
+    ok = True
+    built = []
+    for name, module, gate_up, down, gate_up_bias, down_bias, kind in moe_cases(rng):
+        for tokens in ((1, 9, 200) if DEVICE == "cuda" else (1, 9)):
+            x = torch.from_numpy(rng.standard_normal((tokens, gate_up.shape[2])).astype(
+                np.float32)).to(DEVICE, torch.bfloat16)
+            ids, weights = routing(rng, tokens, 2, gate_up.shape[0])
+            y = layout.moe_forward(module, x, ids, weights)
+            assert y.dtype == torch.bfloat16 and y.shape == x.shape
+            want, magnitude = moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias,
+                                            down_bias)
+            ok &= check_moe(f"{name} tokens={tokens}", y, want, magnitude)
+        # The check can fail: the reference with gate and up swapped must not pass it.
+        inter = down.shape[2]
+        swapped = np.concatenate([gate_up[:, inter:], gate_up[:, :inter]], axis=1)
+        swapped_bias = None if gate_up_bias is None else \
+            np.concatenate([gate_up_bias[:, inter:], gate_up_bias[:, :inter]], axis=1)
+        want, magnitude = moe_reference(x, ids, weights, swapped, down, kind, swapped_bias,
+                                        down_bias)
+        bound = 2.0 ** -7 * (magnitude + want.abs()) + 1e-6
+        if bool(((y.cpu().to(torch.float64) - want).abs() <= bound).all()):
+            print(f"FAIL {name}: the output also passes against gate and up swapped")
+            ok = False
+        built.append((name, module, gate_up, down, gate_up_bias, down_bias, kind))
+    if DEVICE != "cuda":
+        return ok
+    name, module, gate_up, down, gate_up_bias, down_bias, kind = built[-1]
+    tokens, hidden, experts = 16, gate_up.shape[2], gate_up.shape[0]
+    static_x = torch.zeros((tokens, hidden), device="cuda", dtype=torch.bfloat16)
+    static_ids, static_weights = routing(rng, tokens, 2, experts)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # eager warm-up: plans and compiles for this shape
+        for _ in range(2):
+            layout.moe_forward(module, static_x, static_ids, static_weights)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = layout.moe_forward(module, static_x, static_ids, static_weights)
+    for replay in range(3):  # new hidden states and a new routing each time
+        x = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(
+            "cuda", torch.bfloat16)
+        ids, weights = routing(rng, tokens, 2, experts)
+        static_x.copy_(x)
+        static_ids.copy_(ids)
+        static_weights.copy_(weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, magnitude = moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias,
+                                        down_bias)
+        ok &= check_moe(f"cuda graph {name} replay {replay}", static_y, want, magnitude)
+    return ok
+
+
 def check(name, y, x, w, activation_rtol, bias=None):
     """Element-wise: the output's rounding to bf16 (unit roundoff 2^-8, doubled) and the
     weights' (a kernel may round dequantized weights to bf16: 2^-8 of |x|·|w|ᵀ, doubled, which
@@ -192,6 +404,7 @@ def main() -> int:
             assert y.dtype == torch.bfloat16 and y.shape == (m, w.shape[0])
             ok &= check(f"{name} m={m} ({time.time() - start:.2f} s)", y, x, w, rtol)
         built.append((name, module, w, rtol))
+    ok &= check_moe_layers(rng)
     if DEVICE == "cpu":
         print("gpu_check --cpu:", "passed" if ok else "FAILED")
         return 0 if ok else 1
