@@ -25,6 +25,7 @@
 #                                   grouped pytest cases, then qgemm bench bench/recipes/moe.yaml
 #   scripts/h200_session.sh eight-bit  the FP8 / INT8 wgmma tiles: their GPU test, memcheck over
 #                                   it, qgemm_dense_bench --fp8 (every config forced)
+#   scripts/h200_session.sh vllm-check  python/qgemm_vllm/gpu_check.py (issue #21)
 #   scripts/h200_session.sh e2e MODEL VARIANTS [ARG...]  scripts/e2e_bench.py (issue #18): one
 #                                   model, the variants given (comma-separated), in one call
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
@@ -268,6 +269,13 @@ multi)
     echo "multi_gpu world $world on $gpus GPU(s) rc=$? at ${SECONDS}s"
     grep -E "^\||multi_gpu:|Error" "$out/multi_$world.txt" | head -8
   done
+  ;;
+vllm-check)
+  # The vLLM plugin's layers on the GPU without vLLM (issue #21 item 7).
+  PYTHONPATH=build-gpu/python:python/qgemm_vllm timeout 300 python3 \
+    python/qgemm_vllm/gpu_check.py > "$out/vllm_check.txt" 2>&1
+  echo "vllm gpu_check rc=$? at ${SECONDS}s"; grep -vE "^ok " "$out/vllm_check.txt" | tail -20
+  echo "$(grep -c '^ok ' "$out/vllm_check.txt") checks ok"
   ;;
 e2e)
   # One run of scripts/e2e_bench.py (issue #18) in what is left of the call: MODEL VARIANTS and
