@@ -233,7 +233,7 @@ def test_device_preparation_names_bad_input(rng):
     with pytest.raises(qgemm.Error, match=r"layout = 'tiles' \(rule: auto, wgmma or mma\)"):
         engine.quantize_and_prepare_experts(w, scheme, "tiles")
     w[2, 5, 7] = float("nan")
-    with pytest.raises(qgemm.Error, match=r"not finite"):
+    with pytest.raises(qgemm.Error, match=r"expert 2: .*weight\[5, 7\] = nan is not finite"):
         engine.quantize_and_prepare_experts(w, scheme)
     with pytest.raises(qgemm.Error, match="quantize_and_register: weight must be a CUDA tensor"):
         qgemm.ops.quantize_and_register(w[0].cpu(), scheme)

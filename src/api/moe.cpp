@@ -164,8 +164,14 @@ Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
   // its device arrays (which go before the next expert's come).
   out.prepared = impl_->prepare_expert_set(
       shape, experts.size(), activation, layout, [&](std::size_t e, layout::FragmentOrder order) {
-        quant_detail::DeviceQuantizedWeight canonical = quant_detail::quantize_weight_on_device(
-            experts[e], quant, impl_->arch, static_cast<CUstream>(stream));
+        quant_detail::DeviceQuantizedWeight canonical;
+        try {
+          canonical = quant_detail::quantize_weight_on_device(experts[e], quant, impl_->arch,
+                                                              static_cast<CUstream>(stream));
+        } catch (const Error& error) {  // which expert, beside the element it names
+          throw Error(error.code(),
+                      fmt::format("quantize_and_prepare_experts: expert {}: {}", e, error.what()));
+        }
         out.packed.push_back(quant_detail::downloaded(canonical));
         const PackedWeight& packed = out.packed.back();
         const layout::CanonicalOnDevice source{
