@@ -34,9 +34,12 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "tests"))
 
 import test_checkpoint as gptq_fixtures  # noqa: E402
 import test_checkpoint_formats as fixtures  # noqa: E402
+from moe_fixtures import (MOE_INT4_CONFIGS, gpt_oss_mxfp4, int4_expert_tensors,  # noqa: E402
+                          moe_reference)
 
 import qgemm.ops  # noqa: E402,F401
 from qgemm_vllm import layout  # noqa: E402
@@ -186,30 +189,6 @@ def build_moe(config, experts, hidden, inter, loads, glu="silu", has_bias=False)
     return module
 
 
-def int4_expert(rng, fmt, n, k):
-    """One projection's checkpoint tensors and its w [n, k] (float64) in `fmt`, group 32."""
-    if fmt == "gptq":
-        return gptq_fixtures.gptq_tensors(rng, n, k, 4, 32, v1=True, act_order=False)
-    if fmt == "awq":  # packed along N in AWQ's nibble order
-        q = rng.integers(0, 16, size=(k, n))
-        z = rng.integers(0, 16, size=(k // 32, n))
-        s = (rng.random((k // 32, n)) * 0.02 + 0.001).astype(np.float16)
-        pack, order = gptq_fixtures.pack_words_along_rows, [0, 2, 4, 6, 1, 3, 5, 7]
-        g = np.arange(k) // 32
-        return ({"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
-                 "scales": s}, ((q - z[g]) * s[g].astype(np.float64)).T)
-    tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, k, 32)
-    return {name[2:]: v for name, v in tensors.items()}, w
-
-
-MOE_INT4_CONFIGS = {
-    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
-             "sym": True},
-    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
-            "version": "gemm"},
-    "ct": fixtures.ct_config(4, False, "group", 32)}
-
-
 def moe_cases(rng):
     """(name, module, gate_up [E, 2I, H] float64 (gate rows, then up rows), down [E, H, I],
     gate_up bias or None, down bias or None, GLU)."""
@@ -220,7 +199,7 @@ def moe_cases(rng):
             ws = []
             for shard_id, (n, k) in (("w1", (inter, hidden)), ("w3", (inter, hidden)),
                                      ("w2", (hidden, inter))):
-                tensors, w = int4_expert(rng, fmt, n, k)
+                tensors, w = int4_expert_tensors(rng, fmt, n, k)
                 loads += [(shard_id != "w2", name, v, shard_id, e) for name, v in tensors.items()]
                 ws.append(w)
             gate_up.append(np.concatenate(ws[:2]))
@@ -230,17 +209,8 @@ def moe_cases(rng):
 
     # gpt-oss: every expert's MXFP4 blocks in one tensor, gate/up rows interleaved, biases, the
     # clamped SwiGLU (vLLM's gpt-oss loader passes them so).
-    def mxfp4(n, k):
-        blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
-        scales = rng.integers(119, 125, size=(experts, n, k // 32)).astype(np.uint8)
-        flat = blocks.reshape(experts, n, k // 2)
-        codes = np.empty((experts, n, k), np.int64)
-        codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
-        w = fixtures.E2M1[codes] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
-        return blocks, scales, w
-
-    b13, s13, w13 = mxfp4(2 * inter, hidden)
-    b2, s2, w2 = mxfp4(hidden, inter)
+    b13, s13, w13 = gpt_oss_mxfp4(rng, experts, 2 * inter, hidden)
+    b2, s2, w2 = gpt_oss_mxfp4(rng, experts, hidden, inter)
     bias13 = rng.standard_normal((experts, 2 * inter)).astype(np.float32)
     bias2 = rng.standard_normal((experts, hidden)).astype(np.float32)
     bf16 = lambda a: torch.from_numpy(a).to(torch.bfloat16)  # noqa: E731
@@ -250,43 +220,10 @@ def moe_cases(rng):
              (False, "weight_scale", s2, None, None), (False, "bias", bf16(bias2), None, None)]
     module = build_moe({"quant_method": "mxfp4"}, experts, hidden, inter, loads,
                        "clamped-swiglu", has_bias=True)
-    b13 = bf16(bias13).double().numpy()
+    stored13 = bf16(bias13).double().numpy()  # the bias as the layer holds it
     yield ("moe-gpt-oss-mxfp4", module, np.concatenate([w13[:, 0::2], w13[:, 1::2]], axis=1),
-           w2, np.concatenate([b13[:, 0::2], b13[:, 1::2]], axis=1),
+           w2, np.concatenate([stored13[:, 0::2], stored13[:, 1::2]], axis=1),
            bf16(bias2).double().numpy(), "clamped-swiglu")
-
-
-def glu(kind, gate, up, alpha=1.702, limit=7.0):
-    """The GLU as qgemm computes it (kernels/moe/glue.cuh)."""
-    if kind == "silu":
-        return gate * torch.sigmoid(gate) * up
-    gate = gate.clamp(max=limit)
-    up = up.clamp(-limit, limit)
-    return gate * torch.sigmoid(alpha * gate) * (up + 1)
-
-
-def moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias, down_bias):
-    """The layer in float64 (gate_up's rows and the GLU's output rounded to bf16, as the
-    operator stores them), and each output's magnitude (Σ |weight| · (|down| · |h| + |y|))."""
-    bf16 = lambda t: t.to(torch.bfloat16).to(torch.float64)  # noqa: E731
-    gate_up, down = torch.from_numpy(gate_up), torch.from_numpy(down)
-    x = x.cpu().to(torch.float64)
-    out, magnitude = torch.zeros_like(x), torch.zeros_like(x)
-    inter = down.shape[2]
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e, w = int(ids[t, j]), float(weights[t, j])
-            g = gate_up[e] @ x[t]
-            if gate_up_bias is not None:
-                g = g + torch.from_numpy(gate_up_bias[e])
-            g = bf16(g)
-            h = bf16(glu(kind, g[:inter], g[inter:]))
-            y = down[e] @ h
-            if down_bias is not None:
-                y = y + torch.from_numpy(down_bias[e])
-            out[t] += w * y
-            magnitude[t] += abs(w) * (down[e].abs() @ h.abs() + y.abs())
-    return out, magnitude
 
 
 def check_moe(name, got, want, magnitude):

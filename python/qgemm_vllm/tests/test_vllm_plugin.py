@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
 import test_checkpoint as gptq_fixtures  # noqa: E402
 import test_checkpoint_formats as fixtures  # noqa: E402
 
+from moe_fixtures import (MOE_INT4_CONFIGS, gpt_oss_mxfp4, int4_expert_tensors,  # noqa: E402
+                          moe_reference)
 from qgemm_vllm import layout  # noqa: E402
 
 
@@ -648,37 +650,6 @@ def test_settings_errors_name_the_setting(monkeypatch):
 BF16_ULP = 2.0 ** -8
 
 
-def glu(kind, gate, up, alpha=1.702, limit=7.0):
-    if kind == "silu":
-        return gate * torch.sigmoid(gate) * up
-    gate = gate.clamp(max=limit)
-    up = up.clamp(-limit, limit)
-    return gate * torch.sigmoid(alpha * gate) * (up + 1)
-
-
-def moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias=None, down_bias=None):
-    """gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I] as float64 arrays."""
-    bf16 = lambda t: t.to(torch.bfloat16).to(torch.float64)  # noqa: E731
-    gate_up, down = torch.from_numpy(gate_up), torch.from_numpy(down)
-    x = x.to(torch.float64)
-    out, magnitude = torch.zeros_like(x), torch.zeros_like(x)
-    inter = down.shape[2]
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e, w = int(ids[t, j]), float(weights[t, j])
-            g = gate_up[e] @ x[t]
-            if gate_up_bias is not None:
-                g = g + torch.as_tensor(gate_up_bias[e], dtype=torch.float64)
-            g = bf16(g)
-            h = bf16(glu(kind, g[:inter], g[inter:]))
-            y = down[e] @ h
-            if down_bias is not None:
-                y = y + torch.as_tensor(down_bias[e], dtype=torch.float64)
-            out[t] += w * y
-            magnitude[t] += abs(w) * (down[e].abs() @ h.abs() + y.abs())
-    return out, magnitude
-
-
 def assert_moe_close(got, want, magnitude):
     bound = BF16_ULP * magnitude + BF16_ULP * want.abs() + 1e-6
     err = (got.to(torch.float64) - want).abs()
@@ -724,30 +695,10 @@ def run_moe(layer, x, ids, weights):
     return layer.quant_method.apply(layer, x, weights, ids, None, None)
 
 
-def int4_expert_tensors(rng, fmt, n, k):
-    """One projection's checkpoint tensors and w [n, k] in `fmt` (gptq, awq or ct)."""
-    if fmt == "gptq":
-        return gptq_fixtures.gptq_tensors(rng, n, k, 4, 32, v1=True, act_order=False)
-    if fmt == "awq":  # packed along N in AWQ's nibble order, as test_awq_row_parallel_with_bias
-        q = rng.integers(0, 16, size=(k, n))
-        z = rng.integers(0, 16, size=(k // 32, n))
-        s = (rng.random((k // 32, n)) * 0.02 + 0.001).astype(np.float16)
-        pack, order = gptq_fixtures.pack_words_along_rows, [0, 2, 4, 6, 1, 3, 5, 7]
-        g = np.arange(k) // 32
-        return ({"qweight": pack(q.T, 4, order).T.copy(), "qzeros": pack(z.T, 4, order).T.copy(),
-                 "scales": s}, ((q - z[g]) * s[g].astype(np.float64)).T)
-    tensors, w = fixtures.ct_pack_tensors(rng, "p", 4, False, "group", "BF16", n, k, 32)
-    return {name[2:]: v for name, v in tensors.items()}, w
-
-
-MOE_CONFIGS = {"gptq": {**GPTQ, "group_size": 32}, "awq": {**AWQ, "group_size": 32},
-               "ct": fixtures.ct_config(4, False, "group", 32)}
-
-
-@pytest.mark.parametrize("fmt", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("fmt", sorted(MOE_INT4_CONFIGS))
 def test_int4_moe_layer(plugin, tp1, rng, fmt):
     experts, hidden, inter = 4, 64, 32
-    layer = moe_layer(quant_config(plugin, MOE_CONFIGS[fmt]), experts, hidden, inter)
+    layer = moe_layer(quant_config(plugin, MOE_INT4_CONFIGS[fmt]), experts, hidden, inter)
     gate_up, down = [], []
     for e in range(experts):
         ws = []
@@ -783,7 +734,7 @@ def test_int4_moe_layer(plugin, tp1, rng, fmt):
 
 
 def test_moe_loader_skips_other_ranks_experts(plugin, tp1, rng, monkeypatch):
-    layer = moe_layer(quant_config(plugin, MOE_CONFIGS["gptq"]), 4, 64, 32)
+    layer = moe_layer(quant_config(plugin, MOE_INT4_CONFIGS["gptq"]), 4, 64, 32)
     tensors, _ = int4_expert_tensors(rng, "gptq", 32, 64)
     monkeypatch.setattr(layer, "_map_global_expert_id_to_local_expert_id",
                         lambda e: -1 if e % 2 else e // 2)
@@ -807,17 +758,8 @@ def test_gpt_oss_mxfp4_moe_layer(plugin, tp1, rng):
     layer = moe_layer(quant_config(plugin, MXFP4), experts, hidden, inter,
                       activation="swigluoai", has_bias=True)
 
-    def mxfp4(n, k):
-        blocks = rng.integers(0, 256, size=(experts, n, k // 32, 16)).astype(np.uint8)
-        scales = rng.integers(119, 125, size=(experts, n, k // 32)).astype(np.uint8)
-        flat = blocks.reshape(experts, n, k // 2)
-        codes = np.empty((experts, n, k), np.int64)
-        codes[..., 0::2], codes[..., 1::2] = flat & 15, flat >> 4
-        w = fixtures.E2M1[codes] * 2.0 ** (np.repeat(scales, 32, axis=-1).astype(np.int64) - 127)
-        return blocks, scales, w
-
-    b13, s13, w13 = mxfp4(2 * inter, hidden)
-    b2, s2, w2 = mxfp4(hidden, inter)
+    b13, s13, w13 = gpt_oss_mxfp4(rng, experts, 2 * inter, hidden)
+    b2, s2, w2 = gpt_oss_mxfp4(rng, experts, hidden, inter)
     bias13 = torch.from_numpy(rng.standard_normal((experts, 2 * inter)).astype(
         np.float32)).to(torch.bfloat16)
     bias2 = torch.from_numpy(rng.standard_normal((experts, hidden)).astype(
