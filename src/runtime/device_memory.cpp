@@ -44,8 +44,6 @@ void DeviceBuffer::upload(const void* host, std::size_t bytes) {
 
 namespace {
 
-// Downloads of kStagedFrom bytes or more go through two pinned chunks (download_staged).
-constexpr std::size_t kStagedFrom = std::size_t{16} << 20;
 constexpr std::size_t kStagingChunk = std::size_t{8} << 20;
 
 // The two chunks, made on first use (portable: any context may copy into them) and kept for
@@ -59,15 +57,20 @@ PinnedStaging& pinned_staging() {
   return *staging;
 }
 
+}  // namespace
+
 // A pageable cuMemcpyDtoH of a weight's codes into fresh host memory ran at ~1.9 GB/s (H100,
-// bench/NOTES.md). Here the copy engine fills one pinned chunk while the host copies the other
-// out:
+// bench/NOTES.md). Here the copy engine fills one pinned chunk while the host takes the other:
 //   chunk i:  DMA into chunks[i % 2] on the legacy stream (ordered after earlier work there,
 //             as cuMemcpyDtoH is), event[i % 2] recorded
-//   then:     wait for event[(i - 1) % 2], memcpy chunk i - 1 into `host`
-// so chunk i's buffer was emptied (chunk i - 2 copied out) one step before it is refilled.
-void download_staged(const Driver& driver, unsigned char* host, CUdeviceptr source,
-                     std::size_t bytes) {
+//   then:     wait for event[(i - 1) % 2], hand chunk i - 1 to `take`
+// so chunk i's buffer was emptied (chunk i - 2 taken) one step before it is refilled.
+void DeviceBuffer::download_in_pieces(
+    std::size_t bytes, const std::function<void(const unsigned char*, std::size_t)>& take) const {
+  require(bytes <= bytes_, "download of {} bytes from a {}-byte buffer", bytes, bytes_);
+  if (!bytes) return;
+  const Driver& driver = Driver::get();
+  const CUdeviceptr source = address_;
   PinnedStaging& staging = pinned_staging();
   std::lock_guard lock(staging.mutex);
   for (void*& chunk : staging.chunks)
@@ -98,21 +101,23 @@ void download_staged(const Driver& driver, unsigned char* host, CUdeviceptr sour
     if (i >= 1) {
       const std::size_t previous = i - 1;
       driver.check(driver.cuEventSynchronize(events.done[previous % 2]), "cuEventSynchronize");
-      std::memcpy(host + previous * kStagingChunk, staging.chunks[previous % 2], piece(previous));
+      take(static_cast<const unsigned char*>(staging.chunks[previous % 2]), piece(previous));
     }
   }
 }
 
-}  // namespace
-
 void DeviceBuffer::download(void* host, std::size_t bytes) const {
   require(bytes <= bytes_, "download of {} bytes from a {}-byte buffer", bytes, bytes_);
   if (!bytes) return;
-  const Driver& driver = Driver::get();
   if (bytes >= kStagedFrom) {
-    download_staged(driver, static_cast<unsigned char*>(host), address_, bytes);
+    auto* to = static_cast<unsigned char*>(host);
+    download_in_pieces(bytes, [&](const unsigned char* piece, std::size_t size) {
+      std::memcpy(to, piece, size);
+      to += size;
+    });
     return;
   }
+  const Driver& driver = Driver::get();
   driver.check(driver.cuMemcpyDtoH(host, address_, bytes), "cuMemcpyDtoH");
 }
 

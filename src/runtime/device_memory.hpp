@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace qgemm::runtime {
@@ -39,14 +40,33 @@ class DeviceBuffer {
     buffer.upload(host.data(), host.size() * sizeof(T));
     return buffer;
   }
+  // The first `count` elements. A large download (kStagedFrom bytes or more) fills the vector
+  // as the pinned chunks arrive, never zero-filling it first (one pass over its fresh pages).
   template <typename T>
   std::vector<T> to_vector(std::size_t count) const {
-    std::vector<T> host(count);
+    std::vector<T> host;
+    if (count * sizeof(T) >= kStagedFrom) {
+      host.reserve(count);
+      download_in_pieces(count * sizeof(T), [&](const unsigned char* piece, std::size_t bytes) {
+        const T* first = reinterpret_cast<const T*>(piece);  // pieces are whole elements
+        host.insert(host.end(), first, first + bytes / sizeof(T));
+      });
+      return host;
+    }
+    host.resize(count);
     download(host.data(), count * sizeof(T));
     return host;
   }
 
+  // Downloads of this size or more go through two pinned chunks (download_in_pieces).
+  static constexpr std::size_t kStagedFrom = std::size_t{16} << 20;
+
  private:
+  // The first `bytes` in order, in pieces of 8 MiB (the last: the rest), each handed to `take`
+  // while the copy engine fetches the next into pinned memory. Blocking.
+  void download_in_pieces(std::size_t bytes,
+                          const std::function<void(const unsigned char*, std::size_t)>& take) const;
+
   CUdeviceptr address_ = 0;
   std::size_t bytes_ = 0;
 };

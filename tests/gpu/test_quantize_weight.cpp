@@ -253,8 +253,9 @@ TEST(QuantizeWeightGpu, BadInputIsNamed) {
 
 // A GEMM on the weight prepared from the device is the GEMM on the same weight prepared from
 // the host's packing, bit for bit (same layouts, same kernels); NaN-poisoned outputs.
-// Downloads of 16 MiB or more go through pinned chunks of 8 MiB (DeviceBuffer::download): every
-// byte arrives, the partial last chunk too, and a smaller download takes the direct path.
+// Downloads of 16 MiB or more go through pinned chunks of 8 MiB (DeviceBuffer::download, and
+// to_vector, which fills its vector chunk by chunk): every byte arrives, the partial last chunk
+// too, and a smaller download takes the direct path.
 TEST(QuantizeWeightGpu, LargeDownloadsArriveWhole) {
   QGEMM_REQUIRE_GPU();
   const std::uint32_t seed = fresh_seed();
@@ -273,6 +274,11 @@ TEST(QuantizeWeightGpu, LargeDownloadsArriveWhole) {
     std::size_t differing = 0;
     for (std::size_t i = 0; i < bytes; ++i) differing += got[i] != sent[i] ? 1 : 0;
     EXPECT_EQ(differing, 0u) << bytes << " bytes (seed " << seed << ")";
+    // As 32-bit words (whole elements per chunk), and as bytes.
+    const std::vector<std::uint32_t> as_words = buffer.to_vector<std::uint32_t>(bytes / 4);
+    ASSERT_EQ(as_words.size(), bytes / 4);
+    EXPECT_EQ(std::memcmp(as_words.data(), sent.data(), bytes / 4 * 4), 0) << bytes;
+    EXPECT_EQ(buffer.to_vector<std::uint8_t>(bytes), sent) << bytes << " bytes as a vector";
   }
 }
 
