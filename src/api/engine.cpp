@@ -264,19 +264,16 @@ QuantWeight Engine::Impl::prepare_canonical(const PackedWeight& weight,
       // cuBLASLt's weight scales, from the scales on the host. A weight quantized on the
       // device left them there (few: one per channel or 128 x 128 block) and has no host codes,
       // so its metadata is copied to take them; a host weight's (codes and all) is not.
-      auto cublaslt_scales = [&](const PackedWeight& with_scales) {
-        return runtime::fp8_weight_scales(with_scales, *facts.fp8_weight_mode);
-      };
-      std::vector<float> scales;
-      if (!weight.scales.empty()) {
-        scales = cublaslt_scales(weight);
-      } else {
-        PackedWeight meta = weight;
+      const PackedWeight* with_scales = &weight;
+      PackedWeight meta;
+      if (weight.scales.empty()) {
+        meta = weight;
         meta.scales =
             prepared->canonical_scales.to_vector<std::uint8_t>(prepared->canonical_scales.bytes());
-        scales = cublaslt_scales(meta);
+        with_scales = &meta;
       }
-      prepared->fp8_scales = runtime::DeviceBuffer::from(scales);
+      prepared->fp8_scales = runtime::DeviceBuffer::from(
+          runtime::fp8_weight_scales(*with_scales, *facts.fp8_weight_mode));
     }
   }
   prepared->facts = std::move(facts);
