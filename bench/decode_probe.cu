@@ -30,7 +30,7 @@ struct Probe {
   static constexpr int kShared = Gemm::Shape::kSharedBytes;
   static constexpr auto kernel =
       dense_decode_sm80<1, 4, kStageBlocks, kStages, kInt4, kZeroConstant, 128, 0, kOutBf16, true,
-                        kDequantInt16, kMinBlocks, false, 0, 128, kShared>;
+                        kDequantInt16, kMinBlocks, false, 0, 0, 128, kShared>;
 };
 
 struct Buffers {

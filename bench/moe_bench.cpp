@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
               "layer_us", "gate_up", "up_gemm", "down_gemm", "TFLOPS", "TB/s", "gate_up kernel");
   const Layer* built_layer = nullptr;
   std::string built_scheme;
-  // The layer's experts, and (a scheme with quantized activations) the same prepared for the
-  // 16-bit rows the grouped GEMMs timed alone take.
+  // The layer's experts, and the same prepared for the grouped GEMMs timed alone (plain, for
+  // the 16-bit rows they take).
   qgemm::QuantWeight gate_up, down, gate_up_rows, down_rows_weight;
   double up_expert_bytes = 0;
   for (const Case& c : cases) {
@@ -215,13 +215,15 @@ int main(int argc, char** argv) {
       if (built_layer != &L || built_scheme != c.scheme) {
         const auto up_experts = random_experts(scheme, L.experts, 2 * L.inter, L.hidden, rng);
         const auto down_experts = random_experts(scheme, L.experts, L.hidden, L.inter, rng);
-        gate_up = engine.prepare_experts(up_experts, scheme.activation, expert_layout);
+        // The layer's gate_up set for the fused GLU (QGEMM_FUSED_GLU=0: the separate pass);
+        // the GEMM timed alone writes gate_up's rows, so it takes a plain set.
+        gate_up = engine.prepare_experts(up_experts, scheme.activation, expert_layout,
+                                         qgemm::ExpertRole::GateUp);
         down = engine.prepare_experts(down_experts, scheme.activation, expert_layout);
-        gate_up_rows = gate_up, down_rows_weight = down;
-        if (scheme.activation.is_quantized()) {
-          gate_up_rows = engine.prepare_experts(up_experts, {}, expert_layout);
+        gate_up_rows = engine.prepare_experts(up_experts, {}, expert_layout);
+        down_rows_weight = down;
+        if (scheme.activation.is_quantized())
           down_rows_weight = engine.prepare_experts(down_experts, {}, expert_layout);
-        }
         const qgemm::PackedWeight& one = up_experts.front();
         up_expert_bytes = static_cast<double>(one.codes.size() + one.scales.size() + one.zeros.size());
         built_layer = &L;

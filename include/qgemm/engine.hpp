@@ -73,6 +73,9 @@ class QuantWeight {
   std::size_t device_bytes() const;  // the prepared weight's device memory
   // Expert weights (Engine::prepare_experts): how many; n() and k() are one expert's. 0: dense.
   int experts() const;
+  // An expert set's role as prepared: GateUp when its rows are interleaved for Engine::moe's
+  // fused GLU (not when QGEMM_FUSED_GLU=0 prepared it as Plain).
+  ExpertRole role() const;
   explicit operator bool() const { return impl_ != nullptr; }
 
  private:
@@ -194,10 +197,11 @@ class Engine {
   // activation quantization, which Engine::moe applies to the hidden states (16-bit: none).
   // The experts keep ONE layout (their bytes once, never two copies), chosen by `layout`
   // (ExpertLayout, qgemm/moe.hpp): by default the wgmma order on SM90 and the mma layout on
-  // SM80-SM89.
+  // SM80-SM89. `role` (ExpertRole): GateUp prepares a gate_up set for Engine::moe's fused GLU.
   QuantWeight prepare_experts(const std::vector<PackedWeight>& experts,
                               const ActivationQuant& activation = {},
-                              ExpertLayout layout = ExpertLayout::Auto);
+                              ExpertLayout layout = ExpertLayout::Auto,
+                              ExpertRole role = ExpertRole::Plain);
   // The same from expert weights in device memory (each [N, K], bf16, fp16 or fp32, one
   // shape), quantized on this GPU as quantize_and_prepare_weight does: their canonical packed
   // forms downloaded (one per expert), and the set prepared from the same device arrays.
@@ -209,6 +213,7 @@ class Engine {
                                                 const WeightQuant& quant,
                                                 const ActivationQuant& activation = {},
                                                 ExpertLayout layout = ExpertLayout::Auto,
+                                                ExpertRole role = ExpertRole::Plain,
                                                 void* stream = nullptr);
 
   // The grouped GEMM alone, for engines that route themselves:

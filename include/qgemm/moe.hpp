@@ -112,6 +112,17 @@ const char* glu_kind_name(GluKind kind);  // "silu", "gelu", "clamped-swiglu"
 enum class ExpertLayout { Auto, Wgmma, Mma };
 const char* expert_layout_name(ExpertLayout layout);  // "auto", "wgmma", "mma"
 
+// What an expert set is for (Engine::prepare_experts).
+//   Plain   any grouped GEMM: moe_gemm, moe_gemm_grouped, Engine::moe (with its GLU as a pass
+//           of its own between the two GEMMs)
+//   GateUp  the gate_up projection of Engine::moe (N = 2·I: gate rows, then up rows), kept with
+//           gate and up rows interleaved so that the grouped GEMM applies the GLU in its
+//           epilogue and writes the activation rows [rows, I] directly: one launch and a round
+//           trip of the [rows, 2·I] rows less. Such a set serves Engine::moe only.
+//           QGEMM_FUSED_GLU=0 prepares it as Plain (the separate pass), for comparisons.
+enum class ExpertRole { Plain, GateUp };
+const char* expert_role_name(ExpertRole role);  // "plain", "gate_up"
+
 // Options of Engine::moe (a whole routed expert layer).
 struct MoeOptions {
   GluActivation activation;

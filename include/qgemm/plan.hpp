@@ -18,9 +18,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "qgemm/moe.hpp"
 #include "qgemm/scheme.hpp"
 
 namespace qgemm {
@@ -56,6 +58,9 @@ struct GemmProblem {
   // caller routes with it (GemmPlan::Choice::route_block). 0 experts: a dense GEMM.
   int experts = 0;
   int route_block = 0;
+  // Engine::moe's gate_up GEMM over a set prepared with ExpertRole::GateUp: the GLU applied in
+  // the GEMM's epilogue, which writes C [M, N / 2] (16-bit). Engine::moe sets it.
+  std::optional<GluKind> glu;
 
   std::int64_t max_rows() const { return m_max > m ? m_max : m; }
 };

@@ -35,9 +35,18 @@ struct DenseGemmParams {
     const int* routed_total;  // grouped
   };
   long long lda, ldc;
-  int m, n, k;
+  // The grouped decode kernel with a fused clamped SwiGLU (kGlu) takes the GLU's limit and alpha
+  // in two fields it has no other use for (its blocks are kRows rows, its K one tile range).
+  union {
+    int m;
+    float glu_limit;
+  };
+  int n, k;
   int n_padded, k_blocks, groups;
-  int k_tiles;  // ceil(k_blocks · 16 / BK)
+  union {
+    int k_tiles;  // ceil(k_blocks · 16 / BK)
+    float glu_alpha;
+  };
   union {
     int tiles_per_split;   // tiled kernel
     int blocks_per_route;  // grouped decode kernel

@@ -18,6 +18,13 @@ __device__ __forceinline__ unsigned short to_output_half(float v) {
   return kOutput == kOutBf16 ? ptx::float_to_bf16_bits(v) : ptx::float_to_fp16_bits(v);
 }
 
+// v rounded to the 16-bit output type and back (what a reader of C would see).
+template <int kOutput>
+__device__ __forceinline__ float rounded_to_half(float v) {
+  return kOutput == kOutBf16 ? ptx::bf16_bits_to_float(ptx::float_to_bf16_bits(v))
+                             : ptx::fp16_bits_to_float(ptx::float_to_fp16_bits(v));
+}
+
 // (The SM90 wgmma kernel applies the same bias and row factors in its staged epilogue,
 // gemm/sm90_wgmma.cuh, with the loads hoisted out of its per-token loop.)
 template <int kOutput>

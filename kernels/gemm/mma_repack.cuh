@@ -13,6 +13,10 @@
 //
 // Reads are gathered (a lane touches 8 rows), but the 4 lanes of a row read the same 2-4
 // bytes, so a warp reads 8 short row segments per k16 block: L1 absorbs the reuse.
+//
+// A gate_up weight prepared for a fused GLU (a.glu_inter = I) reads each prepared row's codes
+// and scales from its source row (glu_source_row), so block-scaled weights (a cell of 128 rows)
+// keep their cells.
 #pragma once
 
 #include "gemm/mma_repack_args.cuh"
@@ -39,7 +43,8 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   using Layout = typename FragmentOrderLayout<kOrder>::Layout;
   const long long units = a.k_blocks * 16 / Layout::kUnitK;
   const long long lanes = a.n_padded / 64 * a.k_blocks * 32;
-  const long long total = lanes + static_cast<long long>(a.groups) * a.n;
+  const long long scale_rows = repack_scale_rows(a);
+  const long long total = lanes + static_cast<long long>(a.groups) * scale_rows;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   bool inexact_bf16 = false, inexact_fp16 = false;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
@@ -54,10 +59,11 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       for (int w = 0; w < kBits; ++w) words[w] = 0u;
 #pragma unroll
       for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
-        const long long n = slice * 64 + Layout::n_of(thread, c);
+        const long long row = slice * 64 + Layout::n_of(thread, c);
+        const long long n = a.glu_inter > 0 ? glu_source_row(row, a.glu_inter) : row;
         const long long k = unit * Layout::kUnitK + Layout::k_of(thread, c);
         unsigned code = 0;  // padding: code 0, a finite value of every format
-        if (n < a.n && k < a.k)
+        if (n >= 0 && n < a.n && k < a.k)
           code = read_packed_code<kBits>(a.codes + n * a.row_bytes, a.row_bytes, k) ^ kSignFlip;
         const int word = MmaWeightLayout::code_word(c, kBits);
         const int first = MmaWeightLayout::code_bits_in_first_word(c, kBits);
@@ -68,12 +74,14 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       for (int w = 0; w < kBits; ++w) a.words[index * kBits + w] = words[w];
     } else {
       const long long s = index - lanes;
-      const int group = static_cast<int>(s / a.n);
-      const long long n = s % a.n;
+      const int group = static_cast<int>(s / scale_rows);
+      const long long row = s % scale_rows;
+      const long long n = a.glu_inter > 0 ? glu_source_row(row, a.glu_inter) : row;
+      if (n < 0) continue;  // GLU padding: its scale stays 0
       const long long k0 = static_cast<long long>(group) * a.group_size;
       const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;
       const long long at =
-          static_cast<long long>(group) * a.n_padded + Layout::scale_column(n);
+          static_cast<long long>(group) * a.n_padded + Layout::scale_column(row);
       const float scale = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
       a.scales_out[at] = scale;
       inexact_bf16 |= !packed16_scale_exact(scale, kPacked16Bf16, kBits);

@@ -70,6 +70,7 @@
 #include "gemm/mma_weight_layout.cuh"
 #include "gemm/sm80_decode_shape.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
+#include "moe/glu.cuh"
 #include "moe/routing_args.cuh"  // the in-place row-block table
 #include "ptx/async_copy.cuh"
 #include "ptx/convert.cuh"
@@ -110,9 +111,11 @@ struct DecodeBlockWork {
 
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, bool kBf16, int kOutput, bool kSplitK, int kDequant,
-          bool kGrouped = false, bool kWgmmaOrder = false>
+          bool kGrouped = false, bool kWgmmaOrder = false, int kGlu = 0>
 struct DecodeGemm {
   static_assert(!(kGrouped && kSplitK), "the grouped decode GEMM takes one K split");
+  static_assert(kGlu == 0 || (kGrouped && kOutput != kOutFp32),
+                "a fused GLU is the grouped gate_up GEMM's, with 16-bit rows out");
   using Order = typename FragmentOrderLayout<kWgmmaOrder ? 1 : 0>::Layout;
   static constexpr int kReadBlocks = Order::kDecodeReadBlocks;
   static_assert(kStageBlocks % kReadBlocks == 0, "a stage holds whole reads of the weight order");
@@ -598,6 +601,30 @@ struct DecodeGemm {
             p.bias +
             static_cast<long long>(__ldg(p.block_experts + blockIdx.y / p.blocks_per_route)) * p.n;
       const int g = lane / 4, t = lane % 4;
+      if constexpr (kGlu != 0) {
+        // A gate_up weight interleaved for the GLU (kernels::glu_source_row): acc[q][bt][e] and
+        // acc[q][bt][e + 2] are gate j and up j, j = 32 · slice + 8q + g, of token row
+        // bt · 8 + 2t + e. Each is rounded to C's type, as the separate GLU pass reads them
+        // (moe/glue.cuh), and h j goes to C's column j (C has I = N / 2 columns; the bias keeps
+        // the gate-then-up order, [experts][N]).
+        const int inter = p.n / 2;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int bt = 0; bt < kBatchTiles; ++bt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int row = bt * 8 + 2 * t + e, j = slice * 32 + 8 * q + g;
+              if (row < rows.begin || row >= rows.end || j >= inter) continue;
+              float gate = acc[q][bt][e] * p.global_scale, up = acc[q][bt][e + 2] * p.global_scale;
+              if (out.bias) gate += out.bias[j], up += out.bias[inter + j];
+              const float h = apply_glu(kGlu - 1, rounded_to_half<kOutput>(gate),
+                                        rounded_to_half<kOutput>(up), p.glu_alpha, p.glu_limit);
+              static_cast<unsigned short*>(p.c)[static_cast<long long>(rows.row0 + row) * p.ldc + j] =
+                  to_output_half<kOutput>(h);
+            }
+        return;
+      }
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
@@ -634,15 +661,17 @@ struct DecodeGemm {
 // Template arguments in the order of the JIT family "dense_decode_sm80" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16; kDequant = UnscaledDequant; kGrouped: the MoE mode (above);
 // kOrder 0 the mma order, 1 the wgmma order (= layout::FragmentOrder, the spec's "order");
-// kThreads and kDynamicSmemBytes come from the spec, which the dispatcher sizes with the same
-// decode_shape, and must agree.
+// kGlu 0 none, else 1 + MoeGluKind: the grouped gate_up GEMM with its GLU fused (an
+// interleaved weight); kThreads and kDynamicSmemBytes come from the spec, which the dispatcher
+// sizes with the same decode_shape, and must agree.
 template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long long kFormat,
           int kZeroMode, int kGroup, int kActivation, int kOutput, bool kSplitK, int kDequant,
-          int kMinBlocks, bool kGrouped, int kOrder, int kThreads, int kDynamicSmemBytes>
+          int kMinBlocks, bool kGrouped, int kOrder, int kGlu, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_decode_sm80(const DenseGemmParams params) {
   using Gemm = DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup,
-                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped, kOrder == 1>;
+                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped, kOrder == 1,
+                          kGlu>;
   static_assert(kThreads == Gemm::Shape::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

@@ -81,6 +81,7 @@
 #include "gemm/sm90_wgmma_shape.cuh"
 #include "gemm/wgmma_gemm_params.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
+#include "moe/glu.cuh"
 #include "moe/routing_args.cuh"  // the in-place row-block table
 #include "ptx/bulk_copy.cuh"
 #include "ptx/mma_sync.cuh"  // stmatrix
@@ -117,8 +118,10 @@ struct WgmmaSumOf<true> {
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
           bool kSplitK, int kDequant, bool kGrouped, int kCodes8 = -1,
-          bool kActGroupScales = false>
+          bool kActGroupScales = false, int kGlu = 0>
 struct WgmmaGemm {
+  static_assert(kGlu == 0 || (kGrouped && kOutput != kOutFp32),
+                "a fused GLU is the grouped gate_up GEMM's, with 16-bit rows out");
   static constexpr FormatCode kF = FormatCode::unpack(kFormat);
   static constexpr int kBits = kF.bits;
   static constexpr bool kStoredZeros = kZeroMode == kZeroInteger || kZeroMode == kZeroFloat;
@@ -834,12 +837,20 @@ struct WgmmaGemm {
     //             XOR spreads a matrix's 8 rows over 8 bank groups)
     //   copy      8 threads a token row: chunk c to C[m][64 · tile + 8c ..], 16-byte stores where
     //             the row piece lies inside N and is 16-byte aligned, element stores elsewhere
+    //
+    // With a fused GLU (kGlu: a gate_up weight interleaved by kernels::glu_source_row), rows n0
+    // and n0 + 8 are gate and up of C's column 32 · tile + 8w + g (C has I = N / 2 columns; the
+    // bias keeps the gate-then-up order): each is rounded to C's type, as the separate GLU pass
+    // reads them (moe/glue.cuh), and h takes the gate's place, acc[4j], + 1. One matrix per 8
+    // tokens then, chunk c = w of the staging rows, and 4 threads a token row copy it.
     __device__ void emit(const WgmmaGemmParams& p, int m_block, int tile) {
       const int lane = thread % 32, warp = thread / 32;
       const int n0 = tile * 64 + warp * 16 + lane / 4;
       // The block's token l is C's row rows.first + l, stored where rows.stores says.
       const TokenRows rows = token_rows(p, m_block);
       const int m0 = rows.first + 2 * (lane % 4);
+      constexpr int kTileColumns = kGlu ? 32 : 64, kChunks = kTileColumns / 8;
+      const int columns = kGlu ? p.n / 2 : p.n;  // C's
       float bias[2] = {0.0f, 0.0f};
       if (p.bias) {
         // Grouped: the block's expert's bias (looked up again here rather than kept in a
@@ -847,8 +858,13 @@ struct WgmmaGemm {
         const float* expert_bias = p.bias;
         if constexpr (kGrouped)
           expert_bias += static_cast<long long>(expert_of(p, m_block)) * p.n;
-        if (n0 < p.n) bias[0] = expert_bias[n0];
-        if (n0 + 8 < p.n) bias[1] = expert_bias[n0 + 8];
+        if constexpr (kGlu != 0) {
+          const int j = tile * 32 + warp * 8 + lane / 4;
+          if (j < columns) bias[0] = expert_bias[j], bias[1] = expert_bias[columns + j];
+        } else {
+          if (n0 < p.n) bias[0] = expert_bias[n0];
+          if (n0 + 8 < p.n) bias[1] = expert_bias[n0 + 8];
+        }
       }
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j)
@@ -859,6 +875,15 @@ struct WgmmaGemm {
           if (p.row_factors && rows.stores(m)) v *= p.row_factors[m];
           acc[4 * j + e] = v + bias[e / 2];
         }
+      if constexpr (kGlu != 0) {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            acc[4 * j + e] = apply_glu(kGlu - 1, rounded_to_half<kOutput>(acc[4 * j + e]),
+                                       rounded_to_half<kOutput>(acc[4 * j + 2 + e]),
+                                       p.glu_alpha, p.glu_limit);
+      }
       if constexpr (kOutput == kOutFp32) {
 #pragma unroll
         for (int j = 0; j < kTokens / 8; ++j)
@@ -880,9 +905,20 @@ struct WgmmaGemm {
         for (int s = 0; s < kTokens / kSlice; ++s) {
           if (rows.first + s * kSlice >= rows.end) break;  // the same for the warpgroup
           // Lane L addresses row L % 8 of matrix L / 8: (8 tokens j + (L / 8) / 2, n half
-          // (L / 8) % 2) for x4, (j, L / 8) for x2.
+          // (L / 8) % 2) for x4, (j, L / 8) for x2; with a GLU, 8 tokens j + L / 8 for x2.
           const int r = lane % 8, i = lane / 8;
-          if constexpr (kSlice == 8) {
+          if constexpr (kGlu != 0 && kSlice == 8) {
+            ptx::stmatrix_x1_trans(staging + r * 128 + ((warp ^ r) << 4), pack(acc[0], acc[1]));
+          } else if constexpr (kGlu != 0) {
+#pragma unroll
+            for (int jj = 0; jj < kSlice / 8; jj += 2) {
+              const int j = s * kSlice / 8 + jj;
+              const unsigned frag[2] = {pack(acc[4 * j], acc[4 * j + 1]),
+                                        pack(acc[4 * j + 4], acc[4 * j + 5])};
+              const int row = 8 * (jj + i % 2) + r;
+              ptx::stmatrix_x2_trans(staging + row * 128 + ((warp ^ r) << 4), frag);
+            }
+          } else if constexpr (kSlice == 8) {
             const unsigned frag[2] = {pack(acc[0], acc[1]), pack(acc[2], acc[3])};
             ptx::stmatrix_x2_trans(staging + r * 128 + (((2 * warp + i % 2) ^ r) << 4), frag);
           } else {
@@ -899,19 +935,22 @@ struct WgmmaGemm {
           }
           ptx::named_barrier_sync(1 + warpgroup, 128);
 #pragma unroll
-          for (int at = thread; at < kSlice * 8; at += 128) {
-            const int row = at / 8, c = at % 8;
-            const int m = rows.first + s * kSlice + row, n = tile * 64 + 8 * c;
-            if (rows.stores(m) && n < p.n) {
+          for (int at = thread; at < kSlice * kChunks; at += 128) {
+            const int row = at / kChunks, c = at % kChunks;
+            const int m = rows.first + s * kSlice + row, n = tile * kTileColumns + 8 * c;
+            if (rows.stores(m) && n < columns) {
               const uint4 piece = ptx::load_shared_16(staging + row * 128 + ((c ^ (row % 8)) << 4));
               unsigned short* out =
                   static_cast<unsigned short*>(p.c) + static_cast<long long>(m) * p.ldc + n;
-              if (n + 8 <= p.n && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
+              if (n + 8 <= columns && reinterpret_cast<unsigned long long>(out) % 16 == 0) {
                 *reinterpret_cast<uint4*>(out) = piece;
               } else {
+                // Unrolled: constant indices keep `words` in registers (no stack frame).
                 const unsigned words[4] = {piece.x, piece.y, piece.z, piece.w};
-                for (int e = 0; e < 8 && n + e < p.n; ++e)
-                  out[e] = static_cast<unsigned short>(words[e / 2] >> (16 * (e % 2)));
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                  if (n + e < columns)
+                    out[e] = static_cast<unsigned short>(words[e / 2] >> (16 * (e % 2)));
               }
             }
           }
@@ -969,11 +1008,14 @@ struct WgmmaGemm {
 // Template arguments in the order of the JIT family "wgmma_gemm_sm90" (src/jit/kernel_spec.cpp):
 // kActivation 0 bf16 / 1 fp16 / 2 e4m3 codes (the FP8 tiles, kDequant kWgmmaE4m3) / 3 e4m3 codes
 // with 1x128 group scales (params.act_scales, promoted with the weight's) / 4 int8 codes (the
-// INT8 tiles, kDequant kWgmmaS8); kDequant = WgmmaDequant; kThreads and kDynamicSmemBytes come
-// from the spec, which the dispatcher sizes with the same wgmma_shape, and must agree.
+// INT8 tiles, kDequant kWgmmaS8); kDequant = WgmmaDequant; kGlu 0 none, else 1 + MoeGluKind:
+// the grouped gate_up GEMM with its GLU fused (an interleaved weight); kThreads and
+// kDynamicSmemBytes come from the spec, which the dispatcher sizes with the same wgmma_shape,
+// and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
-          bool kSplitK, int kDequant, bool kGrouped, int kThreads, int kDynamicSmemBytes>
+          bool kSplitK, int kDequant, bool kGrouped, int kGlu, int kThreads,
+          int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
   using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
@@ -982,7 +1024,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          kActivation == 4   ? kCodes8S8
                          : kActivation >= 2 ? kCodes8E4m3
                                             : -1,
-                         kActivation == 3>;
+                         kActivation == 3, kGlu>;
   static_assert(kThreads == Gemm::kShape.threads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::kShape.shared_bytes,
                 "spec shared memory differs from the kernel's shape");

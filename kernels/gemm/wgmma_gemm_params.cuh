@@ -33,6 +33,7 @@ struct WgmmaGemmParams {
   int n_padded, n_tiles, k_chunks, groups;
   int n_blocks, m_blocks, splits, chunks_per_split;
   float global_scale;
+  float glu_alpha, glu_limit;  // a fused clamped SwiGLU's (grouped, kGlu)
   // Grouped (MoE) GEMM over the indexed layout (include/qgemm/moe.hpp), null: dense. A's rows
   // are the routed rows in expert order; the units cover the token blocks below the routed
   // total (*routed_total, read on the device; m_blocks covers the capacity); token block b lies

@@ -5,6 +5,7 @@
 // rows allow), and reads every size it needs from the device (graph-capturable).
 #pragma once
 
+#include "moe/glu.cuh"
 #include "moe/glue_args.cuh"
 #include "ptx/convert.cuh"
 
@@ -86,18 +87,9 @@ __device__ void moe_glu(const MoeGlueArgs& args) {
   const long long total = args.offsets[args.local_experts];
   for (long long p = blockIdx.x; p < total; p += gridDim.x)
     for (long long c = threadIdx.x; c < args.columns; c += kThreads) {
-      float gate = moe_load<kRows>(args.rows, p * args.ld_rows + c);
-      float up = moe_load<kRows>(args.rows, p * args.ld_rows + args.columns + c);
-      float h;
-      if (args.glu_kind == kGluSilu) {
-        h = gate / (1.0f + __expf(-gate)) * up;
-      } else if (args.glu_kind == kGluGelu) {
-        h = 0.5f * gate * (1.0f + erff(gate * 0.70710678118654752f)) * up;
-      } else {
-        gate = fminf(gate, args.glu_limit);
-        up = fminf(fmaxf(up, -args.glu_limit), args.glu_limit);
-        h = gate / (1.0f + __expf(-args.glu_alpha * gate)) * (up + 1.0f);
-      }
+      const float gate = moe_load<kRows>(args.rows, p * args.ld_rows + c);
+      const float up = moe_load<kRows>(args.rows, p * args.ld_rows + args.columns + c);
+      const float h = apply_glu(args.glu_kind, gate, up, args.glu_alpha, args.glu_limit);
       moe_store<kOut>(args.rows_out, p * args.ld_output + c, h);
     }
 }

@@ -60,6 +60,12 @@ __device__ __forceinline__ void stmatrix_x2_trans(unsigned shared_address,
                "r"(r[0]), "r"(r[1])
                : "memory");
 }
+__device__ __forceinline__ void stmatrix_x1_trans(unsigned shared_address, unsigned r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" ::"r"(
+                   shared_address),
+               "r"(r)
+               : "memory");
+}
 
 // 16 bytes of shared memory (a staged row piece read back).
 __device__ __forceinline__ uint4 load_shared_16(unsigned shared_address) {

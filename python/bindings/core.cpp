@@ -120,6 +120,12 @@ qgemm::ExpertLayout expert_layout_of(const std::string& layout, const char* func
   return qgemm::ExpertLayout::Auto;
 }
 
+qgemm::ExpertRole expert_role_of(const std::string& role, const char* function) {
+  if (role == "gate_up") return qgemm::ExpertRole::GateUp;
+  qgemm::require(role == "plain", "{}: role = '{}' (rule: plain or gate_up)", function, role);
+  return qgemm::ExpertRole::Plain;
+}
+
 // A CUDA array as the epilogue's bias: fp32, contiguous, n values, on `device`.
 const float* device_bias(const CudaArray& t, std::int64_t n, int device) {
   qgemm::require(t.ndim() == 1 && static_cast<std::int64_t>(t.shape(0)) == n,
@@ -325,36 +331,44 @@ NB_MODULE(_core, m) {
       .def_prop_ro("n", &qgemm::QuantWeight::n)
       .def_prop_ro("k", &qgemm::QuantWeight::k)
       .def_prop_ro("device_bytes", &qgemm::QuantWeight::device_bytes)
-      .def_prop_ro("experts", &qgemm::QuantWeight::experts);
+      .def_prop_ro("experts", &qgemm::QuantWeight::experts)
+      .def_prop_ro(
+          "role",
+          [](const qgemm::QuantWeight& w) { return qgemm::expert_role_name(w.role()); },
+          "'gate_up' for an expert set interleaved for Engine.moe's fused GLU, else 'plain'.");
 
   nb::class_<qgemm::Engine>(m, "Engine", "One per GPU: prepares weights and runs GEMMs.")
       .def(nb::init<int>(), nb::arg("device") = 0)
       .def(
           "prepare_experts",
           [](qgemm::Engine& e, const std::vector<qgemm::PackedWeight>& experts,
-             const qgemm::Scheme& scheme, const std::string& layout) {
+             const qgemm::Scheme& scheme, const std::string& layout, const std::string& role) {
             qgemm::require(!experts.empty(), "Engine.prepare_experts: no experts");
             for (const qgemm::PackedWeight& w : experts)
               require_weight_of(scheme, w, "Engine.prepare_experts");
             const qgemm::ExpertLayout expert_layout =
                 expert_layout_of(layout, "Engine.prepare_experts");
+            const qgemm::ExpertRole expert_role = expert_role_of(role, "Engine.prepare_experts");
             nb::gil_scoped_release release;
-            return e.prepare_experts(experts, scheme.activation, expert_layout);
+            return e.prepare_experts(experts, scheme.activation, expert_layout, expert_role);
           },
           nb::arg("experts"), nb::arg("scheme"), nb::arg("layout") = "auto",
+          nb::arg("role") = "plain",
           "Uploads E packed weights of one shape as one expert weight (the grouped GEMM's), in "
           "one layout: 'auto' (the wgmma order on SM90, the mma layout on SM80-SM89), 'wgmma' or "
           "'mma' (the grouped decode kernel: faster at decode, one weight pass per 16 rows an "
-          "expert beyond it).")
+          "expert beyond it). role 'gate_up': a gate_up set (gate rows, then up rows) kept "
+          "interleaved for Engine.moe's fused GLU (it then serves Engine.moe only).")
       .def(
           "quantize_and_prepare_experts",
           [](qgemm::Engine& e, const CudaArray& experts, const qgemm::Scheme& scheme,
-             const std::string& layout, std::uintptr_t stream) {
+             const std::string& layout, const std::string& role, std::uintptr_t stream) {
             constexpr const char* kFunction = "Engine.quantize_and_prepare_experts";
             qgemm::require(experts.ndim() == 3 && experts.shape(0) >= 1,
                            "{}: experts must be 3-D [E, N, K] with E >= 1 ({} dimensions given)",
                            kFunction, experts.ndim());
             const qgemm::ExpertLayout expert_layout = expert_layout_of(layout, kFunction);
+            const qgemm::ExpertRole expert_role = expert_role_of(role, kFunction);
             qgemm::require(experts.stride(2) == 1 || experts.shape(2) == 1,
                            "{}: experts must have unit column stride (stride {} given)",
                            kFunction, experts.stride(2));
@@ -374,12 +388,12 @@ NB_MODULE(_core, m) {
                                      one.dtype.storage_bytes();
             nb::gil_scoped_release release;
             qgemm::Engine::QuantizedExperts both = e.quantize_and_prepare_experts(
-                matrices, scheme.weight, scheme.activation, expert_layout,
+                matrices, scheme.weight, scheme.activation, expert_layout, expert_role,
                 reinterpret_cast<void*>(stream));
             return std::make_pair(std::move(both.packed), std::move(both.prepared));
           },
           nb::arg("experts"), nb::arg("scheme"), nb::arg("layout") = "auto",
-          nb::arg("stream") = 0,
+          nb::arg("role") = "plain", nb::arg("stream") = 0,
           "Expert weights on this GPU (a CUDA array [E, N, K], bf16, fp16 or fp32) quantized "
           "there: ([PackedWeight] * E, QuantWeight), what quantize_weight per expert and "
           "prepare_experts give, without quantizing twice or uploading back.")

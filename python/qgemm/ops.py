@@ -395,7 +395,8 @@ class _ExpertsEntry(_PerDevice):
         self.scheme = scheme
 
     def _prepare(self, e: Engine) -> tuple[QuantWeight, QuantWeight]:
-        return (e.prepare_experts(self.gate_up, self.scheme),
+        # gate_up in the interleaved rows of the fused GLU (it serves Engine.moe only).
+        return (e.prepare_experts(self.gate_up, self.scheme, role="gate_up"),
                 e.prepare_experts(self.down, self.scheme))
 
 
@@ -447,9 +448,9 @@ def quantize_and_register_experts(gate_up: torch.Tensor, down: torch.Tensor,
         stream = torch.cuda.current_stream(device).cuda_stream
         e = engine(device)
         gate_up_packed, gate_up_prepared = e.quantize_and_prepare_experts(
-            gate_up.detach(), scheme, "auto", stream)
+            gate_up.detach(), scheme, "auto", "gate_up", stream)
         down_packed, down_prepared = e.quantize_and_prepare_experts(
-            down.detach(), scheme, "auto", stream)
+            down.detach(), scheme, "auto", "plain", stream)
     registered = RegisteredExperts(gate_up_packed, down_packed, scheme)
     registered._entry.prepared[device] = (gate_up_prepared, down_prepared)
     return registered

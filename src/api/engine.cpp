@@ -61,6 +61,9 @@ const WeightQuant& QuantWeight::quant() const { return impl_->quant; }
 const ActivationQuant& QuantWeight::activation() const { return impl_->activation; }
 std::size_t QuantWeight::device_bytes() const { return impl_->bytes(); }
 int QuantWeight::experts() const { return impl_->experts; }
+ExpertRole QuantWeight::role() const {
+  return impl_->glu_inter > 0 ? ExpertRole::GateUp : ExpertRole::Plain;
+}
 
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output) {
@@ -386,6 +389,15 @@ void check_problem_against(const GemmProblem& p, const detail::PreparedWeight& w
                 fmt::format("gemm problem: the scheme's weight quantization differs from the "
                             "prepared weight's ({})",
                             to_string(Scheme{"", w.quant, {}, formats::bf16})));
+  if (p.glu.has_value() != (w.glu_inter > 0))
+    throw Error(ErrorCode::InvalidArgument,
+                w.glu_inter > 0
+                    ? "gemm problem: the experts were prepared with role gate_up (gate and up "
+                      "rows interleaved for Engine::moe's fused GLU) and serve Engine::moe only "
+                      "(rule: prepare_experts with ExpertRole::Plain for moe_gemm and "
+                      "moe_gemm_grouped)"
+                    : "gemm problem: glu is set, but the experts were not prepared with role "
+                      "gate_up (rule: a fused GLU needs gate and up rows interleaved)");
 }
 
 }  // namespace
@@ -601,7 +613,10 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
                   fmt::format("gemm run: A's tensor_scale = {} (rule: positive and finite)",
                               codes->tensor_scale));
   }
-  check_matrix(c, "C", m, p.n);
+  check_matrix(c, "C", m, p.glu ? p.n / 2 : p.n);  // a fused GLU's C: I = N / 2 columns
+  if (p.glu && !grouped)
+    throw Error(ErrorCode::InvalidArgument,
+                "gemm run: the plan fuses a GLU (rule: Engine::moe runs such plans)");
   if (!(c.dtype == p.scheme.output))
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm run: C is {}, the plan writes {}", c.dtype.name(),
@@ -756,6 +771,10 @@ void Engine::Impl::run_in(const detail::PlanData& plan, const detail::PreparedWe
     params.routed_total = grouped->routed_total;
     params.row_blocks = grouped->row_blocks;
     params.blocks_per_route = grouped->route_block / launch.rows;
+    if (p.glu) {  // in fields the grouped kernel has no other use for (dense_gemm_params.cuh)
+      params.glu_alpha = grouped->glu.alpha;
+      params.glu_limit = grouped->glu.limit;
+    }
     grid_y = launch.grid_y(*chosen.config, grouped->positions);
     if (grouped->positions % launch.rows != 0 || grouped->route_block % launch.rows != 0 ||
         grid_y > 65535)
@@ -917,6 +936,8 @@ void Engine::Impl::run_wgmma(const detail::PlanStep& step, const detail::Prepare
     params.routed_total = grouped->routed_total;
     params.row_blocks = grouped->row_blocks;
     params.blocks_per_route = grouped->route_block / config.block_m();
+    params.glu_alpha = grouped->glu.alpha;
+    params.glu_limit = grouped->glu.limit;
   }
   params.splits = planned.splits;
   params.chunks_per_split = planned.chunks_per_split;

@@ -64,6 +64,9 @@ struct PreparedWeight {
   // Expert weights (Engine::prepare_experts): `experts` wgmma orders back to back (the kernel
   // finds expert e's tiles from e · n_tiles and its scale rows from e · groups); 0: dense.
   int experts = 0;
+  // A gate_up expert set interleaved for Engine::moe's fused GLU (ExpertRole::GateUp): I, half
+  // its N (the repack's kernels::glu_source_row order); 0: rows where they are.
+  std::int64_t glu_inter = 0;
 
   // gemm()'s plans, by call shape.
   struct PlanKey {
@@ -250,11 +253,13 @@ struct Engine::Impl {
     double global_scale;
   };
   // prepare_experts' body: `count` experts of `first`'s quantization and shape, expert e
-  // repacked by `repack_expert(e, order)` (in order, one at a time), into one set.
-  QuantWeight prepare_expert_set(
-      const PackedWeight& first, std::size_t count, const ActivationQuant& activation,
-      ExpertLayout layout,
-      const std::function<RepackedExpert(std::size_t, layout::FragmentOrder)>& repack_expert);
+  // repacked by `repack_expert(e, order, glu_inter)` (in order, one at a time; glu_inter: the
+  // repack's, PreparedWeight::glu_inter), into one set.
+  using RepackExpert =
+      std::function<RepackedExpert(std::size_t, layout::FragmentOrder, std::int64_t)>;
+  QuantWeight prepare_expert_set(const PackedWeight& first, std::size_t count,
+                                 const ActivationQuant& activation, ExpertLayout layout,
+                                 ExpertRole role, const RepackExpert& repack_expert);
 
   // A new prepared weight of this engine with `like`'s quantization, shape and global scale
   // (its layouts still to fill).

@@ -52,6 +52,13 @@ bool grouped_in_place_allowed() {
   return !(value && std::string_view(value) == "0");
 }
 
+// QGEMM_FUSED_GLU=0 (read when a set is prepared) prepares gate_up sets (ExpertRole::GateUp)
+// as plain ones: Engine::moe then runs the GLU as a pass of its own (the A/B of the fusion).
+bool fused_glu_enabled() {
+  const char* value = std::getenv("QGEMM_FUSED_GLU");
+  return !(value && std::string_view(value) == "0");
+}
+
 // Why moe_gemm_grouped cannot read the caller's rows and write its output in place (null: it
 // can), the kernels reading and writing them through a table of token blocks (no gather, no
 // put-back). It needs rows TMA and 16-byte copies can read, an output that does not overlap
@@ -118,8 +125,13 @@ const char* expert_layout_name(ExpertLayout layout) {
   return "?";
 }
 
+const char* expert_role_name(ExpertRole role) {
+  return role == ExpertRole::GateUp ? "gate_up" : "plain";
+}
+
 QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
-                                    const ActivationQuant& activation, ExpertLayout layout) {
+                                    const ActivationQuant& activation, ExpertLayout layout,
+                                    ExpertRole role) {
   impl_->make_current();
   require(!experts.empty() && experts.size() <= 4096,
           "prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
@@ -134,16 +146,17 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
             to_string(Scheme{"", first.quant, {}, formats::bf16}));
   }
   return impl_->prepare_expert_set(
-      first, experts.size(), activation, layout, [&](std::size_t e, layout::FragmentOrder order) {
+      first, experts.size(), activation, layout, role,
+      [&](std::size_t e, layout::FragmentOrder order, std::int64_t glu_inter) {
         return Impl::RepackedExpert{
-            layout::repack_for_mma_on_device(experts[e], impl_->arch, nullptr, order),
+            layout::repack_for_mma_on_device(experts[e], impl_->arch, nullptr, order, glu_inter),
             experts[e].global_scale};
       });
 }
 
 Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
     const std::vector<DeviceMatrix>& experts, const WeightQuant& quant,
-    const ActivationQuant& activation, ExpertLayout layout, void* stream) {
+    const ActivationQuant& activation, ExpertLayout layout, ExpertRole role, void* stream) {
   impl_->make_current();
   require(!experts.empty() && experts.size() <= 4096,
           "quantize_and_prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
@@ -163,7 +176,8 @@ Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
   // One expert at a time: quantized on the device, its packed form downloaded, repacked from
   // its device arrays (which go before the next expert's come).
   out.prepared = impl_->prepare_expert_set(
-      shape, experts.size(), activation, layout, [&](std::size_t e, layout::FragmentOrder order) {
+      shape, experts.size(), activation, layout, role,
+      [&](std::size_t e, layout::FragmentOrder order, std::int64_t glu_inter) {
         quant_detail::DeviceQuantizedWeight canonical;
         try {
           canonical = quant_detail::quantize_weight_on_device(experts[e], quant, impl_->arch,
@@ -177,16 +191,20 @@ Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
         const layout::CanonicalOnDevice source{
             canonical.codes.address(), canonical.scales.address(), canonical.zeros.address()};
         return Impl::RepackedExpert{
-            layout::repack_for_mma_on_device(packed, source, impl_->arch, nullptr, order),
+            layout::repack_for_mma_on_device(packed, source, impl_->arch, nullptr, order,
+                                             glu_inter),
             packed.global_scale};
       });
   return out;
 }
 
-QuantWeight Engine::Impl::prepare_expert_set(
-    const PackedWeight& first, std::size_t count, const ActivationQuant& activation,
-    ExpertLayout layout,
-    const std::function<RepackedExpert(std::size_t, layout::FragmentOrder)>& repack_expert) {
+QuantWeight Engine::Impl::prepare_expert_set(const PackedWeight& first, std::size_t count,
+                                             const ActivationQuant& activation,
+                                             ExpertLayout layout, ExpertRole role,
+                                             const RepackExpert& repack_expert) {
+  require(role == ExpertRole::Plain || first.n % 2 == 0,
+          "prepare_experts: role = gate_up with N = {} (rule: an even N, gate rows then up rows)",
+          first.n);
   if (activation.is_quantized()) {
     // Engine::moe quantizes the hidden states so, then runs the 16-bit grouped GEMMs on them.
     const Scheme quantized{"", first.quant, activation, formats::bf16};
@@ -216,11 +234,18 @@ QuantWeight Engine::Impl::prepare_expert_set(
                                     : "the wgmma family runs on sm_90a only"));
   const layout::FragmentOrder order =
       use_wgmma ? layout::FragmentOrder::Wgmma : layout::FragmentOrder::Mma;
+  // A gate_up set for the fused GLU: its rows interleaved by the repack.
+  const bool fuse_glu = role == ExpertRole::GateUp && fused_glu_enabled();
+  if (role == ExpertRole::GateUp && !fuse_glu)
+    log(LogLevel::Info, "prepare_experts: role gate_up prepared as plain (QGEMM_FUSED_GLU=0): "
+                        "Engine::moe runs its GLU as a pass of its own");
+  const std::int64_t glu_inter = fuse_glu ? first.n / 2 : 0;
 
   // Each expert into the layout on the device, then copied there into one buffer per array
   // with the experts back to back (the repacked sizes are equal: one shape and quantization).
   auto prepared = new_prepared(first);
   prepared->experts = static_cast<int>(count);
+  prepared->glu_inter = glu_inter;
   prepared->activation = activation.is_quantized() ? activation : ActivationQuant{};
   // The whole weight's words and scale rows are addressed in 32-bit tile (slice) and row counts.
   require(static_cast<double>(count) * static_cast<double>(first.n + 64) < 2147483647.0 / 64,
@@ -235,7 +260,7 @@ QuantWeight Engine::Impl::prepare_expert_set(
   bool scales_refolded = false;
   double global_scale = first.global_scale;  // expert 0's, which the kernels multiply by
   for (std::size_t e = 0; e < count; ++e) {
-    RepackedExpert expert = repack_expert(e, order);
+    RepackedExpert expert = repack_expert(e, order, glu_inter);
     layout::MmaDeviceWeight& device = expert.device;
     if (e == 0) global_scale = expert.global_scale;
     // The scale-exactness flags must hold for every expert (packed16 relies on them).
@@ -304,8 +329,9 @@ QuantWeight Engine::Impl::prepare_expert_set(
       std::move(facts), order, meta_of_one,
       use_wgmma ? "expert weights keep the wgmma order only (ExpertLayout::Wgmma)"
                 : "expert weights keep the mma layout only (ExpertLayout::Mma)");
-  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}, {} bytes", count, first.n, first.k,
-      first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout", prepared->bytes());
+  log(LogLevel::Info, "prepare_experts {} x {}x{} {}: {}{}, {} bytes", count, first.n, first.k,
+      first.quant.format.name(), use_wgmma ? "wgmma order" : "mma layout",
+      fuse_glu ? ", gate and up rows interleaved for the fused GLU" : "", prepared->bytes());
   QuantWeight out;
   out.impl_ = std::move(prepared);
   return out;
@@ -564,9 +590,13 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
 
   // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
   // they depend on). The gate_up plan picks the routing block; the down plan is made for it.
-  const std::string key_text = fmt::format("moe {} {} {} {} {} '{}'", slots, hidden.dtype.name(),
-                                           down_w.id, options.gate_up_bias != nullptr,
-                                           options.down_bias != nullptr, options.gemm_candidate);
+  // A gate_up set prepared for the fused GLU (ExpertRole::GateUp): its GEMM writes the
+  // activation rows [capacity, I] itself, with the GLU kind in its plan (and so in the key).
+  const bool fused_glu = up_w.glu_inter > 0;
+  const std::string key_text = fmt::format(
+      "moe {} {} {} {} {} '{}' {}", slots, hidden.dtype.name(), down_w.id,
+      options.gate_up_bias != nullptr, options.down_bias != nullptr, options.gemm_candidate,
+      fused_glu ? glu_kind_name(options.activation.kind) : "unfused");
   // The tuning table's generation too: a table loaded later re-plans the layer, as dense calls.
   detail::PreparedWeight::PlanKey key{
       slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
@@ -575,6 +605,7 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const GemmPlan up_plan = up_w.plan_for(key, [&] {
     GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
     problem.bias = options.gate_up_bias != nullptr;
+    if (fused_glu) problem.glu = options.activation.kind;
     problem.candidate = options.gemm_candidate;
     return impl_->make_plan(problem, up_w);
   });
@@ -588,8 +619,9 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     return impl_->make_plan(problem, down_w);
   });
 
-  // Workspace: the routing, the gathered rows, gate_up's rows, the activation's rows and the
-  // down rows, then the larger of the GEMMs' scratch; their split-K regions share one.
+  // Workspace: the routing, the gathered rows, gate_up's rows (none with the fused GLU), the
+  // activation's rows and the down rows, then the larger of the GEMMs' scratch; their split-K
+  // regions share one.
   MoeRoutingShape shape;
   shape.tokens = tokens;
   shape.top_k = top_k;
@@ -610,7 +642,8 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
       quant.is_quantized() ? regions.take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
   const std::size_t absmax_at = quant.is_quantized() ? regions.take(sizeof(float)) : 0;
   const std::size_t gathered_at = regions.take(static_cast<std::size_t>(capacity * ld_h) * half);
-  const std::size_t up_rows_at = regions.take(static_cast<std::size_t>(capacity * ld_up) * half);
+  const std::size_t up_rows_at =
+      fused_glu ? 0 : regions.take(static_cast<std::size_t>(capacity * ld_up) * half);
   const std::size_t act_rows_at = regions.take(static_cast<std::size_t>(capacity * ld_act) * half);
   const std::size_t down_rows_at =
       regions.take(static_cast<std::size_t>(capacity * h) * sizeof(float));
@@ -643,17 +676,24 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   runtime::launch_moe_gather(impl_->kernel(jit::moe_gather_spec(hidden.dtype, impl_->arch)),
                              routing, gather_from, gather_stride, h, gathered.data, ld_h,
                              cu_stream);
-  const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
-                             hidden.dtype};
   const Impl::RunMemory memory{at<void>(base, gemm_scratch_at), slot.zeroed};
-  const runtime::MoeGroupedBlocks blocks = runtime::MoeGroupedBlocks::of(routing);
-  impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream, options.gate_up_bias,
-                memory, &blocks);
+  runtime::MoeGroupedBlocks blocks = runtime::MoeGroupedBlocks::of(routing);
+  blocks.glu = options.activation;
   const DeviceMatrix act_rows{at<void>(base, act_rows_at), capacity, inter, ld_act,
                               hidden.dtype};
-  runtime::launch_moe_glu(
-      impl_->kernel(jit::moe_glu_spec(hidden.dtype, hidden.dtype, impl_->arch)), routing,
-      options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act, cu_stream);
+  if (fused_glu) {
+    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, act_rows, stream,
+                  options.gate_up_bias, memory, &blocks);
+  } else {
+    const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
+                               hidden.dtype};
+    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream,
+                  options.gate_up_bias, memory, &blocks);
+    runtime::launch_moe_glu(
+        impl_->kernel(jit::moe_glu_spec(hidden.dtype, hidden.dtype, impl_->arch)), routing,
+        options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act,
+        cu_stream);
+  }
   const DeviceMatrix down_rows{at<void>(base, down_rows_at), capacity, h, h, formats::fp32};
   impl_->run_in(*down_plan.data_, down_w, &act_rows, nullptr, down_rows, stream, options.down_bias,
                 memory, &blocks);

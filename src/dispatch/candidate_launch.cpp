@@ -76,8 +76,8 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
                                                       prepared, gpu)
                                  : mma_launch(*launch.config, m, prepared, gpu);
-      launch.gemm =
-          mma_spec(*launch.config, launch.mma, prepared, launch.operand, p.scheme.output, arch);
+      launch.gemm = mma_spec(*launch.config, launch.mma, prepared, launch.operand,
+                             p.scheme.output, arch, p.glu);
       break;
     }
     case Path::Wgmma:
@@ -89,7 +89,7 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       launch.group_scales =
           launch.wgmma_config->tile.eight_bit && wgmma_fp8_activation_groups(quant);
       launch.gemm = wgmma_spec(*launch.wgmma_config, launch.wgmma, *weight.wgmma, launch.operand,
-                               p.scheme.output, arch, launch.group_scales, p.experts > 0);
+                               p.scheme.output, arch, launch.group_scales, p.experts > 0, p.glu);
       break;
     case Path::Qdq:
       launch.qdq = qdq_launch(p, m, weight);

@@ -280,7 +280,10 @@ std::size_t mma_zeroed_bytes(const MmaConfig& config, const MmaLaunch& launch, s
 
 jit::KernelSpec mma_spec(const MmaConfig& c, const MmaLaunch& launch,
                          const layout::MmaWeight& weight, const Format& operand,
-                         const Format& output, jit::Arch arch) {
+                         const Format& output, jit::Arch arch,
+                         const std::optional<GluKind>& glu) {
+  if (glu && !launch.grouped)
+    throw Error(ErrorCode::Internal, "mma family: a fused GLU without a grouped launch");
   jit::KernelSpec spec;
   spec.arch = arch;
   if (c.kernel == MmaKernel::Streamed) {
@@ -303,6 +306,7 @@ jit::KernelSpec mma_spec(const MmaConfig& c, const MmaLaunch& launch,
         jit::SpecParam::integer("min_blocks", target_blocks(c, launch.rows)),
         jit::SpecParam::boolean("grouped", launch.grouped),
         jit::SpecParam::chosen("order", layout::fragment_order_name(weight.order)),
+        jit::fused_glu_param(glu),
     };
   } else {
     std::string dequant;

@@ -98,8 +98,10 @@ MmaLaunch grouped_mma_launch(const MmaConfig& config, std::int64_t slots, int ex
 std::size_t mma_zeroed_bytes(const MmaConfig& config, const MmaLaunch& launch, std::int64_t m,
                              const layout::MmaWeight& weight);
 
+// `glu`: a grouped launch's fused GLU (GemmProblem::glu; the streamed kernel only).
 jit::KernelSpec mma_spec(const MmaConfig& config, const MmaLaunch& launch,
                          const layout::MmaWeight& weight, const Format& operand,
-                         const Format& output, jit::Arch arch);
+                         const Format& output, jit::Arch arch,
+                         const std::optional<GluKind>& glu = std::nullopt);
 
 }  // namespace qgemm::dispatch

@@ -361,7 +361,9 @@ bool wgmma_fp8_activation_groups(const ActivationQuant& quant) {
 jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
                            const Format& output, jit::Arch arch, bool activation_group_scales,
-                           bool grouped) {
+                           bool grouped, const std::optional<GluKind>& glu) {
+  if (glu && !grouped)
+    throw Error(ErrorCode::Internal, "wgmma family: a fused GLU without a grouped launch");
   jit::KernelSpec spec;
   spec.arch = arch;
   spec.family = "wgmma_gemm_sm90";
@@ -379,6 +381,7 @@ jit::KernelSpec wgmma_spec(const WgmmaConfig& c, const WgmmaLaunch& launch,
       jit::SpecParam::boolean("split_k", launch.splits > 1),
       jit::SpecParam::chosen("dequant", wgmma_dequant(weight, operand)),
       jit::SpecParam::boolean("grouped", grouped),
+      jit::fused_glu_param(glu),
   };
   spec.launch.threads_per_block = c.threads();
   kernels::WgmmaTile tile = c.tile;

@@ -139,7 +139,8 @@ std::size_t wgmma_counters_offset(const WgmmaConfig& config, std::int64_t m_bloc
 jit::KernelSpec wgmma_spec(const WgmmaConfig& config, const WgmmaLaunch& launch,
                            const layout::MmaWeight& weight, const Format& operand,
                            const Format& output, jit::Arch arch,
-                           bool activation_group_scales = false, bool grouped = false);
+                           bool activation_group_scales = false, bool grouped = false,
+                           const std::optional<GluKind>& glu = std::nullopt);
 
 // Why the eight-bit configs of `codes` (e4m3 or int8) cannot take `quant`'s activation codes
 // against `weight` (nullopt when they can): codes of that format with one scale per row (per

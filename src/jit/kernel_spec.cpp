@@ -66,6 +66,10 @@ const char* kind_name(ParamKind kind) {
 
 }  // namespace
 
+SpecParam fused_glu_param(const std::optional<GluKind>& glu) {
+  return SpecParam::chosen("glu", glu ? glu_kind_name(*glu) : "none");
+}
+
 std::string arch_name(Arch arch) {
   for (const auto& info : kArchs) {
     if (info.arch == arch) return info.name;
@@ -259,7 +263,10 @@ const std::vector<KernelFamily>& kernel_families() {
         // Grouped (MoE): grid.y walks token blocks, each block's expert from the routing.
         {"grouped", ParamKind::Bool, {}},
         // Which prepared weight it reads. Order = layout::FragmentOrder.
-        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
+        {"order", ParamKind::Choice, {"mma", "wgmma"}},
+        // The GLU fused into a grouped gate_up GEMM (an interleaved weight): none, or
+        // kernels::MoeGluKind + 1.
+        {"glu", ParamKind::Choice, {"none", "silu", "gelu", "clamped-swiglu"}}},
        false},
       // kernels/gemm/sm90_wgmma.cuh (sm_90a); configs in src/dispatch/wgmma_family.cpp. Its
       // parameter is __grid_constant__ (TMA reads the tensor map from parameter space).
@@ -285,7 +292,9 @@ const std::vector<KernelFamily>& kernel_families() {
         // for the FP8 / INT8 tiles only).
         {"dequant", ParamKind::Choice, {"fp32", "packed16", "float16", "e4m3", "s8"}},
         // Grouped (MoE): the expert of each token block from the routing.
-        {"grouped", ParamKind::Bool, {}}},
+        {"grouped", ParamKind::Bool, {}},
+        // As the decode kernel's.
+        {"glu", ParamKind::Choice, {"none", "silu", "gelu", "clamped-swiglu"}}},
        false},
       // kernels/gemm/mma_dequantize.cuh: the weight chunks of the dequantize + cuBLAS path;
       // specs come from jit::mma_dequantize_spec.
@@ -306,7 +315,10 @@ const std::vector<KernelFamily>& kernel_families() {
         // Order = kernels::OutputType (16-bit only).
         {"out", ParamKind::Choice, {"fp16", "bf16"}},
         // Which prepared weight it reads. Order = layout::FragmentOrder.
-        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
+        {"order", ParamKind::Choice, {"mma", "wgmma"}},
+        // The GLU fused into a grouped gate_up GEMM (an interleaved weight): none, or
+        // kernels::MoeGluKind + 1.
+        {"glu", ParamKind::Choice, {"none", "silu", "gelu", "clamped-swiglu"}}},
        false},
       {"finish_gemm",
        "gemm/dequant_cublas.cuh",

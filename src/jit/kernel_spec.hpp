@@ -12,12 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "jit/hash.hpp"
 #include "qgemm/format.hpp"
+#include "qgemm/moe.hpp"
 
 namespace qgemm::jit {
 
@@ -68,6 +70,10 @@ struct SpecParam {
   std::string value_text() const;
   friend bool operator==(const SpecParam&, const SpecParam&);
 };
+
+// The "glu" parameter of the grouped GEMM families (dense_decode_sm80, wgmma_gemm_sm90): the
+// GLU fused into a gate_up GEMM's epilogue, or none.
+SpecParam fused_glu_param(const std::optional<GluKind>& glu);
 
 struct LaunchShape {
   int threads_per_block = 128;

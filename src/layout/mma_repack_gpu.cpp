@@ -1,9 +1,12 @@
 #include "layout/mma_repack_gpu.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "gemm/mma_repack_args.cuh"
 #include "jit/cache.hpp"
+#include "qgemm/error.hpp"
 #include "quant/quantize_on_device.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/kernel_loader.hpp"
@@ -46,16 +49,22 @@ jit::KernelSpec mma_repack_spec(const PackedWeight& weight, jit::Arch arch, Frag
 }
 
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, jit::Arch arch, CUstream stream,
-                                         FragmentOrder order) {
+                                         FragmentOrder order, std::int64_t glu_inter) {
   check_packed_weight(w, "mma repack");
   const quant_detail::DeviceQuantizedWeight source = quant_detail::upload_packed_weight(w);
   return repack_for_mma_on_device(
       w, {source.codes.address(), source.scales.address(), source.zeros.address()}, arch, stream,
-      order);
+      order, glu_inter);
 }
 
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalOnDevice& source,
-                                         jit::Arch arch, CUstream stream, FragmentOrder order) {
+                                         jit::Arch arch, CUstream stream, FragmentOrder order,
+                                         std::int64_t glu_inter) {
+  if (glu_inter < 0 || (glu_inter > 0 && w.n != 2 * glu_inter))
+    throw Error(ErrorCode::Internal,
+                fmt::format("mma repack: glu_inter {} for a weight of {} rows (rule: 0, or half "
+                            "the rows: gate then up)",
+                            glu_inter, w.n));
   MmaDeviceWeight out;
   // The scale flags come from the kernel, which decodes every scale anyway: the host's
   // mma_metadata would scan the scales on the host (NVFP4's 28672 x 8192: 14.7 M of them).
@@ -100,10 +109,12 @@ MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& w, const CanonicalO
   runtime::DeviceBuffer scale_inexact(sizeof(unsigned));
   zero_on_stream(scale_inexact, stream);
   args.scale_inexact = scale_inexact.as<unsigned>();
+  args.glu_inter = glu_inter;
 
   const auto compiled = jit::KernelCache::global().get(mma_repack_spec(w, arch, order));
   const runtime::LoadedKernel kernel = runtime::KernelLoader::global().get(*compiled.kernel);
-  const std::size_t total = lanes + static_cast<std::size_t>(m.groups) * w.n;
+  const std::size_t total =
+      lanes + static_cast<std::size_t>(m.groups) * kernels::repack_scale_rows(args);
   const auto blocks =
       static_cast<unsigned>(std::min<std::size_t>((total + kThreads - 1) / kThreads, 65535u * 8));
   runtime::launch_kernel(kernel, {blocks, 1, 1}, args, stream);

@@ -4,6 +4,8 @@
 
 #include <cuda.h>
 
+#include <cstdint>
+
 #include "jit/kernel_spec.hpp"
 #include "layout/mma_layout.hpp"
 #include "runtime/device_memory.hpp"
@@ -27,15 +29,18 @@ struct CanonicalOnDevice {
 // In the current context, on `stream`; returns after the repack has finished. `weight`
 // describes the weight (its quantization, shape and global scale: its host arrays may be
 // empty); `source` holds its arrays on the device. The metadata's scale flags are computed
-// there, as the host's mma_metadata computes them.
+// there, as the host's mma_metadata computes them. glu_inter = I > 0: a gate_up weight
+// (N = 2·I) whose rows are interleaved for a fused GLU (kernels::glu_source_row).
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight,
                                          const CanonicalOnDevice& source, jit::Arch arch,
                                          CUstream stream,
-                                         FragmentOrder order = FragmentOrder::Mma);
+                                         FragmentOrder order = FragmentOrder::Mma,
+                                         std::int64_t glu_inter = 0);
 // The same from a whole packed weight on the host, uploaded first (temporary device memory of
 // its own size, freed on return).
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight, jit::Arch arch,
                                          CUstream stream,
-                                         FragmentOrder order = FragmentOrder::Mma);
+                                         FragmentOrder order = FragmentOrder::Mma,
+                                         std::int64_t glu_inter = 0);
 
 }  // namespace qgemm::layout

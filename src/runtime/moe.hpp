@@ -39,6 +39,7 @@ struct MoeGroupedBlocks {
   int route_block = 0;
   std::int64_t slots = 0;  // the rows the plan's step is chosen by
   int experts = 0;
+  GluActivation glu;  // a fused GLU's alpha and limit (the plan's problem.glu names its kind)
 
   static MoeGroupedBlocks of(const MoeIndexedRouting& routing);
 };

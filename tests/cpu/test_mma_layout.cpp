@@ -6,6 +6,7 @@
 
 #include "dispatch/candidate_launch.hpp"
 #include "dispatch/mma_family.hpp"
+#include "gemm/mma_repack_args.cuh"
 #include "gemm/mma_weight_layout.cuh"
 #include "gemm/wgmma_weight_layout.cuh"
 #include "jit/cache.hpp"
@@ -112,6 +113,33 @@ void expect_decode_reads_the_b_fragments() {
 TEST(MmaLayout, DecodeKernelReadsBFragmentsFromEitherOrder) {
   expect_decode_reads_the_b_fragments<MmaWeightLayout>();
   expect_decode_reads_the_b_fragments<WgmmaWeightLayout>();
+}
+
+// A gate_up weight prepared for the fused GLU (kernels::glu_source_row): every gate and up row
+// lands once, and where the grouped kernels' epilogues look for it: a thread's accumulator rows
+// 64 s + 16 q + g and + 8 (decode: acc[q][bt][e], e / 2 = 0 / 1; wgmma: warp q's acc[4j + e])
+// hold gate j and up j of column j = 32 s + 8 q + g; rows of no source (j ≥ I) are padding, and
+// every row lies below the padded rows, round_up(2 I, 64).
+TEST(MmaLayout, GluInterleaveHoldsGateAndUpWhereTheEpiloguesReadThem) {
+  for (const long long inter : {1LL, 7LL, 8LL, 12LL, 20LL, 100LL, 192LL, 360LL, 768LL, 2880LL}) {
+    SCOPED_TRACE(inter);
+    const long long padded = (2 * inter + 63) / 64 * 64;
+    std::vector<int> seen(static_cast<std::size_t>(2 * inter), 0);
+    for (long long row = 0; row < padded; ++row) {
+      const long long source = kernels::glu_source_row(row, inter);
+      const long long slice = row / 64, q = row % 64 / 16, g = row % 8;
+      const bool up = row % 16 >= 8;
+      const long long column = 32 * slice + 8 * q + g;
+      if (column >= inter) {
+        EXPECT_EQ(source, -1) << row;
+        continue;
+      }
+      ASSERT_GE(source, 0) << row;
+      EXPECT_EQ(source, up ? inter + column : column) << row;
+      ++seen[static_cast<std::size_t>(source)];
+    }
+    for (std::size_t r = 0; r < seen.size(); ++r) EXPECT_EQ(seen[r], 1) << "source row " << r;
+  }
 }
 
 TEST(MmaLayout, RepackReproducesTheDequantizedWeightForEveryFormat) {

@@ -207,6 +207,35 @@ TEST(Select, OutputAlignmentRules) {
   }
 }
 
+// A fused GLU is a grouped gate_up GEMM's, with 16-bit rows out; and it reaches the kernel spec
+// of the grouped candidate chosen (candidate_launch: the "glu" parameter names its kind).
+TEST(Select, FusedGluRules) {
+  GemmProblem p = problem_of("w4a16", 64, 1536, 2048);
+  p.glu = GluKind::Silu;
+  try {
+    validate(p);
+    ADD_FAILURE() << "a dense GEMM with a GLU was accepted";
+  } catch (const Error& error) {
+    EXPECT_TRUE(contains(error.what(), "glu = silu with experts = 0")) << error.what();
+  }
+  p.experts = 128;
+  EXPECT_NO_THROW(validate(p));
+  p.scheme.output = formats::fp32;
+  EXPECT_THROW(validate(p), Error);
+  p.scheme.output = formats::bf16;
+  for (const GluKind kind : {GluKind::Silu, GluKind::Gelu, GluKind::ClampedSwiglu}) {
+    p.glu = kind;
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+    const GroupedView view = grouped_view(p, facts, p.m);
+    const Selection s = select(view.problem, view.m, view.weight, context_of(kH200));
+    const CandidateLaunch launch = candidate_launch(p, p.m, s.chosen(), facts, kH200, 0.0);
+    ASSERT_TRUE(launch.gemm.has_value());
+    const std::string spec = jit::to_string(*launch.gemm);
+    EXPECT_TRUE(contains(spec, std::string("glu=") + glu_kind_name(kind))) << spec;
+    EXPECT_TRUE(contains(spec, "grouped=true")) << spec;
+  }
+}
+
 // Dequantize + cuBLAS folds the per-row factors of quantized activations into the bf16 operand
 // only for a bf16 output (whose own rounding that is); fp16 and fp32 outputs keep the operand
 // exact and the finish applies the factors.

@@ -208,7 +208,7 @@ TEST(WgmmaFamily, GroupedGemmsRunOnTheFamilyOverTheRoutingsCapacity) {
 
 // The kernel specs compile for sm_90a without spills or a stack frame: each token width, each
 // dequantization (packed16, float16, fp32), stored zero points, split-K and fp16 / fp32 outputs,
-// dense and grouped (MoE).
+// dense and grouped (MoE), with a fused GLU.
 TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
   jit::KernelCache cache(jit::CacheConfig{});
   struct Case {
@@ -217,6 +217,7 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     const char* config;
     Format output;
     bool grouped = false;
+    std::optional<GluKind> glu = std::nullopt;
   };
   const Case cases[] = {
       {"w4a16", 1, "wgmma-8", formats::bf16},
@@ -241,6 +242,12 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
       {"mxfp4-a16", 256, "wgmma-64", formats::bf16, true},
       {"w8a16", 256, "wgmma-128", formats::fp32, true},
       {"w4a16", 4096, "wgmma-256", formats::bf16, true},
+      // The gate_up GEMM with its GLU fused: each kind, each staging width (8, 16, 32 tokens).
+      {"w4a16", 1, "wgmma-8", formats::bf16, true, GluKind::Silu},
+      {"w=uint4:g128:s=bf16:zp=int;a=fp16", 64, "wgmma-16", formats::fp16, true, GluKind::Gelu},
+      {"mxfp4-a16", 256, "wgmma-64", formats::bf16, true, GluKind::ClampedSwiglu},
+      {"w8a16", 256, "wgmma-128", formats::bf16, true, GluKind::Silu},
+      {"w4a16", 4096, "wgmma-256", formats::bf16, true, GluKind::ClampedSwiglu},
   };
   for (const Case& c : cases) {
     const Scheme s = parse_scheme(c.scheme);
@@ -252,7 +259,7 @@ TEST(WgmmaFamily, SpecsCompileWithoutSpills) {
     const WgmmaLaunch launch = wgmma_launch(*config, c.m, w, s.activation.format, kH200);
     const jit::KernelSpec spec =
         wgmma_spec(*config, launch, w, s.activation.format, c.output, jit::Arch::sm_90a,
-                   /*activation_group_scales=*/false, c.grouped);
+                   /*activation_group_scales=*/false, c.grouped, c.glu);
     SCOPED_TRACE(jit::to_string(spec));
     const auto lookup = cache.get(spec);
     EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);

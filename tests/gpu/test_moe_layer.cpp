@@ -57,6 +57,10 @@ struct LayerCase {
   int global_experts = 0;  // > experts: an expert map, the rest on other ranks
   ExpertLayout layout = ExpertLayout::Auto;  // prepare_experts' layout
   std::string candidate;                     // MoeOptions::gemm_candidate (forced), or empty
+  // gate_up's role: GateUp (as the Python modules and `qgemm check --moe` prepare it, and the
+  // layer tests below) fuses the GLU into the gate_up GEMM; Plain (the grouped GEMM alone's)
+  // runs it as a pass of its own in Engine::moe.
+  ExpertRole role = ExpertRole::Plain;
 };
 
 std::string describe(const LayerCase& c) {
@@ -67,7 +71,8 @@ std::string describe(const LayerCase& c) {
          (c.global_experts > c.experts ? " map of " + std::to_string(c.global_experts) : "") +
          (c.layout != ExpertLayout::Auto ? std::string(" layout ") + expert_layout_name(c.layout)
                                          : "") +
-         (c.candidate.empty() ? "" : " forced " + c.candidate);
+         (c.candidate.empty() ? "" : " forced " + c.candidate) +
+         (c.role == ExpertRole::Plain ? " unfused" : "");
 }
 
 // A layer's weights: host packed experts and their exact values, and the prepared pair.
@@ -109,7 +114,9 @@ Layer make_layer(Engine& engine, const LayerCase& c, std::mt19937& rng) {
     layer.gate_up_bias_device = DeviceBuffer::from(layer.gate_up_bias);
     layer.down_bias_device = DeviceBuffer::from(layer.down_bias);
   }
-  layer.gate_up_prepared = engine.prepare_experts(layer.gate_up, layer.scheme.activation, c.layout);
+  layer.gate_up_prepared =
+      engine.prepare_experts(layer.gate_up, layer.scheme.activation, c.layout, c.role);
+  EXPECT_EQ(layer.gate_up_prepared.role(), c.role) << describe(c);
   layer.down_prepared = engine.prepare_experts(layer.down, layer.scheme.activation, c.layout);
   return layer;
 }
@@ -275,6 +282,7 @@ TEST(MoeLayerGpu, EveryRoutingShapeMatchesTheReference) {
     cases.push_back(c);
   }
   std::uint32_t salt = 0;
+  for (LayerCase& c : cases) c.role = ExpertRole::GateUp;
   for (const LayerCase& c : cases) check_layer(c, ++salt);
 }
 
@@ -311,6 +319,7 @@ TEST(MoeLayerGpu, SchemesActivationsBiasesAndTypes) {
     cases.push_back(c);
   }
   std::uint32_t salt = 100;
+  for (LayerCase& c : cases) c.role = ExpertRole::GateUp;
   for (const LayerCase& c : cases) check_layer(c, ++salt);
 }
 
@@ -345,6 +354,7 @@ TEST(MoeLayerGpu, QuantizedActivationSchemes) {
   add("w8a8-int8", 16, formats::bf16);
   cases.back().bias = true;
   std::uint32_t salt = 400;
+  for (LayerCase& c : cases) c.role = ExpertRole::GateUp;
   for (const LayerCase& c : cases) {
     check_layer(c, ++salt, [&](const Layer& layer, const Inputs& in,
                                const std::vector<double>& got) {
@@ -412,7 +422,7 @@ TEST(MoeLayerGpu, CapturedLayerReplaysOnFreshRoutings) {
   if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
   std::mt19937 rng(test_seed() + 200);
   LayerCase c;
-  c.tokens = 96, c.experts = 16, c.top_k = 4;
+  c.tokens = 96, c.experts = 16, c.top_k = 4, c.role = ExpertRole::GateUp;
   Engine engine(0);
   const Layer layer = make_layer(engine, c, rng);
   Inputs in;
@@ -1092,6 +1102,99 @@ TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
       engine.plan(unforced, in_wgmma_order.gate_up_prepared).choice_for(slots).kernel;
   EXPECT_NE(auto_kernel.find("dense_decode"), std::string::npos) << auto_kernel;
   EXPECT_NE(auto_kernel.find("order=wgmma"), std::string::npos) << auto_kernel;
+}
+
+// The GLU fused into the gate_up GEMM (ExpertRole::GateUp: gate and up rows interleaved in
+// blocks of 8 by the repack, kernels::glu_source_row) against the separate pass it replaces
+// (ExpertRole::Plain) and the reference: each GLU kind with and without biases; I = 20 and 100
+// (a last block of 8 half padding), 360; each grouped kernel forced (the decode kernel in both
+// orders and 8 / 16-row blocks, wgmma tiles of 16 and 64 tokens with 8, 16 and 32-token staging)
+// and the selector's own choice. Both layers pass the reference's bounds; the activation rows
+// they feed the down GEMM are the same bits (the same sums, rounded as the pass rounds them,
+// then the same GLU code, moe/glu.cuh), so the outputs agree to the rounding of the down
+// GEMM's split-K sums: 2 units in the last place of the output type. Then the rules: a gate_up
+// set serves Engine::moe only (moe_gemm's plan refuses it by name), an odd N is refused, and
+// QGEMM_FUSED_GLU=0 prepares it as plain.
+TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
+  QGEMM_REQUIRE_GPU();
+  if (test::device_arch() < jit::Arch::sm_80) GTEST_SKIP() << "bf16 mma.sync needs SM80";
+  const bool sm90 = on_sm90();
+  std::vector<LayerCase> cases;
+  const GluKind kinds[] = {GluKind::Silu, GluKind::Gelu, GluKind::ClampedSwiglu};
+  int which = 0;
+  for (const std::int64_t inter : {20, 100, 360})
+    for (const char* candidate : {"", "decode", "decode-s4", "wgmma-16", "wgmma-64"}) {
+      const std::string forced = candidate;
+      if (!sm90 && forced.rfind("wgmma", 0) == 0) continue;
+      LayerCase c;
+      c.inter = inter;
+      c.experts = 8;
+      c.top_k = 2;
+      c.tokens = forced == "decode" ? 7 : forced == "decode-s4" ? 16 : 150;
+      c.glu.kind = kinds[which % 3];
+      c.bias = which % 2 == 0;
+      c.scheme = which % 4 == 3 ? "mxfp4-a16" : "w4a16";
+      c.candidate = forced;
+      // The decode kernel reads the mma layout (every arch) and, on SM90, the wgmma order.
+      if (forced.rfind("decode", 0) == 0) c.layout = which % 2 ? ExpertLayout::Mma : ExpertLayout::Auto;
+      if (!sm90) c.layout = ExpertLayout::Auto;
+      cases.push_back(c);
+      ++which;
+    }
+  auto ulps_apart = [](const Format& type, double a, double b) {
+    const double magnitude = std::max(std::abs(a), std::abs(b));
+    const int mantissa = type.storage_bytes() == 4 ? 23 : type == formats::fp16 ? 10 : 7;
+    const double ulp =
+        magnitude > 0 ? std::ldexp(1.0, std::ilogb(magnitude) - mantissa) : 0x1p-30;
+    return std::abs(a - b) / ulp;
+  };
+  std::uint32_t salt = 700;
+  for (LayerCase c : cases) {
+    ++salt;
+    std::vector<double> fused;
+    c.role = ExpertRole::GateUp;
+    check_layer(c, salt, [&](const Layer&, const Inputs&, const std::vector<double>& out) {
+      fused = out;
+    });
+    c.role = ExpertRole::Plain;
+    check_layer(c, salt, [&](const Layer&, const Inputs&, const std::vector<double>& out) {
+      ASSERT_EQ(out.size(), fused.size());
+      double worst = 0;
+      for (std::size_t i = 0; i < out.size(); ++i)
+        worst = std::max(worst, ulps_apart(c.output, fused[i], out[i]));
+      EXPECT_LE(worst, 2.0) << describe(c) << ": fused and unfused outputs differ";
+    });
+  }
+
+  // The rules around a gate_up set.
+  std::mt19937 rng(test_seed() + 799);
+  LayerCase c;
+  c.role = ExpertRole::GateUp;
+  Engine engine(0);
+  const Layer layer = make_layer(engine, c, rng);
+  GemmProblem problem = gemm_problem(layer.gate_up_prepared, 32, formats::bf16, formats::bf16);
+  try {
+    engine.plan(problem, layer.gate_up_prepared);
+    ADD_FAILURE() << "a gate_up set planned for moe_gemm";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("serve Engine::moe only"), std::string::npos)
+        << error.what();
+  }
+  problem.glu = GluKind::Silu;
+  EXPECT_NO_THROW(engine.plan(problem, layer.gate_up_prepared));
+  problem.experts = 0;
+  EXPECT_THROW(engine.plan(problem, layer.gate_up_prepared), Error);  // a dense GLU
+  std::vector<PackedWeight> odd = {quantize_weight(layer.scheme.weight,
+                                                   std::vector<float>(7 * 256, 0.5f).data(), 7, 256)};
+  try {
+    engine.prepare_experts(odd, {}, ExpertLayout::Auto, ExpertRole::GateUp);
+    ADD_FAILURE() << "a gate_up set of 7 rows was prepared";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("an even N"), std::string::npos) << error.what();
+  }
+  const test::ScopedEnv unfused("QGEMM_FUSED_GLU", "0");
+  EXPECT_EQ(engine.prepare_experts(layer.gate_up, {}, ExpertLayout::Auto, ExpertRole::GateUp).role(),
+            ExpertRole::Plain);
 }
 
 }  // namespace

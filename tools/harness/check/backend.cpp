@@ -112,10 +112,12 @@ class GpuEngineBackend final : public GemmBackend {
   }
   std::int64_t outside_writes() const override { return outside_writes_; }
 
-  // prepare_experts (its default layout), upload, Engine::moe on the default stream, download.
+  // prepare_experts (its default layout; gate_up for the fused GLU), upload, Engine::moe on the
+  // default stream, download.
   std::vector<double> moe_layer(const MoeInputs& in) override {
     const MoeCase& c = in.shape;
-    const QuantWeight gate_up = engine_.prepare_experts(in.gate_up, c.scheme.activation);
+    const QuantWeight gate_up = engine_.prepare_experts(in.gate_up, c.scheme.activation,
+                                                        ExpertLayout::Auto, ExpertRole::GateUp);
     const QuantWeight down = engine_.prepare_experts(in.down, c.scheme.activation);
     const runtime::DeviceBuffer hidden = runtime::DeviceBuffer::from(in.hidden_input.codes);
     const runtime::DeviceBuffer ids = runtime::DeviceBuffer::from(in.routing.expert_ids);
