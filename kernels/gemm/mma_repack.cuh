@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
   const long long scale_rows = repack_scale_rows(a);
   const long long total = lanes + static_cast<long long>(a.groups) * scale_rows;
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  const bool glu = a.glu_inter > 0;
   bool inexact_bf16 = false, inexact_fp16 = false;
   for (long long index = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; index < total;
        index += stride) {
@@ -59,8 +60,9 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       for (int w = 0; w < kBits; ++w) words[w] = 0u;
 #pragma unroll
       for (int c = 0; c < MmaWeightLayout::kCodesPerLane; ++c) {
-        const long long row = slice * 64 + Layout::n_of(thread, c);
-        const long long n = a.glu_inter > 0 ? glu_source_row(row, a.glu_inter) : row;
+        // Rows in 32 bits (N < 2^31): in 64 bits the GLU map made ptxas spill `words`.
+        const int row = static_cast<int>(slice) * 64 + Layout::n_of(thread, c);
+        const int n = glu ? static_cast<int>(glu_source_row(row, a.glu_inter)) : row;
         const long long k = unit * Layout::kUnitK + Layout::k_of(thread, c);
         unsigned code = 0;  // padding: code 0, a finite value of every format
         if (n >= 0 && n < a.n && k < a.k)
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       const long long s = index - lanes;
       const int group = static_cast<int>(s / scale_rows);
       const long long row = s % scale_rows;
-      const long long n = a.glu_inter > 0 ? glu_source_row(row, a.glu_inter) : row;
+      const long long n = glu ? glu_source_row(row, a.glu_inter) : row;
       if (n < 0) continue;  // GLU padding: its scale stays 0
       const long long k0 = static_cast<long long>(group) * a.group_size;
       const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;

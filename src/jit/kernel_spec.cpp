@@ -315,10 +315,7 @@ const std::vector<KernelFamily>& kernel_families() {
         // Order = kernels::OutputType (16-bit only).
         {"out", ParamKind::Choice, {"fp16", "bf16"}},
         // Which prepared weight it reads. Order = layout::FragmentOrder.
-        {"order", ParamKind::Choice, {"mma", "wgmma"}},
-        // The GLU fused into a grouped gate_up GEMM (an interleaved weight): none, or
-        // kernels::MoeGluKind + 1.
-        {"glu", ParamKind::Choice, {"none", "silu", "gelu", "clamped-swiglu"}}},
+        {"order", ParamKind::Choice, {"mma", "wgmma"}}},
        false},
       {"finish_gemm",
        "gemm/dequant_cublas.cuh",
