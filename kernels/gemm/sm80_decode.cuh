@@ -571,10 +571,28 @@ struct DecodeGemm {
     ptx::cp_async_wait<0>();
     __syncthreads();
 
-    // Sum the warps' K ranges into warp 0.
+    // Sum the warps' K ranges: into warp 0 (dense: its epilogue, or the split's atomics) or,
+    // grouped, into warp q % kWarps for the columns of acc[q] (the epilogue's stores and GLU
+    // spread over the warps rather than left to warp 0 while the others wait; a block's
+    // epilogue is on its critical path, two blocks an SM). The same order of additions.
     constexpr int kValues = 4 * kBatchTiles * 4;
     float* flat = &acc[0][0][0];
-    if constexpr (kWarps > 1) {
+    if constexpr (kWarps > 1 && kGrouped) {
+      float* reduce = reinterpret_cast<float*>(shared);
+#pragma unroll
+      for (int v = 0; v < kValues; ++v) reduce[(warp * kValues + v) * 32 + lane] = flat[v];
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (q % kWarps != warp) continue;
+#pragma unroll
+        for (int v = q * kBatchTiles * 4; v < (q + 1) * kBatchTiles * 4; ++v) {
+          flat[v] = reduce[v * 32 + lane];
+          for (int other = 1; other < kWarps; ++other)
+            flat[v] += reduce[(other * kValues + v) * 32 + lane];
+        }
+      }
+    } else if constexpr (kWarps > 1) {
       float* reduce = reinterpret_cast<float*>(shared);
       if (warp > 0) {
 #pragma unroll
@@ -589,8 +607,8 @@ struct DecodeGemm {
       }
     }
 
-    if (!kSplitK && warp != 0) return;
     if constexpr (kGrouped) {
+      if (warp >= 4) return;  // owns no columns (kWarps > 4)
       // The token block's rows of C and its expert's bias: both read again (not held through
       // the main loop), the rows at their place in the capacity or the caller's rows.
       const GroupedRows rows = grouped_rows(p);
@@ -608,16 +626,28 @@ struct DecodeGemm {
         // (moe/glue.cuh), and h j goes to C's column j (C has I = N / 2 columns; the bias keeps
         // the gate-then-up order, [experts][N]).
         const int inter = p.n / 2;
+        // The thread's 4 columns' biases, loaded once ahead of the stores (which the compiler
+        // must assume could alias them).
+        float gate_bias[4] = {}, up_bias[4] = {};
+        if (out.bias) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int j = slice * 32 + 8 * q + g;
+            if (q % kWarps == warp && j < inter)
+              gate_bias[q] = __ldg(out.bias + j), up_bias[q] = __ldg(out.bias + inter + j);
+          }
+        }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
+          if (q % kWarps == warp)
 #pragma unroll
           for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int row = bt * 8 + 2 * t + e, j = slice * 32 + 8 * q + g;
               if (row < rows.begin || row >= rows.end || j >= inter) continue;
-              float gate = acc[q][bt][e] * p.global_scale, up = acc[q][bt][e + 2] * p.global_scale;
-              if (out.bias) gate += out.bias[j], up += out.bias[inter + j];
+              const float gate = acc[q][bt][e] * p.global_scale + gate_bias[q];
+              const float up = acc[q][bt][e + 2] * p.global_scale + up_bias[q];
               const float h = apply_glu(kGlu - 1, rounded_to_half<kOutput>(gate),
                                         rounded_to_half<kOutput>(up), p.glu_alpha, p.glu_limit);
               static_cast<unsigned short*>(p.c)[static_cast<long long>(rows.row0 + row) * p.ldc + j] =
@@ -627,6 +657,7 @@ struct DecodeGemm {
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q)
+        if (q % kWarps == warp)
 #pragma unroll
         for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
@@ -637,6 +668,7 @@ struct DecodeGemm {
           }
       return;
     }
+    if (!kSplitK && warp != 0) return;
     if (warp == 0) {
       const int g = lane / 4, t = lane % 4;
 #pragma unroll

@@ -9,7 +9,8 @@
 //               different bank quads)
 //            S  scale rows × 64 floats (the stage's groups), then as many zero rows
 //   shared   warps × one warp, or the cross-warp sum when that is larger (it reuses the
-//            pipeline's memory): (warps − 1) × (16 or 32 values) × 32 lanes floats
+//            pipeline's memory): warps × (16 or 32 values) × 32 lanes floats (the dense
+//            kernels' warp 0 keeps its own in registers; grouped, every warp's go through it)
 #pragma once
 
 #include "common/host_device.cuh"
@@ -42,7 +43,7 @@ QGEMM_HOST_DEVICE constexpr DecodeShape decode_shape(DecodeTile t, int bits, int
   s.zero_row_bytes = s.stage_k * 2;
   s.warp_bytes = s.zero_row_bytes + t.stages * s.stage_bytes;
   s.pipeline_bytes = t.warps * s.warp_bytes;
-  s.reduce_bytes = (t.warps - 1) * (t.rows > 8 ? 32 : 16) * 32 * 4;
+  s.reduce_bytes = t.warps * (t.rows > 8 ? 32 : 16) * 32 * 4;
   s.shared_bytes = s.pipeline_bytes > s.reduce_bytes ? s.pipeline_bytes : s.reduce_bytes;
   return s;
 }
