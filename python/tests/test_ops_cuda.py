@@ -232,6 +232,8 @@ def test_device_preparation_names_bad_input(rng):
         engine.quantize_and_prepare_experts(w.transpose(1, 2), scheme)
     with pytest.raises(qgemm.Error, match=r"layout = 'tiles' \(rule: auto, wgmma or mma\)"):
         engine.quantize_and_prepare_experts(w, scheme, "tiles")
+    with pytest.raises(qgemm.Error, match=r"role = 'gate' \(rule: plain or gate_up\)"):
+        engine.quantize_and_prepare_experts(w, scheme, "auto", "gate")
     w[2, 5, 7] = float("nan")
     with pytest.raises(qgemm.Error, match=r"expert 2: .*weight\[5, 7\] = nan is not finite"):
         engine.quantize_and_prepare_experts(w, scheme)
@@ -283,3 +285,5 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
     gate_up_weight, down_weight = qgemm.ops.prepare(gpu.experts)  # the set prepared above
     assert (gate_up_weight.experts, down_weight.experts) == (4, 4)
     assert gate_up_weight.device_bytes > 0 and down_weight.device_bytes > 0
+    # gate_up interleaved for the GLU fused into its GEMM (Engine.moe only), down plain.
+    assert (gate_up_weight.role, down_weight.role) == ("gate_up", "plain")
