@@ -638,8 +638,8 @@ struct DecodeGemm {
           }
         }
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (q % kWarps == warp)
+        for (int q = 0; q < 4; ++q) {
+          if (q % kWarps != warp) continue;
 #pragma unroll
           for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
@@ -650,14 +650,15 @@ struct DecodeGemm {
               const float up = acc[q][bt][e + 2] * p.global_scale + up_bias[q];
               const float h = apply_glu(kGlu - 1, rounded_to_half<kOutput>(gate),
                                         rounded_to_half<kOutput>(up), p.glu_alpha, p.glu_limit);
-              static_cast<unsigned short*>(p.c)[static_cast<long long>(rows.row0 + row) * p.ldc + j] =
-                  to_output_half<kOutput>(h);
+              static_cast<unsigned short*>(p.c)[static_cast<long long>(rows.row0 + row) * p.ldc +
+                                                j] = to_output_half<kOutput>(h);
             }
+        }
         return;
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (q % kWarps == warp)
+      for (int q = 0; q < 4; ++q) {
+        if (q % kWarps != warp) continue;
 #pragma unroll
         for (int bt = 0; bt < kBatchTiles; ++bt)
 #pragma unroll
@@ -666,6 +667,7 @@ struct DecodeGemm {
             if (row < rows.begin || row >= rows.end || col >= p.n) continue;
             store_single<kOutput>(out, rows.row0 + row, col, acc[q][bt][e] * p.global_scale);
           }
+      }
       return;
     }
     if (!kSplitK && warp != 0) return;
