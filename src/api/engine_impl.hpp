@@ -171,16 +171,23 @@ struct Engine::Impl {
     return loaded;
   }
 
+  // A stream seen first (or outgrown) while it is being captured into a CUDA graph, e.g. the
+  // capture stream of torch.cuda.graph after a warm-up on another stream: the allocation runs
+  // with this thread's capture mode relaxed (cuMemAlloc is no stream operation; the global
+  // mode refuses it as potentially unsafe), and the zeroed part is cleared on a stream of its
+  // own, outside the capture. The memory outlives the graph: workspaces, and the ones they
+  // outgrew (retired), stay until the engine goes.
   void reserve(void* stream, std::size_t scratch, std::size_t zeroed) {
     std::unique_lock lock(workspace_mutex);
     StreamWorkspace& w = workspaces[stream];
     make_current();
+    const runtime::CaptureModeRelaxed relaxed(static_cast<CUstream>(stream));
     auto grow = [&](runtime::DeviceBuffer& buffer, std::size_t bytes, bool zero) {
       if (buffer.bytes() >= bytes) return;
       // Grow by half again at least, so that a shape sweep reallocates a few times only.
       const std::size_t size = std::max(bytes, buffer.bytes() + buffer.bytes() / 2);
       runtime::DeviceBuffer fresh(detail::aligned(size));
-      if (zero) fresh.fill_bytes(0);
+      if (zero) relaxed.capturing() ? runtime::zero_outside_capture(fresh) : fresh.fill_bytes(0);
       if (buffer.bytes()) retired.push_back(std::move(buffer));
       buffer = std::move(fresh);
     };

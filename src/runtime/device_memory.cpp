@@ -140,4 +140,36 @@ void DeviceBuffer::fill_bytes(unsigned char value) {
   driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize (fill_bytes)");
 }
 
+CaptureModeRelaxed::CaptureModeRelaxed(CUstream stream) {
+  const Driver& driver = Driver::get();
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult result = driver.cuStreamIsCapturing(stream, &status);
+  // The legacy stream, queried while a blocking stream captures, answers "implicit": a capture
+  // is under way.
+  if (result == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  } else {
+    driver.check(result, "cuStreamIsCapturing");
+  }
+  if (status == CU_STREAM_CAPTURE_STATUS_NONE) return;
+  capturing_ = true;
+  previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  driver.check(driver.cuThreadExchangeStreamCaptureMode(&previous_),
+               "cuThreadExchangeStreamCaptureMode");
+}
+
+CaptureModeRelaxed::~CaptureModeRelaxed() {
+  if (capturing_) Driver::get().cuThreadExchangeStreamCaptureMode(&previous_);
+}
+
+void zero_outside_capture(const DeviceBuffer& buffer) {
+  const Driver& driver = Driver::get();
+  CUstream own = nullptr;
+  driver.check(driver.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const CUresult set = driver.cuMemsetD8Async(buffer.address(), 0, buffer.bytes(), own);
+  const CUresult waited = set == CUDA_SUCCESS ? driver.cuStreamSynchronize(own) : set;
+  driver.cuStreamDestroy(own);
+  driver.check(waited, "zero_outside_capture: cuMemsetD8Async");
+}
+
 }  // namespace qgemm::runtime

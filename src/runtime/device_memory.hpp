@@ -71,4 +71,24 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// While `stream` is being captured into a CUDA graph, relaxes this thread's capture mode for the
+// object's lifetime, then restores it: memory may then be allocated (the global mode refuses
+// cuMemAlloc during a capture as potentially unsafe). Does nothing for a stream not capturing.
+class CaptureModeRelaxed {
+ public:
+  explicit CaptureModeRelaxed(CUstream stream);
+  ~CaptureModeRelaxed();
+  CaptureModeRelaxed(const CaptureModeRelaxed&) = delete;
+  CaptureModeRelaxed& operator=(const CaptureModeRelaxed&) = delete;
+  bool capturing() const { return capturing_; }
+
+ private:
+  bool capturing_ = false;
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+// fill_bytes(0) for use during a capture: on a stream of its own (non-blocking, so no implicit
+// synchronization with the capturing stream), waited for, with no context synchronization.
+void zero_outside_capture(const DeviceBuffer& buffer);
+
 }  // namespace qgemm::runtime

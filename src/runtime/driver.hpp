@@ -58,6 +58,9 @@ class Driver {
   QGEMM_DRIVER_FUNCTION(cuStreamCreate);
   QGEMM_DRIVER_FUNCTION(cuStreamDestroy);
   QGEMM_DRIVER_FUNCTION(cuStreamSynchronize);
+  QGEMM_DRIVER_FUNCTION(cuStreamIsCapturing);
+  QGEMM_DRIVER_FUNCTION(cuThreadExchangeStreamCaptureMode);
+  QGEMM_DRIVER_FUNCTION(cuMemsetD8Async);
   QGEMM_DRIVER_FUNCTION(cuStreamBeginCapture);
   QGEMM_DRIVER_FUNCTION(cuStreamEndCapture);
   QGEMM_DRIVER_FUNCTION(cuGraphInstantiateWithFlags);

@@ -456,6 +456,33 @@ TEST(MoeLayerGpu, CapturedLayerReplaysOnFreshRoutings) {
   }
   driver.cuGraphExecDestroy(exec);
   driver.cuGraphDestroy(graph);
+
+  // Captured on a stream the engine has not seen, in the global mode (torch.cuda.graph's: its
+  // own capture stream after a warm-up on another one, as vLLM's check found): the stream's
+  // workspace is allocated during the capture, which must not fail it.
+  CUstream fresh = nullptr;
+  driver.check(driver.cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  driver.check(driver.cuStreamBeginCapture(fresh, CU_STREAM_CAPTURE_MODE_GLOBAL),
+               "cuStreamBeginCapture");
+  try {
+    engine.moe({in.hidden.as<void>(), c.tokens, c.hidden, c.hidden, c.input},
+               in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(),
+               c.top_k, layer.gate_up_prepared, layer.down_prepared,
+               {out.as<void>(), c.tokens, c.hidden, c.hidden, c.output}, fresh, options);
+  } catch (const Error& error) {
+    ADD_FAILURE() << "a capture on a new stream: " << error.what();
+  }
+  driver.check(driver.cuStreamEndCapture(fresh, &graph), "cuStreamEndCapture (a new stream)");
+  driver.check(driver.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  draw_inputs(c, rng, in, true);
+  out.fill_bytes(0xff);
+  driver.check(driver.cuGraphLaunch(exec, fresh), "cuGraphLaunch");
+  driver.check(driver.cuStreamSynchronize(fresh), "cuStreamSynchronize");
+  const test::OutputCheck check = check_out(c, layer, in, out);
+  EXPECT_TRUE(check.ok()) << "captured on a new stream: " << check.describe();
+  driver.cuGraphExecDestroy(exec);
+  driver.cuGraphDestroy(graph);
+  driver.cuStreamDestroy(fresh);
   driver.cuStreamDestroy(stream);
 }
 
