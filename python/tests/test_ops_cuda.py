@@ -173,6 +173,42 @@ def test_cuda_graph_capture_and_replay(rng):
         previous = static_y.clone()
 
 
+def test_moe_captured_on_a_stream_it_was_not_warmed_up_on(rng):
+    """torch.cuda.graph captures on a stream of its own: a layer warmed up on another stream
+    meets a new stream inside the capture (as vLLM's warm-up and capture do; its GPU check found
+    the engine allocating that stream's workspace there, which the global capture mode refuses).
+    The capture succeeds and replays new hidden states and routings."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    experts, hidden, inter = 8, 256, 96
+    gate_up = torch.randn(experts, 2 * inter, hidden) / 16
+    down = torch.randn(experts, hidden, inter) / 10
+    module = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), "w4a16")
+    x = torch.randn(16, hidden, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, experts, (16, 2), device="cuda")
+    weights = torch.rand(16, 2, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # plans and compiles for this shape, on `side`
+        for _ in range(2):
+            module(x, ids, weights)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # torch's own capture stream
+        y = module(x, ids, weights)
+    previous = None
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        ids.copy_(torch.randint(0, experts, ids.shape, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = module(x, ids, weights)
+        assert torch.isfinite(eager).all() and eager.abs().max() > 0
+        torch.testing.assert_close(y, eager, rtol=1e-2, atol=1e-2)
+        if previous is not None:
+            assert not torch.allclose(y, previous)
+        previous = y.clone()
+
+
 def test_compiled_with_cuda_graphs(rng):
     pytest.importorskip("triton", reason="inductor's GPU code needs triton")
     torch.manual_seed(int(rng.integers(2**31)))
