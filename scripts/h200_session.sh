@@ -26,6 +26,9 @@
 #   scripts/h200_session.sh eight-bit  the FP8 / INT8 wgmma tiles: their GPU test, memcheck over
 #                                   it, qgemm_dense_bench --fp8 (every config forced)
 #   scripts/h200_session.sh vllm-check  python/qgemm_vllm/gpu_check.py (issue #21)
+#   scripts/h200_session.sh glu-ab [CASE...]  the MoE layer with the GLU fused and as its own
+#                                   pass (QGEMM_FUSED_GLU=1 / 0), alternating, 3 rounds
+#                                   (qgemm_moe_bench --case LAYER:SCHEME:M; default: issue #17's)
 #   scripts/h200_session.sh e2e MODEL VARIANTS [ARG...]  scripts/e2e_bench.py (issue #18): one
 #                                   model, the variants given (comma-separated), in one call
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
@@ -269,6 +272,19 @@ multi)
     echo "multi_gpu world $world on $gpus GPU(s) rc=$? at ${SECONDS}s"
     grep -E "^\||multi_gpu:|Error" "$out/multi_$world.txt" | head -8
   done
+  ;;
+glu-ab)
+  cases=("${@:2}")
+  [ ${#cases[@]} -gt 0 ] || cases=(qwen3-30b-a3b:w4a16:16 qwen3-30b-a3b:w4a16:4096
+                                    gpt-oss-120b:mxfp4-a16:16 gpt-oss-120b:mxfp4-a16:256)
+  for round in 1 2 3; do
+    for c in "${cases[@]}"; do
+      for fused in 1 0; do
+        QGEMM_FUSED_GLU=$fused timeout 60 build-gpu/bench/qgemm_moe_bench --case "$c" 2>&1 \
+          | tail -1 | cut -c1-62 | sed "s/^/round $round fused=$fused /"
+      done
+    done
+  done | tee "$out/glu_ab.txt"
   ;;
 vllm-check)
   # The vLLM plugin's layers on the GPU without vLLM (issue #21 item 7).
