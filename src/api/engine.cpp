@@ -303,17 +303,27 @@ detail::PlanStep Engine::Impl::make_step(const GemmProblem& p, std::int64_t low,
     return offset;
   };
   if (launch.prep != dispatch::ActivationPrep::None && launch.path != dispatch::Path::CublasLtFp8) {
+    // The rows the operand holds: M, or a grouped GEMM's routed capacity for `high` slots (the
+    // gathered rows, padding included, are quantized whole).
+    std::int64_t rows = high;
+    if (p.experts > 0) {
+      MoeRoutingShape routed;
+      routed.tokens = high;
+      routed.global_experts = routed.local_experts = p.experts;
+      routed.block = p.route_block > 0 ? p.route_block : step.grouped_tile();
+      rows = moe_routing_capacity(routed);
+    }
     // 16-byte aligned rows; 8-bit codes in whole runs of 16 (their K order permutes inside them).
     const std::int64_t per_chunk = 16 / launch.operand.storage_bytes();
     step.ldo = (k + per_chunk - 1) / per_chunk * per_chunk;
-    s.operand = take(static_cast<std::size_t>(high * step.ldo * launch.operand.storage_bytes()));
-    s.row_factors = take(static_cast<std::size_t>(high) * sizeof(float));
+    s.operand = take(static_cast<std::size_t>(rows * step.ldo * launch.operand.storage_bytes()));
+    s.row_factors = take(static_cast<std::size_t>(rows) * sizeof(float));
     s.absmax = take(sizeof(float));
     // The quantizer writes the group scales of the codes (canonical: ceil(K / G) a row);
     // pre-quantized codes bring theirs.
     if (launch.group_scales && launch.prep == dispatch::ActivationPrep::Quantize)
       s.group_scales = take(static_cast<std::size_t>(
-          high * ((k + p.scheme.activation.group - 1) / p.scheme.activation.group) *
+          rows * ((k + p.scheme.activation.group - 1) / p.scheme.activation.group) *
           sizeof(float)));
   }
   switch (launch.path) {

@@ -25,6 +25,7 @@
 #include "api/engine_impl.hpp"
 #include "common/log.hpp"
 #include "dispatch/tuned_config.hpp"
+#include "dispatch/wgmma_family.hpp"
 #include "jit/catalog.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "quant/block_quant.hpp"
@@ -601,9 +602,17 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   detail::PreparedWeight::PlanKey key{
       slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
   // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
-  // expanded before the gather).
+  // expanded before the gather) — except a gate_up GEMM forced onto an 8-bit wgmma config (held
+  // back from the selector until measured, issue #17): its rows are gathered as they are and
+  // quantized after the gather by the GEMM's own step, per token or 1x128 group as the experts'
+  // scheme says (a row's scales are its own, so each routed row gets its token's codes), and
+  // multiplied as codes on FP8 / INT8 tensor cores; down then runs as the selector chooses.
+  const ActivationQuant& quant = up_w.activation;
+  const dispatch::WgmmaConfig* forced = dispatch::find_wgmma_config(options.gemm_candidate);
+  const bool eight_bit_up = quant.is_quantized() && forced && forced->tile.eight_bit;
   const GemmPlan up_plan = up_w.plan_for(key, [&] {
     GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
+    if (eight_bit_up) problem.scheme.activation = quant;
     problem.bias = options.gate_up_bias != nullptr;
     if (fused_glu) problem.glu = options.activation.kind;
     problem.candidate = options.gemm_candidate;
@@ -615,7 +624,7 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
     GemmProblem problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
     problem.bias = options.down_bias != nullptr;
     problem.route_block = route_block;
-    problem.candidate = options.gemm_candidate;
+    problem.candidate = eight_bit_up ? "" : options.gemm_candidate;
     return impl_->make_plan(problem, down_w);
   });
 
@@ -632,15 +641,15 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const std::size_t half = hidden.dtype.storage_bytes();
   const std::int64_t ld_h = row_stride(h), ld_up = row_stride(2 * inter), ld_act = row_stride(inter);
   WorkspaceRegions regions;
-  const ActivationQuant& quant = up_w.activation;
   const std::size_t routing_at = regions.take(moe_routing_workspace_bytes(shape));
-  // Quantized hidden states: their 16-bit operand [M, H], the row factors the quantizer writes
-  // (1: folded into the operand) and the tensor absmax some scalings take.
+  // Hidden states quantized ahead of the gather: their 16-bit operand [M, H], the row factors
+  // the quantizer writes (1: folded into the operand) and the tensor absmax some scalings take.
+  const bool quantize_first = quant.is_quantized() && !eight_bit_up;
   const std::size_t operand_at =
-      quant.is_quantized() ? regions.take(static_cast<std::size_t>(tokens * ld_h) * half) : 0;
+      quantize_first ? regions.take(static_cast<std::size_t>(tokens * ld_h) * half) : 0;
   const std::size_t factors_at =
-      quant.is_quantized() ? regions.take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
-  const std::size_t absmax_at = quant.is_quantized() ? regions.take(sizeof(float)) : 0;
+      quantize_first ? regions.take(static_cast<std::size_t>(tokens) * sizeof(float)) : 0;
+  const std::size_t absmax_at = quantize_first ? regions.take(sizeof(float)) : 0;
   const std::size_t gathered_at = regions.take(static_cast<std::size_t>(capacity * ld_h) * half);
   const std::size_t up_rows_at =
       fused_glu ? 0 : regions.take(static_cast<std::size_t>(capacity * ld_up) * half);
@@ -666,7 +675,7 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   // within that rounding).
   const void* gather_from = hidden.data;
   std::int64_t gather_stride = hidden.stride;
-  if (quant.is_quantized()) {
+  if (quantize_first) {
     impl_->quantize_to_operand(quant, hidden, at<void>(base, operand_at), ld_h,
                                at<float>(base, factors_at), at<float>(base, absmax_at), cu_stream);
     gather_from = at<void>(base, operand_at);

@@ -492,9 +492,20 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
         }
         if (config.tile.eight_bit) {
           if (p.experts > 0) {
-            reject("the grouped (MoE) kernels take 16-bit rows: the 8-bit tiles have no "
-                   "grouped mode yet");
-            break;
+            // Grouped: the routed rows are quantized after the gather (run_in's prep), which
+            // gives each row the codes of its token only for scales of a row's own (per token,
+            // per 1x128 group): a tensor absmax would see the capacity's unrouted rows.
+            if (quant.scaling != ActivationScaling::DynamicToken &&
+                quant.scaling != ActivationScaling::DynamicGroup) {
+              reject("grouped (MoE) 8-bit tiles take activations scaled per token or per group "
+                     "(their rows are quantized after the gather)");
+              break;
+            }
+            if (context.forced != candidate.name) {
+              reject("the grouped 8-bit tiles are not yet measured on a GPU (issue #17; a "
+                     "forced run takes them)");
+              break;
+            }
           }
           // The activation quantizer's codes are the operand as they are (in the 8-bit mma's K
           // order): e4m3 or int8 with one scale per row, applied in the epilogue, or e4m3 per

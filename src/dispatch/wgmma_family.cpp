@@ -113,6 +113,12 @@ const std::vector<WgmmaConfig>& wgmma_configs() {
   return configs;
 }
 
+const WgmmaConfig* find_wgmma_config(std::string_view name) {
+  for (const WgmmaConfig& config : wgmma_configs())
+    if (config.name == name) return &config;
+  return nullptr;
+}
+
 int WgmmaConfig::threads() const { return 128 * (1 + tile.consumers); }
 
 const Format& WgmmaConfig::codes() const { return int8 ? formats::int8 : formats::e4m3; }

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dispatch/gpu_limits.hpp"
@@ -55,6 +56,7 @@ struct WgmmaConfig {
 };
 
 const std::vector<WgmmaConfig>& wgmma_configs();
+const WgmmaConfig* find_wgmma_config(std::string_view name);  // null when there is none
 
 // QGEMM_WGMMA, read at each call (so a test can set it):
 //   unset  the selector ranks the family; a weight keeps the wgmma order where it wins some M

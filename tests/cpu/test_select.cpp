@@ -236,6 +236,55 @@ TEST(Select, FusedGluRules) {
   }
 }
 
+// The grouped (MoE) 8-bit tiles: Engine::moe's gate_up GEMM forced onto one (held back from the
+// ranking until measured) quantizes the gathered rows per token or per 1x128 group in its own
+// step, then runs the grouped FP8 / INT8 tile; a tensor scale (which would see the capacity's
+// unrouted rows) is refused, and unforced the tiles are not ranked.
+TEST(Select, GroupedEightBitTilesAreForcedOnlyAndRowLocal) {
+  struct Case {
+    const char* scheme;
+    const char* config;
+    bool groups;  // 1x128 activation groups (promoted in the loop)
+  };
+  for (const Case& c : {Case{"fp8-block", "wgmma-fp8-128", true},
+                        Case{"w4a8-fp8", "wgmma-fp8-128", false},
+                        Case{"w8a8-int8", "wgmma-int8-128", false}}) {
+    SCOPED_TRACE(c.scheme);
+    GemmProblem p = problem_of(c.scheme, 4096 * 8, 4096, 7168);
+    p.experts = 256;
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+    const GroupedView view = grouped_view(p, facts, p.m);
+    SelectionContext context = context_of(kH200);
+    const Selection unforced = select(view.problem, view.m, view.weight, context);
+    EXPECT_NE(unforced.chosen().candidate->name, c.config);
+    context.forced = c.config;
+    const Selection forced = select(view.problem, view.m, view.weight, context);
+    ASSERT_EQ(forced.chosen().candidate->name, c.config);
+    p.glu = GluKind::Silu;
+    const CandidateLaunch launch = candidate_launch(p, p.m, forced.chosen(), facts, kH200, 0.0);
+    EXPECT_EQ(launch.prep, ActivationPrep::Quantize);
+    EXPECT_EQ(launch.group_scales, c.groups);
+    ASSERT_TRUE(launch.gemm.has_value());
+    const std::string spec = jit::to_string(*launch.gemm);
+    EXPECT_TRUE(contains(spec, "grouped=true")) << spec;
+    EXPECT_TRUE(contains(spec, "glu=silu")) << spec;
+    EXPECT_TRUE(contains(spec, c.groups ? "act=e4m3_g128" : "act=")) << spec;
+  }
+  // One scale for the whole tensor: refused by name, forced or not.
+  GemmProblem p = problem_of("w=e4m3:ch:s=fp32;a=e4m3:t:s=fp32;o=bf16", 1024, 4096, 7168);
+  p.experts = 64;
+  const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+  const GroupedView view = grouped_view(p, facts, p.m);
+  SelectionContext context = context_of(kH200);
+  context.forced = "wgmma-fp8-128";
+  try {
+    select(view.problem, view.m, view.weight, context);
+    ADD_FAILURE() << "a tensor-scaled grouped problem took an 8-bit tile";
+  } catch (const Error& error) {
+    EXPECT_TRUE(contains(error.what(), "per token or per group")) << error.what();
+  }
+}
+
 // Dequantize + cuBLAS folds the per-row factors of quantized activations into the bf16 operand
 // only for a bf16 output (whose own rounding that is); fp16 and fp32 outputs keep the operand
 // exact and the finish applies the factors.

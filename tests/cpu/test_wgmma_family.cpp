@@ -572,7 +572,7 @@ TEST(WgmmaEightBit, SelectionFollowsTheMeasuredWinners) {
       EXPECT_EQ(chosen.name, c.winner);
     else
       EXPECT_FALSE(chosen.wgmma && chosen.wgmma->tile.eight_bit);
-  }  // The grouped kernels have no 8-bit mode: a grouped problem refuses them by name.
+  }  // Grouped, the 8-bit tiles are forced only (not yet measured): unforced, refused by name.
   GemmProblem grouped = problem_of("w4a8-fp8", 32768, 1536, 2048);
   grouped.input = formats::bf16;
   grouped.experts = 128;
@@ -608,6 +608,37 @@ void expect_forced_specs_compile_clean(const Format& codes,
     EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
     std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
                 lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+  }
+}
+
+// The grouped (MoE) 8-bit specs, as Engine::moe's forced gate_up GEMM launches them (per-token
+// e4m3 and int8 codes, 1x128-group e4m3 codes; with and without a fused GLU), compile for sm_90a
+// without spills, a stack frame or serialized wgmma.
+TEST(WgmmaEightBit, GroupedSpecsCompileWithoutSpills) {
+  jit::KernelCache cache(jit::CacheConfig{});
+  struct Case {
+    const char* scheme;
+    const char* config;
+    Format codes;
+    bool groups;
+    std::optional<GluKind> glu;
+  };
+  for (const Case& c : {Case{"w4a8-fp8", "wgmma-fp8-128", formats::e4m3, false, GluKind::Silu},
+                        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, GluKind::Silu},
+                        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, std::nullopt},
+                        Case{"w8a8-int8", "wgmma-int8-128", formats::int8, false,
+                             GluKind::ClampedSwiglu}}) {
+    const layout::MmaWeight w = wgmma_weight(c.scheme, 4096, 7168);
+    const WgmmaConfig& config = config_named(c.config);
+    const WgmmaLaunch launch = grouped_wgmma_launch(config, 32768, 256, 0, w, c.codes, kH200);
+    const jit::KernelSpec spec = wgmma_spec(config, launch, w, c.codes, formats::bf16,
+                                            jit::Arch::sm_90a, c.groups, true, c.glu);
+    SCOPED_TRACE(jit::to_string(spec));
+    const auto lookup = cache.get(spec);
+    ASSERT_TRUE(lookup.kernel);
+    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
   }
 }
 

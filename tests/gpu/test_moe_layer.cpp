@@ -1131,6 +1131,43 @@ TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
   EXPECT_NE(auto_kernel.find("order=wgmma"), std::string::npos) << auto_kernel;
 }
 
+// The gate_up GEMM forced onto an 8-bit wgmma tile (Engine::moe: the routed rows gathered as they
+// are, quantized after the gather per token or 1x128 group, multiplied as codes on FP8 / INT8
+// tensor cores; the down GEMM as the selector chooses), against the reference: fp8-block (1x128
+// groups promoted with the weight's 128-wide blocks), w4a8-fp8 and w8a8-int8 (per token), with
+// the GLU fused, biases, M = 7 and 300 (several token blocks an expert, partial blocks).
+// Written in the fourteenth session without a GPU to run it on: its first run is the check.
+TEST(MoeLayerGpu, EightBitGateUpMatchesTheReference) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the 8-bit wgmma tiles run on sm_90a only";
+  std::vector<LayerCase> cases;
+  struct Scheme8 {
+    const char* scheme;
+    const char* config;
+  };
+  int which = 0;
+  for (const Scheme8& s8 : {Scheme8{"fp8-block", "wgmma-fp8-128"},
+                            Scheme8{"w4a8-fp8", "wgmma-fp8-128"},
+                            Scheme8{"w8a8-int8", "wgmma-int8-128"}})
+    for (const std::int64_t m : {7, 300}) {
+      LayerCase c;
+      c.scheme = s8.scheme;
+      c.candidate = s8.config;
+      c.tokens = m;
+      c.experts = 8;
+      c.top_k = 2;
+      c.hidden = 512;
+      c.inter = 256;
+      c.role = ExpertRole::GateUp;
+      c.glu.kind = which % 2 ? GluKind::ClampedSwiglu : GluKind::Silu;
+      c.bias = which % 2 == 1;
+      cases.push_back(c);
+      ++which;
+    }
+  std::uint32_t salt = 900;
+  for (const LayerCase& c : cases) check_layer(c, ++salt);
+}
+
 // The GLU fused into the gate_up GEMM (ExpertRole::GateUp: gate and up rows interleaved in
 // blocks of 8 by the repack, kernels::glu_source_row) against the separate pass it replaces
 // (ExpertRole::Plain) and the reference: each GLU kind with and without biases; I = 20 and 100
