@@ -1172,7 +1172,7 @@ TEST(MoeLayerGpu, EightBitGateUpMatchesTheReference) {
 // blocks of 8 by the repack, kernels::glu_source_row) against the separate pass it replaces
 // (ExpertRole::Plain) and the reference: each GLU kind with and without biases; I = 20 and 100
 // (a last block of 8 half padding), 360; each grouped kernel forced (the decode kernel in both
-// orders and 8 / 16-row blocks, wgmma tiles of 16 and 64 tokens with 8, 16 and 32-token staging)
+// orders and 8 / 16-row blocks, wgmma tiles of 8, 16 and 64 tokens: 8, 16 and 32-token staging)
 // and the selector's own choice. Both layers pass the reference's bounds; the activation rows
 // they feed the down GEMM are the same bits (the same sums, rounded as the pass rounds them,
 // then the same GLU code, moe/glu.cuh), so the outputs agree to the rounding of the down
@@ -1187,7 +1187,7 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
   const GluKind kinds[] = {GluKind::Silu, GluKind::Gelu, GluKind::ClampedSwiglu};
   int which = 0;
   for (const std::int64_t inter : {20, 100, 360})
-    for (const char* candidate : {"", "decode", "decode-s4", "wgmma-16", "wgmma-64"}) {
+    for (const char* candidate : {"", "decode", "decode-s4", "wgmma-8", "wgmma-16", "wgmma-64"}) {
       const std::string forced = candidate;
       if (!sm90 && forced.rfind("wgmma", 0) == 0) continue;
       LayerCase c;
