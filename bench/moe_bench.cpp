@@ -270,8 +270,8 @@ int main(int argc, char** argv) {
       // The gate_up GEMM alone and with its routing and gather; the down GEMM alone. (An 8-bit
       // tile forced for the layer's gate_up takes its rows quantized in Engine::moe; the GEMMs
       // alone multiply 16-bit rows, so they run as the selector chooses then.)
-      const bool eight_bit = candidate.find("fp8") != std::string::npos ||
-                             candidate.find("int8") != std::string::npos;
+      const bool eight_bit =
+          candidate.find("fp8") != std::string::npos || candidate.find("int8") != std::string::npos;
       const std::string alone = eight_bit ? "" : candidate;
       qgemm::GemmProblem up_problem =
           qgemm::gemm_problem(gate_up_rows, slots, qgemm::formats::bf16, qgemm::formats::bf16);

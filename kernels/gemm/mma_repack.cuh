@@ -82,8 +82,7 @@ __global__ void __launch_bounds__(kThreads) mma_repack_kernel(MmaRepackArgs a) {
       if (n < 0) continue;  // GLU padding: its scale stays 0
       const long long k0 = static_cast<long long>(group) * a.group_size;
       const long long cell = (n / a.rows_per) * a.grid_cols + k0 / a.cols_per;
-      const long long at =
-          static_cast<long long>(group) * a.n_padded + Layout::scale_column(row);
+      const long long at = static_cast<long long>(group) * a.n_padded + Layout::scale_column(row);
       const float scale = decode_to_float<kScale>(read_stored_code<kScaleBytes>(a.scales, cell));
       a.scales_out[at] = scale;
       inexact_bf16 |= !packed16_scale_exact(scale, kPacked16Bf16, kBits);

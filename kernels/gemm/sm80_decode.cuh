@@ -626,6 +626,7 @@ struct DecodeGemm {
         // (moe/glue.cuh), and h j goes to C's column j (C has I = N / 2 columns; the bias keeps
         // the gate-then-up order, [experts][N]).
         const int inter = p.n / 2;
+        unsigned short* const c = static_cast<unsigned short*>(p.c);
         // The thread's 4 columns' biases, loaded once ahead of the stores (which the compiler
         // must assume could alias them).
         float gate_bias[4] = {}, up_bias[4] = {};
@@ -650,8 +651,7 @@ struct DecodeGemm {
               const float up = acc[q][bt][e + 2] * p.global_scale + up_bias[q];
               const float h = apply_glu(kGlu - 1, rounded_to_half<kOutput>(gate),
                                         rounded_to_half<kOutput>(up), p.glu_alpha, p.glu_limit);
-              static_cast<unsigned short*>(p.c)[static_cast<long long>(rows.row0 + row) * p.ldc +
-                                                j] = to_output_half<kOutput>(h);
+              c[static_cast<long long>(rows.row0 + row) * p.ldc + j] = to_output_half<kOutput>(h);
             }
         }
         return;
@@ -703,9 +703,9 @@ template <int kRows, int kWarps, int kStageBlocks, int kStages, unsigned long lo
           int kMinBlocks, bool kGrouped, int kOrder, int kGlu, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dense_decode_sm80(const DenseGemmParams params) {
-  using Gemm = DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup,
-                          kActivation == 0, kOutput, kSplitK, kDequant, kGrouped, kOrder == 1,
-                          kGlu>;
+  using Gemm =
+      DecodeGemm<kRows, kWarps, kStageBlocks, kStages, kFormat, kZeroMode, kGroup, kActivation == 0,
+                 kOutput, kSplitK, kDequant, kGrouped, kOrder == 1, kGlu>;
   static_assert(kThreads == Gemm::Shape::kThreads, "spec threads differ from the kernel's shape");
   static_assert(kDynamicSmemBytes == Gemm::Shape::kSharedBytes,
                 "spec shared memory differs from the kernel's shape");

@@ -117,8 +117,8 @@ struct WgmmaSumOf<true> {
 
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, bool kBf16, int kOutput,
-          bool kSplitK, int kDequant, bool kGrouped, int kCodes8 = -1,
-          bool kActGroupScales = false, int kGlu = 0>
+          bool kSplitK, int kDequant, bool kGrouped, int kCodes8 = -1, bool kActGroupScales = false,
+          int kGlu = 0>
 struct WgmmaGemm {
   static_assert(kGlu == 0 || (kGrouped && kOutput != kOutFp32),
                 "a fused GLU is the grouped gate_up GEMM's, with 16-bit rows out");
@@ -880,9 +880,9 @@ struct WgmmaGemm {
         for (int j = 0; j < kTokens / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            acc[4 * j + e] = apply_glu(kGlu - 1, rounded_to_half<kOutput>(acc[4 * j + e]),
-                                       rounded_to_half<kOutput>(acc[4 * j + 2 + e]),
-                                       p.glu_alpha, p.glu_limit);
+            acc[4 * j + e] =
+                apply_glu(kGlu - 1, rounded_to_half<kOutput>(acc[4 * j + e]),
+                          rounded_to_half<kOutput>(acc[4 * j + 2 + e]), p.glu_alpha, p.glu_limit);
       }
       if constexpr (kOutput == kOutFp32) {
 #pragma unroll
@@ -1014,13 +1014,11 @@ struct WgmmaGemm {
 // and must agree.
 template <int kConsumers, int kTokens, int kStageChunks, int kStages, bool kTransform,
           unsigned long long kFormat, int kZeroMode, int kGroup, int kActivation, int kOutput,
-          bool kSplitK, int kDequant, bool kGrouped, int kGlu, int kThreads,
-          int kDynamicSmemBytes>
+          bool kSplitK, int kDequant, bool kGrouped, int kGlu, int kThreads, int kDynamicSmemBytes>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_gemm_sm90(const __grid_constant__ WgmmaGemmParams params) {
-  using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat,
-                         kZeroMode, kGroup, kActivation == 0, kOutput, kSplitK, kDequant,
-                         kGrouped,
+  using Gemm = WgmmaGemm<kConsumers, kTokens, kStageChunks, kStages, kTransform, kFormat, kZeroMode,
+                         kGroup, kActivation == 0, kOutput, kSplitK, kDequant, kGrouped,
                          kActivation == 4   ? kCodes8S8
                          : kActivation >= 2 ? kCodes8E4m3
                                             : -1,

@@ -61,8 +61,7 @@ __device__ __forceinline__ void stmatrix_x2_trans(unsigned shared_address,
                : "memory");
 }
 __device__ __forceinline__ void stmatrix_x1_trans(unsigned shared_address, unsigned r) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" ::"r"(
-                   shared_address),
+  asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" ::"r"(shared_address),
                "r"(r)
                : "memory");
 }

@@ -191,18 +191,16 @@ Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
         const PackedWeight& packed = out.packed.back();
         const layout::CanonicalOnDevice source{
             canonical.codes.address(), canonical.scales.address(), canonical.zeros.address()};
-        return Impl::RepackedExpert{
-            layout::repack_for_mma_on_device(packed, source, impl_->arch, nullptr, order,
-                                             glu_inter),
-            packed.global_scale};
+        return Impl::RepackedExpert{layout::repack_for_mma_on_device(packed, source, impl_->arch,
+                                                                     nullptr, order, glu_inter),
+                                    packed.global_scale};
       });
   return out;
 }
 
 QuantWeight Engine::Impl::prepare_expert_set(const PackedWeight& first, std::size_t count,
-                                             const ActivationQuant& activation,
-                                             ExpertLayout layout, ExpertRole role,
-                                             const RepackExpert& repack_expert) {
+                                             const ActivationQuant& activation, ExpertLayout layout,
+                                             ExpertRole role, const RepackExpert& repack_expert) {
   require(role == ExpertRole::Plain || first.n % 2 == 0,
           "prepare_experts: role = gate_up with N = {} (rule: an even N, gate rows then up rows)",
           first.n);
@@ -238,8 +236,9 @@ QuantWeight Engine::Impl::prepare_expert_set(const PackedWeight& first, std::siz
   // A gate_up set for the fused GLU: its rows interleaved by the repack.
   const bool fuse_glu = role == ExpertRole::GateUp && fused_glu_enabled();
   if (role == ExpertRole::GateUp && !fuse_glu)
-    log(LogLevel::Info, "prepare_experts: role gate_up prepared as plain (QGEMM_FUSED_GLU=0): "
-                        "Engine::moe runs its GLU as a pass of its own");
+    log(LogLevel::Info,
+        "prepare_experts: role gate_up prepared as plain (QGEMM_FUSED_GLU=0): "
+        "Engine::moe runs its GLU as a pass of its own");
   const std::int64_t glu_inter = fuse_glu ? first.n / 2 : 0;
 
   // Each expert into the layout on the device, then copied there into one buffer per array
@@ -691,17 +690,16 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const DeviceMatrix act_rows{at<void>(base, act_rows_at), capacity, inter, ld_act,
                               hidden.dtype};
   if (fused_glu) {
-    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, act_rows, stream,
-                  options.gate_up_bias, memory, &blocks);
+    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, act_rows, stream, options.gate_up_bias,
+                  memory, &blocks);
   } else {
     const DeviceMatrix up_rows{at<void>(base, up_rows_at), capacity, 2 * inter, ld_up,
                                hidden.dtype};
-    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream,
-                  options.gate_up_bias, memory, &blocks);
+    impl_->run_in(*up_plan.data_, up_w, &gathered, nullptr, up_rows, stream, options.gate_up_bias,
+                  memory, &blocks);
     runtime::launch_moe_glu(
         impl_->kernel(jit::moe_glu_spec(hidden.dtype, hidden.dtype, impl_->arch)), routing,
-        options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act,
-        cu_stream);
+        options.activation, up_rows.data, up_rows.stride, inter, act_rows.data, ld_act, cu_stream);
   }
   const DeviceMatrix down_rows{at<void>(base, down_rows_at), capacity, h, h, formats::fp32};
   impl_->run_in(*down_plan.data_, down_w, &act_rows, nullptr, down_rows, stream, options.down_bias,

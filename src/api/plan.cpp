@@ -55,9 +55,10 @@ void validate(const GemmProblem& p) {
                      "256, a multiple of the kernel's token tile)",
                      p.route_block));
   if (p.glu && (p.experts == 0 || out.storage_bytes() != 2))
-    fail(fmt::format("glu = {} with experts = {} and output {} (rule: a fused GLU is a grouped "
-                     "gate_up GEMM's, with 16-bit output)",
-                     glu_kind_name(*p.glu), p.experts, out.name()));
+    fail(
+        fmt::format("glu = {} with experts = {} and output {} (rule: a fused GLU is a grouped "
+                    "gate_up GEMM's, with 16-bit output)",
+                    glu_kind_name(*p.glu), p.experts, out.name()));
   if (align < p.input.storage_bytes())
     fail(fmt::format("a_alignment = {} is below the {}-byte elements of A", align,
                      p.input.storage_bytes()));

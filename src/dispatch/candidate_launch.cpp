@@ -76,8 +76,8 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
       launch.mma = p.experts > 0 ? grouped_mma_launch(*launch.config, m, p.experts, p.route_block,
                                                       prepared, gpu)
                                  : mma_launch(*launch.config, m, prepared, gpu);
-      launch.gemm = mma_spec(*launch.config, launch.mma, prepared, launch.operand,
-                             p.scheme.output, arch, p.glu);
+      launch.gemm = mma_spec(*launch.config, launch.mma, prepared, launch.operand, p.scheme.output,
+                             arch, p.glu);
       break;
     }
     case Path::Wgmma:

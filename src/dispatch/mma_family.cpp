@@ -280,8 +280,7 @@ std::size_t mma_zeroed_bytes(const MmaConfig& config, const MmaLaunch& launch, s
 
 jit::KernelSpec mma_spec(const MmaConfig& c, const MmaLaunch& launch,
                          const layout::MmaWeight& weight, const Format& operand,
-                         const Format& output, jit::Arch arch,
-                         const std::optional<GluKind>& glu) {
+                         const Format& output, jit::Arch arch, const std::optional<GluKind>& glu) {
   if (glu && !launch.grouped)
     throw Error(ErrorCode::Internal, "mma family: a fused GLU without a grouped launch");
   jit::KernelSpec spec;

@@ -497,13 +497,15 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
             // per 1x128 group): a tensor absmax would see the capacity's unrouted rows.
             if (quant.scaling != ActivationScaling::DynamicToken &&
                 quant.scaling != ActivationScaling::DynamicGroup) {
-              reject("grouped (MoE) 8-bit tiles take activations scaled per token or per group "
-                     "(their rows are quantized after the gather)");
+              reject(
+                  "grouped (MoE) 8-bit tiles take activations scaled per token or per group "
+                  "(their rows are quantized after the gather)");
               break;
             }
             if (context.forced != candidate.name) {
-              reject("the grouped 8-bit tiles are not yet measured on a GPU (issue #17; a "
-                     "forced run takes them)");
+              reject(
+                  "the grouped 8-bit tiles are not yet measured on a GPU (issue #17; a "
+                  "forced run takes them)");
               break;
             }
           }

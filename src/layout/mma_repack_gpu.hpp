@@ -33,14 +33,12 @@ struct CanonicalOnDevice {
 // (N = 2·I) whose rows are interleaved for a fused GLU (kernels::glu_source_row).
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight,
                                          const CanonicalOnDevice& source, jit::Arch arch,
-                                         CUstream stream,
-                                         FragmentOrder order = FragmentOrder::Mma,
+                                         CUstream stream, FragmentOrder order = FragmentOrder::Mma,
                                          std::int64_t glu_inter = 0);
 // The same from a whole packed weight on the host, uploaded first (temporary device memory of
 // its own size, freed on return).
 MmaDeviceWeight repack_for_mma_on_device(const PackedWeight& weight, jit::Arch arch,
-                                         CUstream stream,
-                                         FragmentOrder order = FragmentOrder::Mma,
+                                         CUstream stream, FragmentOrder order = FragmentOrder::Mma,
                                          std::int64_t glu_inter = 0);
 
 }  // namespace qgemm::layout

@@ -246,9 +246,9 @@ TEST(Select, GroupedEightBitTilesAreForcedOnlyAndRowLocal) {
     const char* config;
     bool groups;  // 1x128 activation groups (promoted in the loop)
   };
-  for (const Case& c : {Case{"fp8-block", "wgmma-fp8-128", true},
-                        Case{"w4a8-fp8", "wgmma-fp8-128", false},
-                        Case{"w8a8-int8", "wgmma-int8-128", false}}) {
+  for (const Case& c :
+       {Case{"fp8-block", "wgmma-fp8-128", true}, Case{"w4a8-fp8", "wgmma-fp8-128", false},
+        Case{"w8a8-int8", "wgmma-int8-128", false}}) {
     SCOPED_TRACE(c.scheme);
     GemmProblem p = problem_of(c.scheme, 4096 * 8, 4096, 7168);
     p.experts = 256;

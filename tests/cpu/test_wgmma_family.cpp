@@ -623,11 +623,11 @@ TEST(WgmmaEightBit, GroupedSpecsCompileWithoutSpills) {
     bool groups;
     std::optional<GluKind> glu;
   };
-  for (const Case& c : {Case{"w4a8-fp8", "wgmma-fp8-128", formats::e4m3, false, GluKind::Silu},
-                        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, GluKind::Silu},
-                        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, std::nullopt},
-                        Case{"w8a8-int8", "wgmma-int8-128", formats::int8, false,
-                             GluKind::ClampedSwiglu}}) {
+  for (const Case& c :
+       {Case{"w4a8-fp8", "wgmma-fp8-128", formats::e4m3, false, GluKind::Silu},
+        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, GluKind::Silu},
+        Case{"fp8-block", "wgmma-fp8-128", formats::e4m3, true, std::nullopt},
+        Case{"w8a8-int8", "wgmma-int8-128", formats::int8, false, GluKind::ClampedSwiglu}}) {
     const layout::MmaWeight w = wgmma_weight(c.scheme, 4096, 7168);
     const WgmmaConfig& config = config_named(c.config);
     const WgmmaLaunch launch = grouped_wgmma_launch(config, 32768, 256, 0, w, c.codes, kH200);

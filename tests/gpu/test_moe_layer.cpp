@@ -466,8 +466,8 @@ TEST(MoeLayerGpu, CapturedLayerReplaysOnFreshRoutings) {
                "cuStreamBeginCapture");
   try {
     engine.moe({in.hidden.as<void>(), c.tokens, c.hidden, c.hidden, c.input},
-               in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(),
-               c.top_k, layer.gate_up_prepared, layer.down_prepared,
+               in.ids_device.as<const std::int32_t>(), in.weights_device.as<const float>(), c.top_k,
+               layer.gate_up_prepared, layer.down_prepared,
                {out.as<void>(), c.tokens, c.hidden, c.hidden, c.output}, fresh, options);
   } catch (const Error& error) {
     ADD_FAILURE() << "a capture on a new stream: " << error.what();
@@ -1146,9 +1146,9 @@ TEST(MoeLayerGpu, EightBitGateUpMatchesTheReference) {
     const char* config;
   };
   int which = 0;
-  for (const Scheme8& s8 : {Scheme8{"fp8-block", "wgmma-fp8-128"},
-                            Scheme8{"w4a8-fp8", "wgmma-fp8-128"},
-                            Scheme8{"w8a8-int8", "wgmma-int8-128"}})
+  for (const Scheme8& s8 :
+       {Scheme8{"fp8-block", "wgmma-fp8-128"}, Scheme8{"w4a8-fp8", "wgmma-fp8-128"},
+        Scheme8{"w8a8-int8", "wgmma-int8-128"}})
     for (const std::int64_t m : {7, 300}) {
       LayerCase c;
       c.scheme = s8.scheme;
@@ -1200,7 +1200,8 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
       c.scheme = which % 4 == 3 ? "mxfp4-a16" : "w4a16";
       c.candidate = forced;
       // The decode kernel reads the mma layout (every arch) and, on SM90, the wgmma order.
-      if (forced.rfind("decode", 0) == 0) c.layout = which % 2 ? ExpertLayout::Mma : ExpertLayout::Auto;
+      if (forced.rfind("decode", 0) == 0)
+        c.layout = which % 2 ? ExpertLayout::Mma : ExpertLayout::Auto;
       if (!sm90) c.layout = ExpertLayout::Auto;
       cases.push_back(c);
       ++which;
@@ -1208,8 +1209,7 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
   auto ulps_apart = [](const Format& type, double a, double b) {
     const double magnitude = std::max(std::abs(a), std::abs(b));
     const int mantissa = type.storage_bytes() == 4 ? 23 : type == formats::fp16 ? 10 : 7;
-    const double ulp =
-        magnitude > 0 ? std::ldexp(1.0, std::ilogb(magnitude) - mantissa) : 0x1p-30;
+    const double ulp = magnitude > 0 ? std::ldexp(1.0, std::ilogb(magnitude) - mantissa) : 0x1p-30;
     return std::abs(a - b) / ulp;
   };
   std::uint32_t salt = 700;
@@ -1217,9 +1217,8 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
     ++salt;
     std::vector<double> fused;
     c.role = ExpertRole::GateUp;
-    check_layer(c, salt, [&](const Layer&, const Inputs&, const std::vector<double>& out) {
-      fused = out;
-    });
+    check_layer(c, salt,
+                [&](const Layer&, const Inputs&, const std::vector<double>& out) { fused = out; });
     c.role = ExpertRole::Plain;
     check_layer(c, salt, [&](const Layer&, const Inputs&, const std::vector<double>& out) {
       ASSERT_EQ(out.size(), fused.size());
@@ -1248,8 +1247,8 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
   EXPECT_NO_THROW(engine.plan(problem, layer.gate_up_prepared));
   problem.experts = 0;
   EXPECT_THROW(engine.plan(problem, layer.gate_up_prepared), Error);  // a dense GLU
-  std::vector<PackedWeight> odd = {quantize_weight(layer.scheme.weight,
-                                                   std::vector<float>(7 * 256, 0.5f).data(), 7, 256)};
+  std::vector<PackedWeight> odd = {
+      quantize_weight(layer.scheme.weight, std::vector<float>(7 * 256, 0.5f).data(), 7, 256)};
   try {
     engine.prepare_experts(odd, {}, ExpertLayout::Auto, ExpertRole::GateUp);
     ADD_FAILURE() << "a gate_up set of 7 rows was prepared";
@@ -1257,8 +1256,9 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
     EXPECT_NE(std::string(error.what()).find("an even N"), std::string::npos) << error.what();
   }
   const test::ScopedEnv unfused("QGEMM_FUSED_GLU", "0");
-  EXPECT_EQ(engine.prepare_experts(layer.gate_up, {}, ExpertLayout::Auto, ExpertRole::GateUp).role(),
-            ExpertRole::Plain);
+  EXPECT_EQ(
+      engine.prepare_experts(layer.gate_up, {}, ExpertLayout::Auto, ExpertRole::GateUp).role(),
+      ExpertRole::Plain);
 }
 
 }  // namespace
