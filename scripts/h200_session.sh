@@ -26,6 +26,9 @@
 #   scripts/h200_session.sh eight-bit  the FP8 / INT8 wgmma tiles: their GPU test, memcheck over
 #                                   it, qgemm_dense_bench --fp8 (every config forced)
 #   scripts/h200_session.sh vllm-check  python/qgemm_vllm/gpu_check.py (issue #21)
+#   scripts/h200_session.sh moe8    the gate_up GEMM on the grouped 8-bit tiles (issue #17): its
+#                                   GPU test, memcheck over it, then DeepSeek-V3's fp8-block
+#                                   layer with wgmma-fp8-128 forced and as the selector chooses
 #   scripts/h200_session.sh glu-ab [CASE...]  the MoE layer with the GLU fused and as its own
 #                                   pass (QGEMM_FUSED_GLU=1 / 0), alternating, 3 rounds
 #                                   (qgemm_moe_bench --case LAYER:SCHEME:M; default: issue #17's)
@@ -272,6 +275,21 @@ multi)
     echo "multi_gpu world $world on $gpus GPU(s) rc=$? at ${SECONDS}s"
     grep -E "^\||multi_gpu:|Error" "$out/multi_$world.txt" | head -8
   done
+  ;;
+moe8)
+  tests=build-gpu/tests/qgemm_tests_gpu
+  timeout 200 $tests --gtest_filter='MoeLayerGpu.EightBitGateUp*' > "$out/moe8_tests.log" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED) |Failure|of its bound|seed" "$out/moe8_tests.log" | head -20
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
+    --gtest_filter='MoeLayerGpu.EightBitGateUp*' > "$out/moe8_memcheck.log" 2>&1
+  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/moe8_memcheck.log")"
+  for m in 256 4096; do
+    for candidate in wgmma-fp8-128 ""; do
+      timeout 120 build-gpu/bench/qgemm_moe_bench --case deepseek-v3:fp8-block:$m \
+        ${candidate:+--candidate $candidate} 2>&1 | tail -1 | sed "s/^/[${candidate:-auto}] /"
+    done
+  done | tee "$out/moe8_bench.txt"
   ;;
 glu-ab)
   cases=("${@:2}")
