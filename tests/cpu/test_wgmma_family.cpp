@@ -589,8 +589,20 @@ struct ForcedSpecCase {
   Format output;
 };
 
-// Each case's spec (its config forced, `codes` activation codes) compiles for sm_90a without
-// spills, a stack frame or wgmma that ptxas had to serialize.
+// `spec` compiles for sm_90a without spills, a stack frame or wgmma that ptxas had to
+// serialize (and its registers are printed).
+void expect_compiles_clean(jit::KernelCache& cache, const jit::KernelSpec& spec) {
+  SCOPED_TRACE(jit::to_string(spec));
+  const auto lookup = cache.get(spec);
+  ASSERT_TRUE(lookup.kernel);
+  EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
+  EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
+  EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
+  std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
+              lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+}
+
+// Each case's spec (its config forced, `codes` activation codes) compiles clean.
 void expect_forced_specs_compile_clean(const Format& codes,
                                        const std::vector<ForcedSpecCase>& cases) {
   jit::KernelCache cache(jit::CacheConfig{});
@@ -599,15 +611,7 @@ void expect_forced_specs_compile_clean(const Format& codes,
     const WgmmaConfig& config = config_named(c.config);
     ASSERT_FALSE(config.unsupported_reason(c.m, w, codes, kH200)) << c.config;
     const WgmmaLaunch launch = wgmma_launch(config, c.m, w, codes, kH200);
-    const jit::KernelSpec spec = wgmma_spec(config, launch, w, codes, c.output, jit::Arch::sm_90a);
-    SCOPED_TRACE(jit::to_string(spec));
-    const auto lookup = cache.get(spec);
-    ASSERT_TRUE(lookup.kernel);
-    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
-    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
-    std::printf("%s: %d registers, %d spill bytes\n", jit::to_string(spec).c_str(),
-                lookup.kernel->resources.registers, lookup.kernel->resources.spill_bytes());
+    expect_compiles_clean(cache, wgmma_spec(config, launch, w, codes, c.output, jit::Arch::sm_90a));
   }
 }
 
@@ -631,14 +635,8 @@ TEST(WgmmaEightBit, GroupedSpecsCompileWithoutSpills) {
     const layout::MmaWeight w = wgmma_weight(c.scheme, 4096, 7168);
     const WgmmaConfig& config = config_named(c.config);
     const WgmmaLaunch launch = grouped_wgmma_launch(config, 32768, 256, 0, w, c.codes, kH200);
-    const jit::KernelSpec spec = wgmma_spec(config, launch, w, c.codes, formats::bf16,
-                                            jit::Arch::sm_90a, c.groups, true, c.glu);
-    SCOPED_TRACE(jit::to_string(spec));
-    const auto lookup = cache.get(spec);
-    ASSERT_TRUE(lookup.kernel);
-    EXPECT_EQ(lookup.kernel->resources.spill_bytes(), 0);
-    EXPECT_EQ(lookup.kernel->resources.stack_frame_bytes, 0);
-    EXPECT_EQ(lookup.kernel->resources.wgmma_serializations, 0);
+    expect_compiles_clean(cache, wgmma_spec(config, launch, w, c.codes, formats::bf16,
+                                            jit::Arch::sm_90a, c.groups, true, c.glu));
   }
 }
 
