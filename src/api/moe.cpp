@@ -44,21 +44,22 @@ namespace {
 // 16-bit rows 16 bytes apart: TMA reads the grouped GEMMs' A rows (it zero-fills past K).
 std::int64_t row_stride(std::int64_t columns) { return (columns + 7) / 8 * 8; }
 
+// Whether the environment variable `name` is set to "0" (the switches below: read at each use,
+// so that a test can set them).
+bool switched_off(const char* name) {
+  const char* value = std::getenv(name);
+  return value && std::string_view(value) == "0";
+}
+
 // QGEMM_GROUPED_IN_PLACE=0 (read at each call) turns the in-place path off: moe_gemm_grouped
 // then gathers the rows and puts the results back everywhere. On by default since its GPU run
 // (H100, twelfth session, bench/NOTES.md) passed the grouped tests and recipe after the fix of
 // what its first run found (the table's workspace was sized for two ints an entry).
-bool grouped_in_place_allowed() {
-  const char* value = std::getenv("QGEMM_GROUPED_IN_PLACE");
-  return !(value && std::string_view(value) == "0");
-}
+bool grouped_in_place_allowed() { return !switched_off("QGEMM_GROUPED_IN_PLACE"); }
 
 // QGEMM_FUSED_GLU=0 (read when a set is prepared) prepares gate_up sets (ExpertRole::GateUp)
 // as plain ones: Engine::moe then runs the GLU as a pass of its own (the A/B of the fusion).
-bool fused_glu_enabled() {
-  const char* value = std::getenv("QGEMM_FUSED_GLU");
-  return !(value && std::string_view(value) == "0");
-}
+bool fused_glu_enabled() { return !switched_off("QGEMM_FUSED_GLU"); }
 
 // Why moe_gemm_grouped cannot read the caller's rows and write its output in place (null: it
 // can), the kernels reading and writing them through a table of token blocks (no gather, no
@@ -607,7 +608,10 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   // scheme says (a row's scales are its own, so each routed row gets its token's codes), and
   // multiplied as codes on FP8 / INT8 tensor cores; down then runs as the selector chooses.
   const ActivationQuant& quant = up_w.activation;
-  const dispatch::WgmmaConfig* forced = dispatch::find_wgmma_config(options.gemm_candidate);
+  // (Unforced, the common call, scans no configs.)
+  const dispatch::WgmmaConfig* forced = options.gemm_candidate.empty()
+                                            ? nullptr
+                                            : dispatch::find_wgmma_config(options.gemm_candidate);
   const bool eight_bit_up = quant.is_quantized() && forced && forced->tile.eight_bit;
   const GemmPlan up_plan = up_w.plan_for(key, [&] {
     GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);

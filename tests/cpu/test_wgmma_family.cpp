@@ -275,8 +275,7 @@ namespace qgemm::dispatch {
 namespace {
 
 const WgmmaConfig& config_named(std::string_view name) {
-  for (const WgmmaConfig& config : wgmma_configs())
-    if (config.name == name) return config;
+  if (const WgmmaConfig* config = find_wgmma_config(name)) return *config;
   throw std::runtime_error("no config " + std::string(name));
 }
 
