@@ -1,10 +1,13 @@
 #include "runtime/device_memory.hpp"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "qgemm/error.hpp"
@@ -33,6 +36,35 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
+}
+
+void prefault_host(void* begin, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr std::size_t kPerThread = std::size_t{16} << 20;  // a thread's start costs ~20 µs
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  // Whole pages inside the range: the partial ones at its ends may hold other objects' bytes
+  // (populating keeps contents, but madvise takes page-aligned starts only).
+  const std::uintptr_t first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
+  const std::uintptr_t end = (reinterpret_cast<std::uintptr_t>(begin) + bytes) / page * page;
+  if (end <= first) return;
+  const std::size_t span = end - first;
+  const std::size_t threads = std::clamp<std::size_t>(
+      span / kPerThread, 1, std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
+  const std::size_t share = (span / threads + page - 1) / page * page;
+  const auto populate = [&](std::size_t i) {
+    const std::size_t from = i * share;
+    if (from < span)
+      madvise(reinterpret_cast<void*>(first + from), std::min(share, span - from),
+              MADV_POPULATE_WRITE);  // an error leaves the pages to fault in during the copy
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t i = 1; i < threads; ++i) pool.emplace_back(populate, i);
+  populate(0);
+  for (std::thread& t : pool) t.join();
+#else
+  (void)begin;
+  (void)bytes;
+#endif
 }
 
 void DeviceBuffer::upload(const void* host, std::size_t bytes) {
@@ -111,6 +143,7 @@ void DeviceBuffer::download(void* host, std::size_t bytes) const {
   if (!bytes) return;
   if (bytes >= kStagedFrom) {
     auto* to = static_cast<unsigned char*>(host);
+    prefault_host(host, bytes);
     download_in_pieces(bytes, [&](const unsigned char* piece, std::size_t size) {
       std::memcpy(to, piece, size);
       to += size;
