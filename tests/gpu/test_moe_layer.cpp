@@ -1135,25 +1135,30 @@ TEST(MoeLayerGpu, GroupedDecodeGemmAloneInLargerRoutingBlocks) {
 // are, quantized after the gather per token or 1x128 group, multiplied as codes on FP8 / INT8
 // tensor cores; the down GEMM as the selector chooses), against the reference: fp8-block (1x128
 // groups promoted with the weight's 128-wide blocks), w4a8-fp8 and w8a8-int8 (per token), with
-// the GLU fused, biases, M = 7 and 300 (several token blocks an expert, partial blocks).
-// Written in the fourteenth session without a GPU to run it on: its first run is the check.
+// the GLU fused, biases on and off. Each M takes the tile its rows an expert fill (a tile refuses
+// rows that fill less than half of its token blocks, forced or not): M = 7 (~2 rows an expert)
+// the 8-token tile, 40 (~10) the 16-token one, 300 (~75: partial blocks) the 128-token one.
+// (Its first run, fifteenth session, forced the 128-token tile at M = 7 and met that rule.)
 TEST(MoeLayerGpu, EightBitGateUpMatchesTheReference) {
   QGEMM_REQUIRE_GPU();
   if (!on_sm90()) GTEST_SKIP() << "the 8-bit wgmma tiles run on sm_90a only";
   std::vector<LayerCase> cases;
   struct Scheme8 {
     const char* scheme;
-    const char* config;
+    const char* tiles;  // the config names less their token count: "wgmma-fp8-"
+  };
+  struct Rows {
+    std::int64_t tokens;
+    const char* tile;
   };
   int which = 0;
-  for (const Scheme8& s8 :
-       {Scheme8{"fp8-block", "wgmma-fp8-128"}, Scheme8{"w4a8-fp8", "wgmma-fp8-128"},
-        Scheme8{"w8a8-int8", "wgmma-int8-128"}})
-    for (const std::int64_t m : {7, 300}) {
+  for (const Scheme8& s8 : {Scheme8{"fp8-block", "wgmma-fp8-"}, Scheme8{"w4a8-fp8", "wgmma-fp8-"},
+                            Scheme8{"w8a8-int8", "wgmma-int8-"}})
+    for (const Rows& rows : {Rows{7, "8"}, Rows{40, "16"}, Rows{300, "128"}}) {
       LayerCase c;
       c.scheme = s8.scheme;
-      c.candidate = s8.config;
-      c.tokens = m;
+      c.candidate = std::string(s8.tiles) + rows.tile;
+      c.tokens = rows.tokens;
       c.experts = 8;
       c.top_k = 2;
       c.hidden = 512;
@@ -1165,7 +1170,10 @@ TEST(MoeLayerGpu, EightBitGateUpMatchesTheReference) {
       ++which;
     }
   std::uint32_t salt = 900;
-  for (const LayerCase& c : cases) check_layer(c, ++salt);
+  for (const LayerCase& c : cases) {
+    SCOPED_TRACE(c.scheme + " " + c.candidate + " M = " + std::to_string(c.tokens));
+    check_layer(c, ++salt);
+  }
 }
 
 // The GLU fused into the gate_up GEMM (ExpertRole::GateUp: gate and up rows interleaved in
