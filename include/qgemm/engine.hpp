@@ -215,6 +215,12 @@ class Engine {
                                                 ExpertLayout layout = ExpertLayout::Auto,
                                                 ExpertRole role = ExpertRole::Plain,
                                                 void* stream = nullptr);
+  // The same set prepared with nothing downloaded (prepare_weight's device form for experts):
+  // for engines that keep no host copy of the weights.
+  QuantWeight prepare_experts(const std::vector<DeviceMatrix>& experts, const WeightQuant& quant,
+                              const ActivationQuant& activation = {},
+                              ExpertLayout layout = ExpertLayout::Auto,
+                              ExpertRole role = ExpertRole::Plain, void* stream = nullptr);
 
   // The grouped GEMM alone, for engines that route themselves:
   //   rows_out[p] = rows_in[p] · W_eᵀ (+ bias[e]),  e = routing.block_experts[p / block]

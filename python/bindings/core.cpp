@@ -111,6 +111,30 @@ qgemm::DeviceMatrix device_matrix(const CudaArray& t, const char* name, int devi
   return m;
 }
 
+// A CUDA array [E, N, K] as E matrices [N, K] (expert x starts x · stride(0) elements in): 3-D
+// with E >= 1, unit column stride, bf16 / fp16 / fp32, on `device`.
+std::vector<qgemm::DeviceMatrix> expert_matrices(const CudaArray& experts, int device,
+                                                 const char* function) {
+  qgemm::require(experts.ndim() == 3 && experts.shape(0) >= 1,
+                 "{}: experts must be 3-D [E, N, K] with E >= 1 ({} dimensions given)", function,
+                 experts.ndim());
+  qgemm::require(experts.stride(2) == 1 || experts.shape(2) == 1,
+                 "{}: experts must have unit column stride (stride {} given)", function,
+                 experts.stride(2));
+  qgemm::require(experts.device_id() == device, "{}: experts are on GPU {}, the engine on GPU {}",
+                 function, experts.device_id(), device);
+  qgemm::DeviceMatrix one;
+  one.dtype = matrix_format(experts, "experts", function);
+  one.rows = static_cast<std::int64_t>(experts.shape(1));
+  one.cols = static_cast<std::int64_t>(experts.shape(2));
+  one.stride = one.rows > 1 ? static_cast<std::int64_t>(experts.stride(1)) : one.cols;
+  std::vector<qgemm::DeviceMatrix> matrices(experts.shape(0), one);
+  for (std::size_t x = 0; x < matrices.size(); ++x)
+    matrices[x].data = static_cast<unsigned char*>(experts.data()) +
+                       static_cast<std::int64_t>(x) * experts.stride(0) * one.dtype.storage_bytes();
+  return matrices;
+}
+
 // An expert layout by name (auto, wgmma, mma).
 qgemm::ExpertLayout expert_layout_of(const std::string& layout, const char* function) {
   if (layout == "wgmma") return qgemm::ExpertLayout::Wgmma;
@@ -364,28 +388,10 @@ NB_MODULE(_core, m) {
           [](qgemm::Engine& e, const CudaArray& experts, const qgemm::Scheme& scheme,
              const std::string& layout, const std::string& role, std::uintptr_t stream) {
             constexpr const char* kFunction = "Engine.quantize_and_prepare_experts";
-            qgemm::require(experts.ndim() == 3 && experts.shape(0) >= 1,
-                           "{}: experts must be 3-D [E, N, K] with E >= 1 ({} dimensions given)",
-                           kFunction, experts.ndim());
+            const std::vector<qgemm::DeviceMatrix> matrices =
+                expert_matrices(experts, e.device(), kFunction);
             const qgemm::ExpertLayout expert_layout = expert_layout_of(layout, kFunction);
             const qgemm::ExpertRole expert_role = expert_role_of(role, kFunction);
-            qgemm::require(experts.stride(2) == 1 || experts.shape(2) == 1,
-                           "{}: experts must have unit column stride (stride {} given)",
-                           kFunction, experts.stride(2));
-            qgemm::require(experts.device_id() == e.device(),
-                           "{}: experts are on GPU {}, the engine on GPU {}", kFunction,
-                           experts.device_id(), e.device());
-            // Expert x: the matrix [N, K] that starts x · stride(0) elements in.
-            qgemm::DeviceMatrix one;
-            one.dtype = matrix_format(experts, "experts", kFunction);
-            one.rows = static_cast<std::int64_t>(experts.shape(1));
-            one.cols = static_cast<std::int64_t>(experts.shape(2));
-            one.stride = one.rows > 1 ? static_cast<std::int64_t>(experts.stride(1)) : one.cols;
-            std::vector<qgemm::DeviceMatrix> matrices(experts.shape(0), one);
-            for (std::size_t x = 0; x < matrices.size(); ++x)
-              matrices[x].data = static_cast<unsigned char*>(experts.data()) +
-                                 static_cast<std::int64_t>(x) * experts.stride(0) *
-                                     one.dtype.storage_bytes();
             nb::gil_scoped_release release;
             qgemm::Engine::QuantizedExperts both = e.quantize_and_prepare_experts(
                 matrices, scheme.weight, scheme.activation, expert_layout, expert_role,
@@ -397,6 +403,23 @@ NB_MODULE(_core, m) {
           "Expert weights on this GPU (a CUDA array [E, N, K], bf16, fp16 or fp32) quantized "
           "there: ([PackedWeight] * E, QuantWeight), what quantize_weight per expert and "
           "prepare_experts give, without quantizing twice or uploading back.")
+      .def(
+          "prepare_experts",
+          [](qgemm::Engine& e, const CudaArray& experts, const qgemm::Scheme& scheme,
+             const std::string& layout, const std::string& role, std::uintptr_t stream) {
+            constexpr const char* kFunction = "Engine.prepare_experts";
+            const std::vector<qgemm::DeviceMatrix> matrices =
+                expert_matrices(experts, e.device(), kFunction);
+            const qgemm::ExpertLayout expert_layout = expert_layout_of(layout, kFunction);
+            const qgemm::ExpertRole expert_role = expert_role_of(role, kFunction);
+            nb::gil_scoped_release release;
+            return e.prepare_experts(matrices, scheme.weight, scheme.activation, expert_layout,
+                                     expert_role, reinterpret_cast<void*>(stream));
+          },
+          nb::arg("experts"), nb::arg("scheme"), nb::arg("layout") = "auto",
+          nb::arg("role") = "plain", nb::arg("stream") = 0,
+          "The same set from a CUDA array [E, N, K] quantized on this GPU and prepared there, "
+          "nothing downloaded (no host copy: the CPU path and a state_dict need one).")
       .def(
           "moe",
           [](qgemm::Engine& e, const CudaArray& hidden, const CudaArray& topk_ids,

@@ -121,11 +121,13 @@ class QuantLinear(torch.nn.Module):
         return self
 
     @classmethod
-    def from_float(cls, linear: torch.nn.Linear, scheme, *,
-                   max_rows: int = 65536) -> "QuantLinear":
+    def from_float(cls, linear: torch.nn.Linear, scheme, *, max_rows: int = 65536,
+                   host_copy: bool = True) -> "QuantLinear":
         """A torch.nn.Linear quantized (round to nearest, as qgemm.quantize_weight): on its GPU
         when it lies on one, else on the host, the same codes either way; the bias is kept in
-        the layer's dtype and device."""
+        the layer's dtype and device. host_copy=False (a weight on a GPU only): no host packed
+        form is kept (qgemm.ops.quantize_and_register), so nothing leaves the GPU; the layer
+        then serves that GPU, and state_dict, copies and the CPU path say they need the form."""
         if not isinstance(linear, torch.nn.Linear):
             raise Error(f"QuantLinear.from_float: linear must be a torch.nn.Linear "
                         f"({type(linear).__name__} given)")
@@ -138,7 +140,7 @@ class QuantLinear(torch.nn.Module):
             module.bias.data.copy_(linear.bias.detach())
         if weight.is_cuda:  # prepared where it lies: the packed form comes down, nothing goes up
             module.qweight = ops.quantize_and_register(_device_quantizable(weight), scheme,
-                                                       max_rows)
+                                                       max_rows, host_copy=host_copy)
             return module
         return module.set_weight(_quantize(scheme, weight))
 
@@ -178,7 +180,7 @@ class QuantLinear(torch.nn.Module):
     def get_extra_state(self):
         if self.qweight is None:
             return {"scheme": str(self.scheme)}
-        p = self.qweight.packed
+        p = self.qweight._entry.host_packed("QuantLinear.state_dict")
         permutation = self.input_permutation
         return {"scheme": str(self.scheme), "codes": torch.from_numpy(p.codes.copy()),
                 "scales": torch.from_numpy(p.scales.copy()),
@@ -247,9 +249,10 @@ class QuantMoE(torch.nn.Module):
 
     @classmethod
     def from_float(cls, gate_up: torch.Tensor, down: torch.Tensor, scheme,
-                   activation: str = "silu", **kwargs) -> "QuantMoE":
+                   activation: str = "silu", *, host_copy: bool = True,
+                   **kwargs) -> "QuantMoE":
         """Quantizes float experts (gate_up [E, 2I, H], down [E, H, I]) as QuantLinear.from_float
-        does: on their GPU when they lie on one, else on the host."""
+        does: on their GPU when they lie on one (host_copy as there), else on the host."""
         scheme = _scheme(scheme, "QuantMoE.from_float")
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0]:
             raise Error(f"QuantMoE.from_float: gate_up must be [E, 2I, H] and down [E, H, I] "
@@ -257,7 +260,8 @@ class QuantMoE(torch.nn.Module):
         if gate_up.is_cuda and down.device == gate_up.device:
             # Prepared where they lie: the packed forms come down, nothing goes up.
             experts = ops.quantize_and_register_experts(_device_quantizable(gate_up),
-                                                        _device_quantizable(down), scheme)
+                                                        _device_quantizable(down), scheme,
+                                                        host_copy=host_copy)
         else:
             experts = ops.register_experts([_quantize(scheme, w) for w in gate_up],
                                            [_quantize(scheme, w) for w in down], scheme)
@@ -332,7 +336,7 @@ def _fused_experts_activation(module: torch.nn.Module) -> Optional[str]:
 
 
 def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[str]] = ("lm_head",),
-                   *, max_rows: int = 65536) -> torch.nn.Module:
+                   *, max_rows: int = 65536, host_copy: bool = True) -> torch.nn.Module:
     """Replaces, in place, every torch.nn.Linear of `model` (exactly that type: subclasses such
     as MultiheadAttention's out_proj are read by their owners as plain weights) with a
     QuantLinear quantized as `scheme`, and every transformers fused-experts module (MoE layers'
@@ -340,7 +344,8 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
     _ignored: full names, trailing names such as "lm_head", globs, "re:" regular expressions;
     routers are Linears or parameters of their own, so "gate" / "router" keep them). A module
     shared by two owners stays shared. Returns the model (the replacement when `model` itself is
-    a Linear)."""
+    a Linear). host_copy=False: layers on a GPU keep no host packed form (QuantLinear.from_float),
+    for a model that is only served there."""
     scheme = _scheme(scheme, "quantize_model")
     if isinstance(ignore, str):
         ignore = (ignore,)
@@ -349,7 +354,7 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
         raise Error(f"quantize_model: ignore must hold module names or patterns (strings): "
                     f"{ignore!r}")
     if type(model) is torch.nn.Linear:
-        return QuantLinear.from_float(model, scheme, max_rows=max_rows)
+        return QuantLinear.from_float(model, scheme, max_rows=max_rows, host_copy=host_copy)
     targets = []
     for owner_name, owner in model.named_modules(remove_duplicate=False):
         for child_name, child in owner.named_children():
@@ -369,10 +374,12 @@ def quantize_model(model: torch.nn.Module, scheme, ignore: Union[str, Iterable[s
             _return_cached_memory()
             try:
                 if type(child) is torch.nn.Linear:
-                    replacement = QuantLinear.from_float(child, scheme, max_rows=max_rows)
+                    replacement = QuantLinear.from_float(child, scheme, max_rows=max_rows,
+                                                         host_copy=host_copy)
                 else:
                     replacement = QuantMoE.from_float(child.gate_up_proj, child.down_proj, scheme,
-                                                      _fused_experts_activation(child))
+                                                      _fused_experts_activation(child),
+                                                      host_copy=host_copy)
                 replacements[id(child)] = replacement
             except ValueError as error:
                 raise Error(f"quantize_model: {name}: {error}") from error

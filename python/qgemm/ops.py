@@ -147,18 +147,36 @@ def _release(registry: dict, handle: int) -> None:
         registry.pop(handle, None)
 
 
-class _Entry(_PerDevice):
-    """A registered weight: its scheme, the host canonical form (the CPU path and any new
-    device's preparation read it) and its prepared form (a QuantWeight) per device."""
+def _no_host_copy(what: str) -> Error:
+    return Error(f"{what} needs the weight's host packed form, and it was quantized on the GPU "
+                 "with host_copy=False, which keeps none (rule: quantize with host_copy=True for "
+                 "the CPU path, a state_dict, a copy or another GPU)")
 
-    def __init__(self, packed: PackedWeight, scheme: Scheme, max_rows: int):
+
+class _Entry(_PerDevice):
+    """A registered weight: its scheme, shape, the host canonical form (the CPU path and any new
+    device's preparation read it; None where the weight was quantized on a GPU with
+    host_copy=False) and its prepared form (a QuantWeight) per device."""
+
+    def __init__(self, packed: Optional[PackedWeight], scheme: Scheme, max_rows: int,
+                 shape: Optional[tuple] = None):
         super().__init__()
-        self.packed = packed
+        self._packed = packed
+        self.n, self.k = (packed.n, packed.k) if packed is not None else shape
         self.scheme = scheme
         self.max_rows = max_rows
 
+    def host_packed(self, what: str) -> PackedWeight:
+        """The host canonical form, which `what` (named in the error) needs."""
+        if self._packed is None:
+            raise _no_host_copy(what)
+        return self._packed
+
+    packed = property(lambda self: self.host_packed("qgemm: the packed weight"))
+
     def _prepare(self, e: Engine) -> QuantWeight:
-        return e.prepare_weight(self.packed, self.scheme, self.max_rows)
+        return e.prepare_weight(self.host_packed("qgemm: preparing a weight on another GPU"),
+                                self.scheme, self.max_rows)
 
 
 class RegisteredWeight:
@@ -179,10 +197,22 @@ class RegisteredWeight:
         self._entry = _Entry(packed, scheme, int(max_rows))
         self.handle = _enter(self, _registry, self._entry)
 
-    packed = property(lambda self: self._entry.packed, doc="The host canonical packed weight.")
+    @classmethod
+    def _prepared_only(cls, n: int, k: int, scheme: Scheme, max_rows: int, device: int,
+                       prepared: QuantWeight) -> "RegisteredWeight":
+        """A weight prepared on `device` with no host packed form (host_copy=False)."""
+        registered = cls.__new__(cls)
+        registered._entry = _Entry(None, scheme, int(max_rows), (n, k))
+        registered._entry.prepared[device] = prepared
+        registered.handle = _enter(registered, _registry, registered._entry)
+        return registered
+
+    packed = property(lambda self: self._entry.packed,
+                      doc="The host canonical packed weight (an Error with host_copy=False).")
+    has_host_copy = property(lambda self: self._entry._packed is not None)
     scheme = property(lambda self: self._entry.scheme)
-    n = property(lambda self: self._entry.packed.n, doc="Output features (the weight's rows).")
-    k = property(lambda self: self._entry.packed.k, doc="Input features.")
+    n = property(lambda self: self._entry.n, doc="Output features (the weight's rows).")
+    k = property(lambda self: self._entry.k, doc="Input features.")
     max_rows = property(lambda self: self._entry.max_rows)
 
     def __repr__(self):
@@ -192,7 +222,7 @@ class RegisteredWeight:
     def __reduce__(self):
         # The canonical parts, from which a copy registers a weight of its own (a shared handle
         # would be released by whichever copy goes first).
-        p = self.packed
+        p = self._entry.host_packed("copying a RegisteredWeight (pickle, deepcopy)")
         zeros = p.zeros if p.zeros.size else None
         return (_rebuild, (str(self.scheme), p.n, p.k, p.codes, p.scales, zeros, p.global_scale,
                            self.max_rows))
@@ -212,17 +242,26 @@ def register_weight(packed: PackedWeight, scheme, max_rows: int = 65536) -> Regi
     return RegisteredWeight(packed, scheme, max_rows)
 
 
-def quantize_and_register(weight: torch.Tensor, scheme, max_rows: int = 65536) -> RegisteredWeight:
+def quantize_and_register(weight: torch.Tensor, scheme, max_rows: int = 65536, *,
+                          host_copy: bool = True) -> RegisteredWeight:
     """A CUDA weight [n, k] (bf16, fp16 or fp32) quantized on its GPU (round to nearest, the codes
     qgemm.quantize_weight gives) and registered, prepared there from that one quantization: the
-    host packed form (the CPU path, state_dict) is downloaded, nothing is uploaded back."""
+    host packed form (the CPU path, state_dict, copies, other GPUs) is downloaded, nothing is
+    uploaded back. host_copy=False keeps no host form: nothing leaves the GPU (the download into
+    fresh host memory is most of the time otherwise), and what needs the host form says so."""
     if not weight.is_cuda:
         raise Error(f"quantize_and_register: weight must be a CUDA tensor ({weight.device} given; "
                     "qgemm.quantize_weight quantizes on the host)")
     scheme = _scheme_of(scheme, "quantize_and_register")
     device = _cuda_index(weight.device)
+    if int(max_rows) < 1:
+        raise Error(f"quantize_and_register: max_rows must be at least 1 ({max_rows} given)")
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
+        if not host_copy:
+            prepared = engine(device).prepare_weight(weight.detach(), scheme, int(max_rows), stream)
+            return RegisteredWeight._prepared_only(weight.shape[0], weight.shape[1], scheme,
+                                                   max_rows, device, prepared)
         packed, prepared = engine(device).quantize_and_prepare_weight(
             weight.detach(), scheme, int(max_rows), stream)
     registered = RegisteredWeight(packed, scheme, max_rows)
@@ -294,12 +333,12 @@ def _check(a: torch.Tensor, weight, n, bias: Optional[torch.Tensor],
     # may be symbolic), and only where it is registered (the real kernels say when it is not).
     entry = _registry.get(weight) if isinstance(weight, int) else None
     if entry is not None:
-        if isinstance(n, int) and n != entry.packed.n:
-            raise Error(f"qgemm.gemm: n = {n}, but weight {weight} has n = {entry.packed.n}")
+        if isinstance(n, int) and n != entry.n:
+            raise Error(f"qgemm.gemm: n = {n}, but weight {weight} has n = {entry.n}")
         k = a.shape[-1]
-        if isinstance(k, int) and k != entry.packed.k:
+        if isinstance(k, int) and k != entry.k:
             raise Error(f"qgemm.gemm: a has {k} columns (its last dimension); weight {weight} "
-                        f"has k = {entry.packed.k}")
+                        f"has k = {entry.k}")
     return out_dtype
 
 
@@ -364,7 +403,7 @@ def _gemm_cpu(a, weight, n, bias=None, out_dtype=None):
     a_host = np.ascontiguousarray(a2.to(torch.float32).numpy())
     bias_host = None if bias is None else \
         np.ascontiguousarray(bias.detach().to(torch.float32).numpy())
-    c = reference_gemm(scheme, a_host, entry.packed, bias_host)
+    c = reference_gemm(scheme, a_host, entry.host_packed("qgemm.gemm on the CPU"), bias_host)
     # The reference rounded every value to out_dtype already: this conversion is exact.
     return torch.from_numpy(c).to(out_dtype).reshape(*a.shape[:-1], n)
 
@@ -385,19 +424,27 @@ GLU_ACTIVATIONS = ("silu", "gelu", "clamped-swiglu")
 
 
 class _ExpertsEntry(_PerDevice):
-    """Registered expert weights: the host canonical experts (the CPU path reads them) and their
-    prepared pair (gate_up, down) per device."""
+    """Registered expert weights: their count and shape, the host canonical experts (the CPU path
+    reads them; None with host_copy=False) and their prepared pair (gate_up, down) per device."""
 
-    def __init__(self, gate_up, down, scheme: Scheme):
+    def __init__(self, gate_up, down, scheme: Scheme, shape: Optional[tuple] = None):
         super().__init__()
-        self.gate_up = list(gate_up)
-        self.down = list(down)
+        self._host = None if gate_up is None else (list(gate_up), list(down))
+        self.experts, self.hidden, self.intermediate = (
+            shape if gate_up is None else (len(gate_up), gate_up[0].k, down[0].k))
         self.scheme = scheme
 
+    def host_experts(self, what: str) -> tuple[list, list]:
+        """The host (gate_up, down) packed experts, which `what` (named in the error) needs."""
+        if self._host is None:
+            raise _no_host_copy(what)
+        return self._host
+
     def _prepare(self, e: Engine) -> tuple[QuantWeight, QuantWeight]:
+        gate_up, down = self.host_experts("qgemm: preparing experts on another GPU")
         # gate_up in the interleaved rows of the fused GLU (it serves Engine.moe only).
-        return (e.prepare_experts(self.gate_up, self.scheme, role="gate_up"),
-                e.prepare_experts(self.down, self.scheme))
+        return (e.prepare_experts(gate_up, self.scheme, role="gate_up"),
+                e.prepare_experts(down, self.scheme))
 
 
 class RegisteredExperts:
@@ -420,9 +467,23 @@ class RegisteredExperts:
         self._entry = _ExpertsEntry(gate_up, down, scheme)
         self.handle = _enter(self, _experts_registry, self._entry)
 
-    experts = property(lambda self: len(self._entry.gate_up))
-    hidden = property(lambda self: self._entry.gate_up[0].k, doc="H: the layer's in/out features.")
-    intermediate = property(lambda self: self._entry.down[0].k, doc="I: one expert's width.")
+    @classmethod
+    def _prepared_only(cls, experts: int, hidden: int, intermediate: int, scheme: Scheme,
+                       device: int, prepared: tuple) -> "RegisteredExperts":
+        """Experts prepared on `device` with no host packed forms (host_copy=False)."""
+        registered = cls.__new__(cls)
+        registered._entry = _ExpertsEntry(None, None, scheme, (experts, hidden, intermediate))
+        registered._entry.prepared[device] = prepared
+        registered.handle = _enter(registered, _experts_registry, registered._entry)
+        return registered
+
+    experts = property(lambda self: self._entry.experts)
+    hidden = property(lambda self: self._entry.hidden, doc="H: the layer's in/out features.")
+    intermediate = property(lambda self: self._entry.intermediate, doc="I: one expert's width.")
+    packed = property(lambda self: self._entry.host_experts("qgemm: the packed experts"),
+                      doc="The host canonical (gate_up, down) lists (an Error with "
+                          "host_copy=False).")
+    has_host_copy = property(lambda self: self._entry._host is not None)
     scheme = property(lambda self: self._entry.scheme)
 
     def __repr__(self):
@@ -433,12 +494,13 @@ class RegisteredExperts:
 _experts_registry: dict[int, _ExpertsEntry] = {}
 
 
-def quantize_and_register_experts(gate_up: torch.Tensor, down: torch.Tensor,
-                                  scheme) -> RegisteredExperts:
+def quantize_and_register_experts(gate_up: torch.Tensor, down: torch.Tensor, scheme, *,
+                                  host_copy: bool = True) -> RegisteredExperts:
     """Float experts on a GPU (gate_up [E, 2I, H]: gate rows, then up rows; down [E, H, I])
     quantized there (round to nearest, the codes qgemm.quantize_weight gives per expert) and
     registered, prepared there from that one quantization: the host packed forms (the CPU path)
-    are downloaded, nothing is uploaded back."""
+    are downloaded, nothing is uploaded back; host_copy=False keeps none (quantize_and_register's
+    rule)."""
     if not gate_up.is_cuda or gate_up.device != down.device:
         raise Error(f"quantize_and_register_experts: gate_up and down must be CUDA tensors on "
                     f"one device ({gate_up.device}, {down.device} given)")
@@ -447,6 +509,15 @@ def quantize_and_register_experts(gate_up: torch.Tensor, down: torch.Tensor,
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         e = engine(device)
+        if not host_copy:
+            if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[0] != down.shape[0] or \
+                    gate_up.shape[1] != 2 * down.shape[2] or down.shape[1] != gate_up.shape[2]:
+                raise Error(f"quantize_and_register_experts: gate_up must be [E, 2I, H] and down "
+                            f"[E, H, I] ({list(gate_up.shape)}, {list(down.shape)} given)")
+            prepared = (e.prepare_experts(gate_up.detach(), scheme, "auto", "gate_up", stream),
+                        e.prepare_experts(down.detach(), scheme, "auto", "plain", stream))
+            return RegisteredExperts._prepared_only(gate_up.shape[0], gate_up.shape[2],
+                                                    down.shape[2], scheme, device, prepared)
         gate_up_packed, gate_up_prepared = e.quantize_and_prepare_experts(
             gate_up.detach(), scheme, "auto", "gate_up", stream)
         down_packed, down_prepared = e.quantize_and_prepare_experts(
@@ -491,10 +562,9 @@ def _check_moe(hidden, topk_ids, topk_weights, experts, activation, expert_map):
                                    expert_map.dtype not in (torch.int32, torch.int64)):
         raise Error("qgemm.moe: expert_map must be a 1-D int32/int64 tensor (local id or -1)")
     entry = _experts_registry.get(experts) if isinstance(experts, int) else None
-    if entry is not None and isinstance(hidden.shape[1], int) and \
-            hidden.shape[1] != entry.gate_up[0].k:
+    if entry is not None and isinstance(hidden.shape[1], int) and hidden.shape[1] != entry.hidden:
         raise Error(f"qgemm.moe: hidden has {hidden.shape[1]} columns; the experts' H is "
-                    f"{entry.gate_up[0].k}")
+                    f"{entry.hidden}")
 
 
 @torch.library.custom_op("qgemm::moe", mutates_args=())
@@ -540,6 +610,7 @@ def _moe_cpu(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1
     entry = _experts(experts)
     if hidden.shape[0] == 0:
         return torch.empty_like(hidden)
+    gate_up, down = entry.host_experts("qgemm.moe on the CPU")
     dtype = ACTIVATION_DTYPES[hidden.dtype]
     scheme = _call_scheme(str(entry.scheme), dtype, dtype)
     ids = topk_ids.detach().to(torch.int64).numpy()
@@ -550,9 +621,9 @@ def _moe_cpu(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=1
         weights[mapped < 0] = 0.0
         ids = np.where(mapped < 0, 0, mapped)
     host = lambda t: None if t is None else np.ascontiguousarray(  # noqa: E731
-        t.detach().to(torch.float32).reshape(len(entry.gate_up), -1).numpy())
+        t.detach().to(torch.float32).reshape(len(gate_up), -1).numpy())
     out = reference_moe_layer(scheme, np.ascontiguousarray(hidden.detach().to(torch.float32).numpy()),
-                              entry.gate_up, entry.down,
+                              gate_up, down,
                               np.ascontiguousarray(ids.astype(np.int32)),
                               np.ascontiguousarray(weights), activation, alpha, limit, dtype,
                               host(gate_up_bias), host(down_bias))

@@ -114,8 +114,8 @@ def test_quant_moe_module_and_expert_parallelism(rng):
     assert full.shape == x.shape
     # This rank holds the even experts (as local 0..3): its output is the full layer with the
     # odd experts' choices left out.
-    local = QuantMoE(qgemm.ops.register_experts(module.experts._entry.gate_up[::2],
-                                                module.experts._entry.down[::2], "w4a16"))
+    gate_up, down = module.experts.packed
+    local = QuantMoE(qgemm.ops.register_experts(gate_up[::2], down[::2], "w4a16"))
     expert_map = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)
     part = local(x, ids, weights, expert_map)
     kept = weights * (ids % 2 == 0)

@@ -3,6 +3,8 @@ opcheck, torch.compile (fullgraph) and CUDA graph capture and replay.
 
 Needs torch with CUDA and a GPU: skipped, with the reason, elsewhere."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -307,8 +309,8 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
     gate_up[1] *= 3  # a different global scale for expert 1
     host = qgemm.nn.QuantMoE.from_float(gate_up, down, scheme_text)
     gpu = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), scheme_text)
-    for mine, theirs in zip(gpu.experts._entry.gate_up + gpu.experts._entry.down,
-                            host.experts._entry.gate_up + host.experts._entry.down):
+    for mine, theirs in zip(gpu.experts.packed[0] + gpu.experts.packed[1],
+                            host.experts.packed[0] + host.experts.packed[1]):
         assert np.array_equal(mine.codes, theirs.codes)
         assert np.array_equal(mine.scales, theirs.scales)
         assert mine.global_scale == theirs.global_scale
@@ -323,3 +325,57 @@ def test_from_float_takes_the_gpu_quantizer_for_a_cuda_layer_and_gets_the_host_c
     assert gate_up_weight.device_bytes > 0 and down_weight.device_bytes > 0
     # gate_up interleaved for the GLU fused into its GEMM (Engine.moe only), down plain.
     assert (gate_up_weight.role, down_weight.role) == ("gate_up", "plain")
+
+
+@pytest.mark.parametrize("scheme_text", ["w4a16", "mxfp4-a16"])
+def test_host_copy_false_serves_the_same_outputs_and_names_what_needs_the_host_form(rng,
+                                                                                   scheme_text):
+    """from_float(host_copy=False) prepares on the GPU with nothing downloaded: the same kernels
+    on the same codes, so the outputs equal host_copy=True's bit for bit; what needs the host
+    packed form (state_dict, the CPU path, a copy, the packed property) raises, naming the
+    rule."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    linear = torch.nn.Linear(512, 192).to(torch.bfloat16).cuda()
+    kept = QuantLinear.from_float(linear, scheme_text)
+    lean = QuantLinear.from_float(linear, scheme_text, host_copy=False)
+    assert kept.qweight.has_host_copy and not lean.qweight.has_host_copy
+    assert (lean.qweight.n, lean.qweight.k) == (192, 512)
+    x = torch.randn(23, 512, device="cuda", dtype=torch.bfloat16)
+    expected = kept(x)
+    assert torch.isfinite(expected).all() and expected.abs().max() > 0
+    assert torch.equal(lean(x), expected)
+    rule = "host_copy=False, which keeps none"
+    with pytest.raises(qgemm.Error, match=f"QuantLinear.state_dict needs .*{rule}"):
+        lean.state_dict()
+    with pytest.raises(qgemm.Error, match=f"qgemm.gemm on the CPU needs .*{rule}"):
+        lean.cpu()(x.cpu())
+    with pytest.raises(qgemm.Error, match=f"copying a RegisteredWeight .*{rule}"):
+        copy.deepcopy(lean.qweight)
+    with pytest.raises(qgemm.Error, match=rule):
+        lean.qweight.packed
+
+    gate_up, down = torch.randn(4, 96, 256) / 16, torch.randn(4, 256, 48) / 7
+    kept_moe = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), scheme_text)
+    lean_moe = qgemm.nn.QuantMoE.from_float(gate_up.cuda(), down.cuda(), scheme_text,
+                                            host_copy=False)
+    assert not lean_moe.experts.has_host_copy
+    assert (lean_moe.experts.experts, lean_moe.experts.hidden,
+            lean_moe.experts.intermediate) == (4, 256, 48)
+    hidden = torch.randn(19, 256, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 4, (19, 2), device="cuda")
+    weights = torch.rand(19, 2, device="cuda")
+    expected = kept_moe(hidden, ids, weights)
+    assert torch.isfinite(expected).all() and expected.abs().max() > 0
+    assert torch.equal(lean_moe(hidden, ids, weights), expected)
+    with pytest.raises(qgemm.Error, match=f"qgemm.moe on the CPU needs .*{rule}"):
+        lean_moe(hidden.cpu(), ids.cpu(), weights.cpu())
+    with pytest.raises(qgemm.Error, match=rule):
+        lean_moe.experts.packed
+
+    # quantize_model passes it on.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 64)).to(torch.bfloat16).cuda()
+    qgemm.nn.quantize_model(model, scheme_text, ignore=(), host_copy=False)
+    assert all(isinstance(model[i], QuantLinear) and not model[i].qweight.has_host_copy
+               for i in (0, 2))
+    assert torch.isfinite(model(torch.randn(5, 256, device="cuda", dtype=torch.bfloat16))).all()

@@ -267,6 +267,13 @@ struct Engine::Impl {
   QuantWeight prepare_expert_set(const PackedWeight& first, std::size_t count,
                                  const ActivationQuant& activation, ExpertLayout layout,
                                  ExpertRole role, const RepackExpert& repack_expert);
+  // Device experts quantized here one at a time and repacked from their device arrays (which go
+  // before the next expert's come), each one's packed form downloaded into `packed` when given:
+  // quantize_and_prepare_experts and prepare_experts' device form. `function` names errors.
+  QuantWeight quantize_expert_set(const std::vector<DeviceMatrix>& experts,
+                                  const WeightQuant& quant, const ActivationQuant& activation,
+                                  ExpertLayout layout, ExpertRole role, void* stream,
+                                  std::vector<PackedWeight>* packed, const char* function);
 
   // A new prepared weight of this engine with `like`'s quantization, shape and global scale
   // (its layouts still to fill).

@@ -156,47 +156,63 @@ QuantWeight Engine::prepare_experts(const std::vector<PackedWeight>& experts,
       });
 }
 
-Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
-    const std::vector<DeviceMatrix>& experts, const WeightQuant& quant,
-    const ActivationQuant& activation, ExpertLayout layout, ExpertRole role, void* stream) {
-  impl_->make_current();
-  require(!experts.empty() && experts.size() <= 4096,
-          "quantize_and_prepare_experts: {} experts (rule: 1 .. 4096)", experts.size());
+QuantWeight Engine::Impl::quantize_expert_set(const std::vector<DeviceMatrix>& experts,
+                                              const WeightQuant& quant,
+                                              const ActivationQuant& activation,
+                                              ExpertLayout layout, ExpertRole role, void* stream,
+                                              std::vector<PackedWeight>* packed,
+                                              const char* function) {
+  make_current();
+  require(!experts.empty() && experts.size() <= 4096, "{}: {} experts (rule: 1 .. 4096)", function,
+          experts.size());
   const DeviceMatrix& first = experts.front();
   for (std::size_t e = 0; e < experts.size(); ++e)
     require(experts[e].rows == first.rows && experts[e].cols == first.cols,
-            "quantize_and_prepare_experts: expert {} is {}x{} but expert 0 is {}x{} (rule: one "
-            "shape for every expert)",
-            e, experts[e].rows, experts[e].cols, first.rows, first.cols);
+            "{}: expert {} is {}x{} but expert 0 is {}x{} (rule: one shape for every expert)",
+            function, e, experts[e].rows, experts[e].cols, first.rows, first.cols);
   quant_detail::validate_weight(quant, first.rows, first.cols);
   PackedWeight shape;
   shape.quant = quant;
   shape.n = first.rows;
   shape.k = first.cols;
-  QuantizedExperts out;
-  out.packed.reserve(experts.size());
-  // One expert at a time: quantized on the device, its packed form downloaded, repacked from
-  // its device arrays (which go before the next expert's come).
-  out.prepared = impl_->prepare_expert_set(
+  if (packed) packed->reserve(experts.size());
+  const quant_detail::HostScales host_scales =
+      packed ? quant_detail::HostScales::Copy : quant_detail::HostScales::Leave;
+  return prepare_expert_set(
       shape, experts.size(), activation, layout, role,
       [&](std::size_t e, layout::FragmentOrder order, std::int64_t glu_inter) {
         quant_detail::DeviceQuantizedWeight canonical;
         try {
-          canonical = quant_detail::quantize_weight_on_device(experts[e], quant, impl_->arch,
-                                                              static_cast<CUstream>(stream));
+          canonical = quant_detail::quantize_weight_on_device(
+              experts[e], quant, arch, static_cast<CUstream>(stream), host_scales);
         } catch (const Error& error) {  // which expert, beside the element it names
-          throw Error(error.code(),
-                      fmt::format("quantize_and_prepare_experts: expert {}: {}", e, error.what()));
+          throw Error(error.code(), fmt::format("{}: expert {}: {}", function, e, error.what()));
         }
-        out.packed.push_back(quant_detail::downloaded(canonical));
-        const PackedWeight& packed = out.packed.back();
+        if (packed) packed->push_back(quant_detail::downloaded(canonical));
+        // The repack reads the device arrays; of the packed form only the metadata.
+        const PackedWeight& meta = packed ? packed->back() : canonical.meta;
         const layout::CanonicalOnDevice source{
             canonical.codes.address(), canonical.scales.address(), canonical.zeros.address()};
-        return Impl::RepackedExpert{layout::repack_for_mma_on_device(packed, source, impl_->arch,
-                                                                     nullptr, order, glu_inter),
-                                    packed.global_scale};
+        return RepackedExpert{
+            layout::repack_for_mma_on_device(meta, source, arch, nullptr, order, glu_inter),
+            meta.global_scale};
       });
+}
+
+Engine::QuantizedExperts Engine::quantize_and_prepare_experts(
+    const std::vector<DeviceMatrix>& experts, const WeightQuant& quant,
+    const ActivationQuant& activation, ExpertLayout layout, ExpertRole role, void* stream) {
+  QuantizedExperts out;
+  out.prepared = impl_->quantize_expert_set(experts, quant, activation, layout, role, stream,
+                                            &out.packed, "quantize_and_prepare_experts");
   return out;
+}
+
+QuantWeight Engine::prepare_experts(const std::vector<DeviceMatrix>& experts,
+                                    const WeightQuant& quant, const ActivationQuant& activation,
+                                    ExpertLayout layout, ExpertRole role, void* stream) {
+  return impl_->quantize_expert_set(experts, quant, activation, layout, role, stream, nullptr,
+                                    "prepare_experts");
 }
 
 QuantWeight Engine::Impl::prepare_expert_set(const PackedWeight& first, std::size_t count,
