@@ -32,6 +32,9 @@
 #   scripts/h200_session.sh glu-ab [CASE...]  the MoE layer with the GLU fused and as its own
 #                                   pass (QGEMM_FUSED_GLU=1 / 0), alternating, 3 rounds
 #                                   (qgemm_moe_bench --case LAYER:SCHEME:M; default: issue #17's)
+#   scripts/h200_session.sh moe-candidates CASE CONFIG...  the MoE layer of CASE (qgemm_moe_bench
+#                                   --case LAYER:SCHEME:M) with each grouped config forced ("auto":
+#                                   the selector's), alternating, 3 rounds
 #   scripts/h200_session.sh e2e MODEL VARIANTS [ARG...]  scripts/e2e_bench.py (issue #18): one
 #                                   model, the variants given (comma-separated), in one call
 #   scripts/h200_session.sh multi   scripts/multi_gpu.py (issue #20) on this machine's GPUs:
@@ -304,6 +307,15 @@ glu-ab)
       done
     done
   done | tee "$out/glu_ab.txt"
+  ;;
+moe-candidates)
+  for round in 1 2 3; do
+    for config in "${@:3}"; do
+      candidate=$config; [ "$config" = auto ] && candidate=
+      timeout 90 build-gpu/bench/qgemm_moe_bench --case "$2" ${candidate:+--candidate $candidate} \
+        2>&1 | tail -1 | cut -c1-62 | sed "s/^/round $round $config /"
+    done
+  done | tee "$out/moe_candidates.txt"
   ;;
 vllm-check)
   # The vLLM plugin's layers on the GPU without vLLM (issue #21 item 7).
