@@ -180,7 +180,7 @@ class QuantLinear(torch.nn.Module):
     def get_extra_state(self):
         if self.qweight is None:
             return {"scheme": str(self.scheme)}
-        p = self.qweight._entry.host_packed("QuantLinear.state_dict")
+        p = self.qweight.host_packed("QuantLinear.state_dict")
         permutation = self.input_permutation
         return {"scheme": str(self.scheme), "codes": torch.from_numpy(p.codes.copy()),
                 "scales": torch.from_numpy(p.scales.copy()),

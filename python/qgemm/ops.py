@@ -210,6 +210,11 @@ class RegisteredWeight:
     packed = property(lambda self: self._entry.packed,
                       doc="The host canonical packed weight (an Error with host_copy=False).")
     has_host_copy = property(lambda self: self._entry._packed is not None)
+
+    def host_packed(self, what: str) -> PackedWeight:
+        """`packed`, for `what` (which the error of a weight kept without it names)."""
+        return self._entry.host_packed(what)
+
     scheme = property(lambda self: self._entry.scheme)
     n = property(lambda self: self._entry.n, doc="Output features (the weight's rows).")
     k = property(lambda self: self._entry.k, doc="Input features.")
@@ -222,7 +227,7 @@ class RegisteredWeight:
     def __reduce__(self):
         # The canonical parts, from which a copy registers a weight of its own (a shared handle
         # would be released by whichever copy goes first).
-        p = self._entry.host_packed("copying a RegisteredWeight (pickle, deepcopy)")
+        p = self.host_packed("copying a RegisteredWeight (pickle, deepcopy)")
         zeros = p.zeros if p.zeros.size else None
         return (_rebuild, (str(self.scheme), p.n, p.k, p.codes, p.scales, zeros, p.global_scale,
                            self.max_rows))
