@@ -28,7 +28,8 @@
 #   scripts/h200_session.sh vllm-check  python/qgemm_vllm/gpu_check.py (issue #21)
 #   scripts/h200_session.sh moe8    the gate_up GEMM on the grouped 8-bit tiles (issue #17): its
 #                                   GPU test, memcheck over it, then DeepSeek-V3's fp8-block
-#                                   layer with wgmma-fp8-128 forced and as the selector chooses
+#                                   layer with an 8-bit tile forced (wgmma-fp8-8 at M = 256, -128 at
+#                                   4096) and as the selector chooses
 #   scripts/h200_session.sh glu-ab [CASE...]  the MoE layer with the GLU fused and as its own
 #                                   pass (QGEMM_FUSED_GLU=1 / 0), alternating, 3 rounds
 #                                   (qgemm_moe_bench --case LAYER:SCHEME:M; default: issue #17's)
