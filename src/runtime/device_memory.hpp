@@ -12,10 +12,11 @@
 namespace qgemm::runtime {
 
 // Maps the pages of [begin, begin + bytes) for writing, on several threads at once. A first
-// touch of fresh host memory ran at ~1.5 GB/s on one thread on the device host (a page fault per
-// 4 KiB: bench/NOTES.md, fourteenth session), the large downloads' whole cost; the kernel serves
-// faults of different threads in parallel. Best effort: nothing happens where the kernel lacks
-// MADV_POPULATE_WRITE (Linux < 5.14), and the copy then faults the pages in as before.
+// touch of fresh host memory ran at 1.2-1.5 GB/s on one thread on the device hosts (a page fault
+// per 4 KiB), the large downloads' whole cost; faulted from 8 threads the download ran ~1.8x
+// faster there (bench/NOTES.md, fifteenth session: those hosts' faults scale little; where
+// nothing may come down at all, see host_copy=False). Best effort: nothing happens where the
+// kernel lacks MADV_POPULATE_WRITE (Linux < 5.14), and the copy then faults the pages in.
 void prefault_host(void* begin, std::size_t bytes);
 
 class DeviceBuffer {
