@@ -49,6 +49,19 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a 
 # Incremental: a warm machine keeps build-gpu from the last call, the sources may have changed.
 OUT="$out" scripts/gpu_build.sh || exit 1
 echo "built at ${SECONDS}s"
+# The GPU tests TESTS (log $out/NAME_tests.log), then compute-sanitizer memcheck over MEMCHECK
+# (NAME_memcheck.log), each within its timeout: a mode's own kernels checked before its bench.
+#   tests_and_memcheck NAME TESTS TESTS_TIMEOUT MEMCHECK MEMCHECK_TIMEOUT
+tests_and_memcheck() {
+  local tests=build-gpu/tests/qgemm_tests_gpu
+  timeout "$3" $tests --gtest_filter="$2" > "$out/$1_tests.log" 2>&1
+  echo "$1 tests rc=$? at ${SECONDS}s"
+  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|of its bound|seed|runs checked" \
+    "$out/$1_tests.log" | head -40
+  timeout "$5" compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
+    --gtest_filter="$4" > "$out/$1_memcheck.log" 2>&1
+  echo "$1 memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/$1_memcheck.log")"
+}
 # The quantized-activation rows of fallback.yaml timed from bf16 and from codes: qgemm (bf16
 # in) − qgemm-codes is the activation quantizer's time.
 actquant_bench() {
@@ -134,14 +147,8 @@ sweep)
   grep -E "wrong|crash|hang|qgemm check" "$out/sweep.txt" | head -30; tail -1 "$out/sweep.txt"
   ;;
 moe-decode)
-  tests=build-gpu/tests/qgemm_tests_gpu
-  filter='MoeLayerGpu.GroupedDecode*'
-  timeout 200 $tests --gtest_filter="$filter" > "$out/decode_tests.log" 2>&1
-  echo "grouped decode tests rc=$? at ${SECONDS}s"
-  grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |Failure|rel .* of its bound|seed" "$out/decode_tests.log" | head -40
-  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
-    --gtest_filter='MoeLayerGpu.GroupedDecodeGemmAlone*' > "$out/decode_memcheck.log" 2>&1
-  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/decode_memcheck.log")"
+  tests_and_memcheck decode 'MoeLayerGpu.GroupedDecode*' 200 \
+    'MoeLayerGpu.GroupedDecodeGemmAlone*' 100
   timeout 150 build-gpu/bench/qgemm_moe_bench --decode > "$out/moe_decode_bench.txt" 2>&1
   echo "decode bench rc=$? at ${SECONDS}s"; cat "$out/moe_decode_bench.txt"
   # The same kernel reading the experts in the wgmma order (SM90's auto layout).
@@ -255,16 +262,9 @@ grouped)
 eight-bit)
   # The FP8 and INT8 wgmma tiles (#16): their GPU test (sampled), memcheck over it, then every
   # config forced on the issue's rows (qgemm_dense_bench --fp8: FP8 and INT8 rows).
-  tests=build-gpu/tests/qgemm_tests_gpu
-  QGEMM_GPU_TEST_SUBSET=1 timeout 200 $tests \
-    --gtest_filter='WgmmaGemmGpu.EightBitConfigs*:WgmmaGemmGpu.Fp8ConfigsRefuse*' \
-    > "$out/eight_bit_tests.log" 2>&1
-  echo "tests rc=$? at ${SECONDS}s"
-  grep -E "^\[  (PASSED|FAILED) |Failure|seed|runs checked" "$out/eight_bit_tests.log" | head -20
-  QGEMM_GPU_TEST_SUBSET=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    --print-limit 20 $tests --gtest_filter='WgmmaGemmGpu.EightBitConfigs*' \
-    > "$out/eight_bit_memcheck.log" 2>&1
-  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/eight_bit_memcheck.log")"
+  QGEMM_GPU_TEST_SUBSET=1 tests_and_memcheck eight_bit \
+    'WgmmaGemmGpu.EightBitConfigs*:WgmmaGemmGpu.Fp8ConfigsRefuse*' 200 \
+    'WgmmaGemmGpu.EightBitConfigs*' 150
   left=$((${DEADLINE:-560} - SECONDS)); [ $left -gt 30 ] || left=30
   timeout $left build-gpu/bench/qgemm_dense_bench --fp8 > "$out/eight_bit_bench.txt" 2>&1
   echo "bench rc=$? at ${SECONDS}s"; cat "$out/eight_bit_bench.txt"
@@ -281,13 +281,7 @@ multi)
   done
   ;;
 moe8)
-  tests=build-gpu/tests/qgemm_tests_gpu
-  timeout 200 $tests --gtest_filter='MoeLayerGpu.EightBitGateUp*' > "$out/moe8_tests.log" 2>&1
-  echo "tests rc=$? at ${SECONDS}s"
-  grep -E "^\[  (PASSED|FAILED) |Failure|of its bound|seed" "$out/moe8_tests.log" | head -20
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 $tests \
-    --gtest_filter='MoeLayerGpu.EightBitGateUp*' > "$out/moe8_memcheck.log" 2>&1
-  echo "memcheck rc=$? at ${SECONDS}s: $(grep 'ERROR SUMMARY' "$out/moe8_memcheck.log")"
+  tests_and_memcheck moe8 'MoeLayerGpu.EightBitGateUp*' 200 'MoeLayerGpu.EightBitGateUp*' 120
   # The tile each M's rows an expert fill (256 experts, top 8: 8 rows at M = 256, 128 at 4096);
   # a 4096-token layer takes ~75 s on an H100 with its JIT compiles.
   for run in 256:wgmma-fp8-8 256: 4096:wgmma-fp8-128 4096:; do
