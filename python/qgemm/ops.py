@@ -259,8 +259,6 @@ def quantize_and_register(weight: torch.Tensor, scheme, max_rows: int = 65536, *
                     "qgemm.quantize_weight quantizes on the host)")
     scheme = _scheme_of(scheme, "quantize_and_register")
     device = _cuda_index(weight.device)
-    if int(max_rows) < 1:
-        raise Error(f"quantize_and_register: max_rows must be at least 1 ({max_rows} given)")
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         if not host_copy:
