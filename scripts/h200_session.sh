@@ -7,7 +7,8 @@
 #   scripts/h200_session.sh profile SCHEME:M:N:K CONFIG...   the forced configs' times on one case,
 #                                   then ncu of each CONFIG (a wgmma/decode candidate name)
 #   scripts/h200_session.sh moe     the MoE GPU tests, then qgemm_moe_bench (issue #17's rows)
-#   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 300) on the GPU (issue #19)
+#   scripts/h200_session.sh sweep [N]   qgemm sweep --n N (default 1000) on the GPU (issue #19),
+#                                   12 cases at once
 #   scripts/h200_session.sh sanitize    memcheck, racecheck, synccheck over one test of every
 #                                   kernel family (sampled matrices; issue #19)
 #   scripts/h200_session.sh moe-decode   the grouped decode kernel: its GPU tests, memcheck
@@ -142,7 +143,10 @@ sanitize)
   done
   ;;
 sweep)
-  timeout 560 build-gpu/qgemm sweep --n "${2:-300}" --moe --backend gpu > "$out/sweep.txt" 2>&1
+  # 12 cases at once: a case's time is mostly the host's (NVRTC, the CPU reference in double),
+  # and the machine has 16 cores.
+  timeout 560 build-gpu/qgemm sweep --n "${2:-1000}" --jobs 12 --moe --backend gpu \
+    > "$out/sweep.txt" 2>&1
   echo "sweep rc=$? at ${SECONDS}s"
   grep -E "wrong|crash|hang|qgemm check" "$out/sweep.txt" | head -30; tail -1 "$out/sweep.txt"
   ;;

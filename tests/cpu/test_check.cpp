@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -469,6 +471,19 @@ TEST(SweepCli, CountsEveryConfigurationAndReplaysItsSeed) {
   // The same seed draws the same four configurations.
   const CommandOutput again = run_cli("sweep --n 4 --seed 11 --backend cpu --max-work 3e8");
   EXPECT_EQ(again.out, text.out);
+  // Three at once: the same cases and verdicts, each line whole (in the order they end).
+  const CommandOutput parallel =
+      run_cli("sweep --n 4 --seed 11 --backend cpu --max-work 3e8 --jobs 3");
+  ASSERT_EQ(parallel.status, 0) << parallel.out;
+  const auto sorted_lines = [](const std::string& out) {
+    std::vector<std::string> lines;
+    std::istringstream stream(out);
+    for (std::string line; std::getline(stream, line);) lines.push_back(line);
+    std::sort(lines.begin(), lines.end());
+    return lines;
+  };
+  EXPECT_EQ(sorted_lines(parallel.out), sorted_lines(text.out)) << parallel.out;
+  EXPECT_EQ(run_cli("sweep --n 2 --backend cpu --jobs 0").status, 2);
   EXPECT_EQ(run_cli("sweep --n 0 --backend cpu").status, 2);
   EXPECT_EQ(run_cli("sweep --n 2 --backend cpu --timeout 0").status, 2);
 }

@@ -1,7 +1,7 @@
 // qgemm sweep: random configurations checked against the CPU reference (issue #19).
 //
 //   qgemm sweep --n N [--seed S] [--backend auto|cpu|gpu] [--timeout SECONDS] [--max-work W]
-//               [--moe] [--json]
+//               [--moe] [--json] [--jobs J]
 //
 // Each configuration draws a scheme (a preset, or a compact form built from every weight
 // format, granularity and group size, scale format, zero-point mode, activation quantization
@@ -20,9 +20,11 @@
 //
 // Every case runs in a child process, so that a crash (a signal) or a hang (past --timeout) is
 // that case's outcome and the sweep goes on; the parent never touches the GPU (a CUDA context
-// does not survive fork). Each failure is printed with the `qgemm check` command that reruns
-// it. Exit status: 0 when every case passed (or was refused by the rules with their reason),
-// 1 when any was wrong, crashed or hung, 2 bad arguments.
+// does not survive fork); --jobs J keeps J children running at once (most of a case's time is
+// the host's: NVRTC and the CPU reference), each case's messages printed under its line when it
+// ends. Each failure is printed with the `qgemm check` command that reruns it. Exit status: 0 when
+// every case passed (or was refused by the rules with their reason), 1 when any was wrong, crashed
+// or hung, 2 bad arguments.
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -58,6 +60,7 @@ struct SweepOptions {
   double max_work = 2e10;  // M·N·K
   bool moe = false;
   bool json = false;
+  int jobs = 1;  // cases running at once (their child processes share the GPU)
 };
 
 struct Case {
@@ -242,37 +245,69 @@ const char* outcome_name(Outcome o) {
     std::fprintf(stderr, "  exception: %s\n", error.what());
     status = 4;
   }
+  std::fflush(stdout);
   std::fflush(stderr);
   _exit(status);
 }
 
-Outcome run_case(const Case& c, const std::string& backend, double timeout_s) {
+// A case running in its child process. The child's stdout and stderr go to `log` (a temporary
+// file), which the parent prints under the case's line once it ends: with several children at
+// once, their messages would interleave otherwise.
+struct RunningCase {
+  int index = 0;
+  pid_t pid = -1;
+  std::FILE* log = nullptr;
+  std::chrono::steady_clock::time_point start;
+};
+
+RunningCase start_case(int index, const Case& c, const std::string& backend) {
   std::fflush(stdout);
   std::fflush(stderr);
-  const pid_t child = fork();
-  if (child < 0) throw Error(ErrorCode::Internal, "qgemm sweep: fork failed");
-  if (child == 0) run_child(c, backend);
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    int status = 0;
-    const pid_t done = waitpid(child, &status, WNOHANG);
-    if (done == child) {
-      if (WIFSIGNALED(status)) return Outcome::Crash;
-      switch (WEXITSTATUS(status)) {
-        case 0: return Outcome::Pass;
-        case 1: return Outcome::Wrong;
-        case 3: return Outcome::Refused;
-        default: return Outcome::Crash;  // an exception that is not a qgemm::Error
-      }
-    }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-        timeout_s) {
-      kill(child, SIGKILL);
-      waitpid(child, &status, 0);
-      return Outcome::Hang;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  RunningCase run{index, -1, std::tmpfile(), std::chrono::steady_clock::now()};
+  if (run.log == nullptr) throw Error(ErrorCode::Internal, "qgemm sweep: tmpfile failed");
+  run.pid = fork();
+  if (run.pid < 0) throw Error(ErrorCode::Internal, "qgemm sweep: fork failed");
+  if (run.pid == 0) {
+    dup2(fileno(run.log), STDOUT_FILENO);
+    dup2(fileno(run.log), STDERR_FILENO);
+    run_child(c, backend);
   }
+  return run;
+}
+
+// The case's outcome once its child has ended (or was killed past `timeout_s`: a hang), else
+// nothing yet.
+std::optional<Outcome> poll_case(const RunningCase& run, double timeout_s) {
+  int status = 0;
+  const pid_t done = waitpid(run.pid, &status, WNOHANG);
+  if (done == run.pid) {
+    if (WIFSIGNALED(status)) return Outcome::Crash;
+    switch (WEXITSTATUS(status)) {
+      case 0: return Outcome::Pass;
+      case 1: return Outcome::Wrong;
+      case 3: return Outcome::Refused;
+      default: return Outcome::Crash;  // an exception that is not a qgemm::Error
+    }
+  }
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - run.start).count() >
+      timeout_s) {
+    kill(run.pid, SIGKILL);
+    waitpid(run.pid, &status, 0);
+    return Outcome::Hang;
+  }
+  return std::nullopt;
+}
+
+// What the child printed, then the file closed (and removed: tmpfile's).
+std::string take_log(RunningCase& run) {
+  std::string text;
+  std::rewind(run.log);
+  char buffer[4096];
+  for (std::size_t got; (got = std::fread(buffer, 1, sizeof buffer, run.log)) > 0;)
+    text.append(buffer, got);
+  std::fclose(run.log);
+  run.log = nullptr;
+  return text;
 }
 
 std::string placement_text(const check::MatrixPlacement& p) {
@@ -301,6 +336,8 @@ int run(const SweepOptions& options) {
   require(options.n >= 1, "qgemm sweep: --n = {} (rule: at least 1)", options.n);
   require(options.timeout_s > 0, "qgemm sweep: --timeout = {} (rule: > 0 seconds)",
           options.timeout_s);
+  require(options.jobs >= 1 && options.jobs <= 64,
+          "qgemm sweep: --jobs = {} (rule: 1 to 64 cases at once)", options.jobs);
   require(options.max_work >= 1e6, "qgemm sweep: --max-work = {} (rule: at least 1e6)",
           options.max_work);
   const std::uint64_t seed = options.seed.value_or(check::fresh_seed());
@@ -308,23 +345,46 @@ int run(const SweepOptions& options) {
   if (!options.json)
     fmt::print("qgemm sweep  {} configurations  seed {} (rerun: --seed {})  backend {}\n",
                options.n, seed, seed, options.backend);
+  // Every case is drawn first, in order, so that a seed gives the same cases at any --jobs.
+  std::vector<Case> cases;
+  for (int i = 0; i < options.n; ++i)
+    cases.push_back(options.moe && i % 2 == 1 ? draw_moe_case(rng, options.max_work)
+                                              : draw_case(rng, options.max_work));
   std::array<int, 5> counts{};
   std::vector<std::pair<Case, Outcome>> failures;
-  for (int i = 0; i < options.n; ++i) {
-    const Case c = options.moe && i % 2 == 1 ? draw_moe_case(rng, options.max_work)
-                                             : draw_case(rng, options.max_work);
-    const Outcome outcome = run_case(c, options.backend, options.timeout_s);
-    ++counts[static_cast<int>(outcome)];
-    const bool failed = outcome == Outcome::Wrong || outcome == Outcome::Crash ||
-                        outcome == Outcome::Hang;
-    if (failed) failures.emplace_back(c, outcome);
-    if (!options.json)
-      fmt::print("[{}/{}] {:7}  {}{}\n", i + 1, options.n, outcome_name(outcome),
-                 c.moe ? "moe " + check::describe(*c.moe)
-                       : fmt::format("{}  m={} n={} k={}{}", c.scheme, c.m, c.n, c.k,
-                                     placement_text(c.placement)),
-                 failed ? "\n          " + rerun_command(c, options.backend) : "");
-    std::fflush(stdout);
+  std::vector<RunningCase> running;
+  int next = 0;
+  while (next < options.n || !running.empty()) {
+    while (next < options.n && static_cast<int>(running.size()) < options.jobs) {
+      running.push_back(start_case(next, cases[next], options.backend));
+      ++next;
+    }
+    bool any_ended = false;
+    for (std::size_t r = 0; r < running.size();) {
+      const std::optional<Outcome> outcome = poll_case(running[r], options.timeout_s);
+      if (!outcome) {
+        ++r;
+        continue;
+      }
+      any_ended = true;
+      const Case& c = cases[running[r].index];
+      const std::string log = take_log(running[r]);
+      ++counts[static_cast<int>(*outcome)];
+      const bool failed =
+          *outcome == Outcome::Wrong || *outcome == Outcome::Crash || *outcome == Outcome::Hang;
+      if (failed) failures.emplace_back(c, *outcome);
+      if (!options.json) {
+        fmt::print("[{}/{}] {:7}  {}{}\n", running[r].index + 1, options.n, outcome_name(*outcome),
+                   c.moe ? "moe " + check::describe(*c.moe)
+                         : fmt::format("{}  m={} n={} k={}{}", c.scheme, c.m, c.n, c.k,
+                                       placement_text(c.placement)),
+                   failed ? "\n          " + rerun_command(c, options.backend) : "");
+        fmt::print("{}", log);
+      }
+      std::fflush(stdout);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(r));
+    }
+    if (!any_ended) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const auto count = [&](Outcome o) { return counts[static_cast<int>(o)]; };
   if (options.json) {
@@ -357,6 +417,11 @@ const CommandRegistration registration([](CLI::App& app, int& status) {
       ->capture_default_str();
   command->add_option("--max-work", options->max_work,
                       "Largest M*N*K drawn (the CPU reference multiplies in double)")
+      ->capture_default_str();
+  command
+      ->add_option("--jobs", options->jobs,
+                   "Cases checked at once, each in its own process (NVRTC compiles and the "
+                   "CPU reference run on the host's cores meanwhile)")
       ->capture_default_str();
   command->add_flag("--moe", options->moe,
                     "Every other configuration a routed expert layer (qgemm check --moe)");
