@@ -144,6 +144,7 @@ const std::vector<MmaConfig>& mma_configs() {
       {"decode-k64", K::Streamed, {}, {1, 4, 4, 4}, 5, 2},
       {"decode-s4", K::Streamed, {}, {1, 4, 8, 4}, 3, 2},
       {"decode-w8", K::Streamed, {}, {1, 8, 8, 3}, 2, 2},
+      {"decode-w2", K::Streamed, {}, {1, 2, 8, 4}, 4, 2},
       // M ≤ 16 on the tiled kernel (weights the streamed one cannot serve): one m16 tile, four
       // warps splitting K inside the block.
       {"decode-tiled", K::Tiled, {1, 1, 1, 4, 256, 4}, {}, 3, 2},

@@ -1045,6 +1045,14 @@ TEST(MoeLayerGpu, GroupedDecodeMatchesReference) {
     cases.push_back(decode(c));
   }
   {
+    LayerCase c;  // 2 warps a block, each streaming half of K: Qwen3's shape, then stored zeros
+    c.tokens = 16, c.experts = 128, c.top_k = 8, c.hidden = 2048, c.inter = 768;
+    cases.push_back(decode(c, "decode-w2"));
+    c.scheme = "w=uint4:g64:s=fp16:zp=float;a=fp16;o=bf16", c.input = formats::fp16;
+    c.experts = 16, c.hidden = 720, c.inter = 360;
+    cases.push_back(decode(c, "decode-w2"));
+  }
+  {
     LayerCase c;  // expert parallelism: 16 of 32 global experts here
     c.tokens = 7, c.top_k = 4, c.experts = 16, c.global_experts = 32;
     cases.push_back(decode(c));
