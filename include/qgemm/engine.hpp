@@ -90,6 +90,13 @@ class QuantWeight {
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output);
 
+// The process's kernel cache (every Engine's): kernels compiled by NVRTC and read from the disk
+// cache so far. A deployment checks with it that serving compiles nothing after its warm-up.
+struct KernelCacheCounts {
+  std::uint64_t compiles = 0, disk_hits = 0;
+};
+KernelCacheCounts kernel_cache_counts();
+
 // prepare_weight's default max_rows: layouts for every M a call may bring.
 inline constexpr std::int64_t kPrepareMaxRows = 65536;
 
@@ -274,6 +281,18 @@ class Engine {
   void moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids, const float* topk_weights,
            int top_k, const QuantWeight& gate_up, const QuantWeight& down, const DeviceMatrix& out,
            void* stream, const MoeOptions& options = {});
+
+  // For deployments (warm_up's for a layer): makes moe()'s plans for each token count in
+  // `tokens` at `top_k`, their kernels compiled on a pool of threads (a progress bar on stderr
+  // when `progress`), and loads the layer's other kernels for `hidden` (bf16/fp16) in and `out`
+  // (bf16, fp16, fp32) out, so that a later call of such a count, or a CUDA-graph capture of
+  // it, compiles nothing. `options` as the calls will pass them: what the plans depend on is
+  // the activation (for a gate_up set with the fused GLU), whether each bias is given and the
+  // candidate; the pointers are not read. Another count plans on its first call, from kernels
+  // compiled here where it selects the same ones.
+  void warm_up_moe(const QuantWeight& gate_up, const QuantWeight& down,
+                   const std::vector<std::int64_t>& tokens, int top_k, const Format& hidden,
+                   const Format& out, const MoeOptions& options = {}, bool progress = false);
 
  private:
   struct Impl;

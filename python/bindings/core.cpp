@@ -596,7 +596,64 @@ NB_MODULE(_core, m) {
           nb::arg("candidate") = "", nb::arg("bias") = nb::none(),
           "out = a · dequant(weight)ᵀ (+ bias) on the given CUDA stream (an integer handle; 0: "
           "the legacy default stream). a: bf16/fp16 [m, k]; out: fp16/bf16/fp32 [m, n]; bias: "
-          "fp32 [n] on the engine's GPU, added before the output's rounding.");
+          "fp32 [n] on the engine's GPU, added before the output's rounding.")
+      .def(
+          "warm_up",
+          [](qgemm::Engine& e, const qgemm::QuantWeight& w, std::int64_t max_rows,
+             const std::string& input, const std::string& output, bool bias,
+             std::uintptr_t stream, bool progress) {
+            qgemm::require(max_rows >= 1, "Engine.warm_up: max_rows = {} (rule: at least 1)",
+                           max_rows);
+            qgemm::GemmProblem problem = qgemm::gemm_problem(w, 1, qgemm::parse_format(input),
+                                                             qgemm::parse_format(output));
+            problem.m_max = max_rows;
+            problem.bias = bias;
+            nb::gil_scoped_release release;
+            e.warm_up(problem, w, reinterpret_cast<void*>(stream), progress);
+          },
+          nb::arg("weight"), nb::arg("max_rows"), nb::arg("input") = "bf16",
+          nb::arg("output") = "bf16", nb::arg("bias") = false, nb::arg("stream") = 0,
+          nb::arg("progress") = false,
+          "Compiles every kernel gemm() can choose for this weight at 1 .. max_rows rows of "
+          "`input` (bf16/fp16) into `output` (bf16, fp16, fp32), on a pool of threads (a progress "
+          "bar on stderr when `progress`), and sizes the stream's workspace: a later call of any "
+          "such M, or a CUDA-graph capture of it, then compiles nothing.")
+      .def(
+          "warm_up_moe",
+          [](qgemm::Engine& e, const qgemm::QuantWeight& gate_up, const qgemm::QuantWeight& down,
+             const std::vector<std::int64_t>& tokens, int top_k, const std::string& hidden,
+             const std::string& output, const std::string& activation, float alpha, float limit,
+             bool gate_up_bias, bool down_bias, bool progress) {
+            qgemm::MoeOptions options;
+            options.activation = glu_of(activation, alpha, limit, "Engine.warm_up_moe");
+            // Only whether a bias is given matters to the plans (warm_up_moe reads no pointer).
+            static const float kGiven = 0.0f;
+            options.gate_up_bias = gate_up_bias ? &kGiven : nullptr;
+            options.down_bias = down_bias ? &kGiven : nullptr;
+            nb::gil_scoped_release release;
+            e.warm_up_moe(gate_up, down, tokens, top_k, qgemm::parse_format(hidden),
+                          qgemm::parse_format(output), options, progress);
+          },
+          nb::arg("gate_up"), nb::arg("down"), nb::arg("tokens"), nb::arg("top_k"),
+          nb::arg("hidden") = "bf16", nb::arg("output") = "bf16", nb::arg("activation") = "silu",
+          nb::arg("alpha") = 1.702f, nb::arg("limit") = 7.0f, nb::arg("gate_up_bias") = false,
+          nb::arg("down_bias") = false, nb::arg("progress") = false,
+          "Makes moe()'s plans for each token count in `tokens` at top_k (their kernels "
+          "compiled on a pool of threads) and loads the layer's other kernels, for `hidden` "
+          "(bf16/fp16) in and `output` out, with the activation and biases the calls will pass: "
+          "a later call of such a count, or a CUDA-graph capture of it, compiles nothing.");
+
+  m.def(
+      "kernel_cache_counts",
+      [] {
+        const qgemm::KernelCacheCounts counts = qgemm::kernel_cache_counts();
+        nb::dict out;
+        out["compiles"] = counts.compiles;
+        out["disk_hits"] = counts.disk_hits;
+        return out;
+      },
+      "The process's kernel cache: {'compiles': NVRTC compiles, 'disk_hits': kernels read from "
+      "the disk cache} so far (a deployment checks that serving adds none after its warm-up).");
 
   m.def(
       "reference_moe_layer",

@@ -37,6 +37,9 @@ Implementations:
     CPU          qgemm.reference_gemm (exact in double, rounded to the output type): the
                  operator works, and is checked, without a GPU. It is the oracle, not fast.
 
+`warm_up(weight, max_tokens, ...)` and `warm_up_moe(experts, tokens, top_k, ...)` compile ahead
+what the CUDA implementations will choose (a deployment's start, before CUDA-graph capture).
+
 Both real implementations treat 16-bit activations the way the Engine does: a scheme whose
 activations are not quantized takes `a` in its own type (the scheme's `a=` part does not round
 it again); a scheme with quantized activations (w4a8-fp8, nvfp4, ...) quantizes `a` as its
@@ -382,6 +385,25 @@ def _gemm_cuda(a, weight, n, bias=None, out_dtype=None):
     return out
 
 
+def warm_up(weight: int, max_tokens: int, dtype: torch.dtype = torch.bfloat16,
+            out_dtype: Optional[torch.dtype] = None, bias: bool = False,
+            device: Optional[torch.device] = None, progress: bool = False) -> None:
+    """Compiles, ahead, every kernel `torch.ops.qgemm.gemm` can choose for the registered weight
+    `weight` at 1 .. max_tokens rows of `dtype` activations (out_dtype: default dtype; bias:
+    whether the calls pass one), on a pool of threads, and prepares the weight on `device`
+    (default: the current CUDA device): a later call of any such shape, or a CUDA-graph capture
+    of it, then compiles nothing. Engine.warm_up."""
+    entry = lookup(weight)
+    out_dtype = dtype if out_dtype is None else out_dtype
+    if dtype not in ACTIVATION_DTYPES or out_dtype not in OUTPUT_DTYPES:
+        raise Error(f"qgemm.ops.warm_up: dtype {dtype} / out_dtype {out_dtype} (rule: bfloat16 "
+                    "or float16 in; bfloat16, float16 or float32 out)")
+    index = _cuda_index(torch.device("cuda") if device is None else torch.device(device))
+    stream = torch.cuda.current_stream(index).cuda_stream
+    engine(index).warm_up(entry.on_device(index), max_tokens, ACTIVATION_DTYPES[dtype],
+                          OUTPUT_DTYPES[out_dtype], bias, stream, progress)
+
+
 @functools.lru_cache(maxsize=256)
 def _call_scheme(scheme_text: str, activation: str, output: str) -> Scheme:
     """The scheme a call computes: the weight's scheme with the output rounded to the call's
@@ -604,6 +626,27 @@ def _moe_cuda(hidden, topk_ids, topk_weights, experts, activation="silu", alpha=
                        expert_map=_as_int32(expert_map),
                        global_experts=0 if expert_map is None else expert_map.shape[0])
     return out
+
+
+def warm_up_moe(experts: int, tokens, top_k: int, dtype: torch.dtype = torch.bfloat16,
+                activation: str = "silu", alpha: float = 1.702, limit: float = 7.0,
+                gate_up_bias: bool = False, down_bias: bool = False,
+                device: Optional[torch.device] = None, progress: bool = False) -> None:
+    """Makes, ahead, the plans of `torch.ops.qgemm.moe` over the registered experts `experts` for
+    each token count in `tokens` at top_k (hidden states and output of `dtype`; the activation
+    and whether each bias is given, as the calls will pass them), their kernels compiled on a
+    pool of threads, the experts prepared on `device` (default: the current CUDA device): a later
+    call of such a count, or a CUDA-graph capture of it, compiles nothing. Engine.warm_up_moe."""
+    if dtype not in ACTIVATION_DTYPES:
+        raise Error(f"qgemm.ops.warm_up_moe: dtype {dtype} (rule: bfloat16 or float16)")
+    if activation not in GLU_ACTIVATIONS:
+        raise Error(f"qgemm.ops.warm_up_moe: activation '{activation}' (rule: one of "
+                    f"{GLU_ACTIVATIONS})")
+    index = _cuda_index(torch.device("cuda") if device is None else torch.device(device))
+    gate_up, down = _experts(experts).on_device(index)
+    name = ACTIVATION_DTYPES[dtype]
+    engine(index).warm_up_moe(gate_up, down, [int(t) for t in tokens], top_k, name, name,
+                              activation, alpha, limit, gate_up_bias, down_bias, progress)
 
 
 @moe.register_kernel("cpu")

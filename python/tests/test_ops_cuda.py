@@ -211,6 +211,45 @@ def test_moe_captured_on_a_stream_it_was_not_warmed_up_on(rng):
         previous = y.clone()
 
 
+def test_warm_up_then_calls_at_warmed_counts_compile_nothing(rng):
+    """qgemm.ops.warm_up / warm_up_moe, a deployment's start (the vLLM plugin's warm-up hook):
+    afterwards, calls at the warmed token counts compile nothing and read nothing from the disk
+    cache (qgemm.kernel_cache_counts), and give the CPU reference's results."""
+    n, k = 384, 1536
+    packed, weight = registered(rng, "gptq-w4a16-g128", n, k)
+    bias = torch.from_numpy(rng.standard_normal(n)).to("cuda", torch.float32)
+    qgemm.ops.warm_up(weight.handle, 512, torch.float16, bias=True)
+    torch.manual_seed(int(rng.integers(2**31)))
+    experts, hidden, inter, top_k, counts = 8, 256, 96, 2, (1, 16, 40)
+    module = qgemm.nn.QuantMoE.from_float(torch.randn(experts, 2 * inter, hidden).cuda() / 16,
+                                          torch.randn(experts, hidden, inter).cuda() / 10,
+                                          "w4a16", "gelu")
+    qgemm.ops.warm_up_moe(module.experts.handle, counts, top_k, torch.float16, "gelu")
+    before = qgemm.kernel_cache_counts()
+    for m in (1, 16, 77, 512):
+        a = activations(rng, (m, k), torch.float16)
+        poisoned_pool((m, n), torch.float16)
+        out = torch.ops.qgemm.gemm(a, weight.handle, n, bias)
+        torch.cuda.synchronize()
+        expected, bound = cpu_expected(a, weight, bias, None)
+        excess = np.abs(out.cpu().double().numpy() - expected.double().numpy()) - bound
+        assert np.all(excess <= 0), (m, excess.max())
+    for tokens in counts:
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.float16)
+        ids = torch.randint(0, experts, (tokens, top_k), device="cuda")
+        weights = torch.rand(tokens, top_k, device="cuda")
+        y = module(x, ids, weights)
+        torch.cuda.synchronize()
+        reference = module(x.cpu(), ids.cpu(), weights.cpu())  # the CPU operator
+        assert torch.isfinite(y).all() and reference.abs().max() > 0
+        torch.testing.assert_close(y.cpu().float(), reference.float(), rtol=2e-2, atol=2e-2)
+    assert qgemm.kernel_cache_counts() == before
+    with pytest.raises(qgemm.Error, match="top_k = 0"):
+        qgemm.ops.warm_up_moe(module.experts.handle, counts, 0, torch.float16, "gelu")
+    with pytest.raises(qgemm.Error, match="token count of 0"):
+        qgemm.ops.warm_up_moe(module.experts.handle, (0,), top_k, torch.float16, "gelu")
+
+
 def test_compiled_with_cuda_graphs(rng):
     pytest.importorskip("triton", reason="inductor's GPU code needs triton")
     torch.manual_seed(int(rng.integers(2**31)))

@@ -65,6 +65,11 @@ ExpertRole QuantWeight::role() const {
   return impl_->glu_inter > 0 ? ExpertRole::GateUp : ExpertRole::Plain;
 }
 
+KernelCacheCounts kernel_cache_counts() {
+  const jit::KernelCache& cache = jit::KernelCache::global();
+  return {cache.compile_count(), cache.disk_hit_count()};
+}
+
 GemmProblem gemm_problem(const QuantWeight& weight, std::int64_t m, const Format& input,
                          const Format& output) {
   if (!weight)

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -346,6 +347,25 @@ struct Engine::Impl {
                void* scratch, const float* row_factors);
   // The three kernels of route_moe (compiled and loaded on first use).
   runtime::MoeRoutingKernels moe_routing_kernels();
+  // Engine::moe's two plans for `slots` routed rows of `hidden`'s type (made on a count's first
+  // call, kept with the gate_up weight): gate_up's picks the routing block, down's is made for
+  // it. eight_bit_up: gate_up forced onto an 8-bit wgmma config (its rows quantized by its own
+  // step, after the gather).
+  struct MoeLayerPlans {
+    GemmPlan up, down;
+    bool eight_bit_up = false;
+  };
+  MoeLayerPlans moe_layer_plans(const detail::PreparedWeight& up_w,
+                                const detail::PreparedWeight& down_w, const QuantWeight& gate_up,
+                                const QuantWeight& down, std::int64_t slots, const Format& hidden,
+                                const MoeOptions& options);
+  // The kernels of quantize_to_operand: the quantizer, and the tensor absmax where the scaling
+  // takes it.
+  struct OperandQuantizer {
+    runtime::LoadedKernel quantize;
+    std::optional<runtime::LoadedKernel> absmax;
+  };
+  OperandQuantizer operand_quantizer(const ActivationQuant& quant, const Format& rows);
   // `rows` [m, k] (bf16/fp16) quantized as `quant` says into a 16-bit operand of rows' type
   // (code · scale, the row factor folded in, rounded once: what the grouped GEMMs multiply),
   // [m, ld_operand]; `factors` [m] floats and `absmax` (one float, for the scalings that take the

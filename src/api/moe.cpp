@@ -16,17 +16,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "api/engine_impl.hpp"
 #include "common/log.hpp"
 #include "dispatch/tuned_config.hpp"
 #include "dispatch/wgmma_family.hpp"
 #include "jit/catalog.hpp"
+#include "jit/prewarm.hpp"
 #include "layout/mma_repack_gpu.hpp"
 #include "quant/block_quant.hpp"
 #include "quant/quantize_on_device.hpp"
@@ -106,6 +112,27 @@ struct WorkspaceRegions {
     return offset;
   }
 };
+
+// gate_up and down as one layer's experts (Engine::moe, warm_up_moe): from prepare_experts, as
+// many of each, the same activation quantization, gate_up [2·I, H] against down [H, I].
+void check_moe_pair(const detail::PreparedWeight& up_w, const detail::PreparedWeight& down_w,
+                    const char* what) {
+  require(up_w.experts > 0 && down_w.experts == up_w.experts,
+          "{}: gate_up has {} experts, down {} (rule: both from prepare_experts, equal counts)",
+          what, up_w.experts, down_w.experts);
+  require(up_w.k == down_w.n,
+          "{}: gate_up's K is {}, down's N is {} (rule: equal, the hidden size)", what, up_w.k,
+          down_w.n);
+  require(up_w.activation == down_w.activation,
+          "{}: gate_up was prepared for {} activations, down for {} (rule: the same "
+          "activation quantization for both)",
+          what, to_string(Scheme{"", up_w.quant, up_w.activation, formats::bf16}),
+          to_string(Scheme{"", down_w.quant, down_w.activation, formats::bf16}));
+  require(up_w.n == 2 * down_w.k,
+          "{}: gate_up's N is {}, down's K is {} (rule: gate_up N = 2 x down K: gate rows, then "
+          "up rows)",
+          what, up_w.n, down_w.k);
+}
 
 }  // namespace
 
@@ -565,24 +592,11 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
                  const MoeOptions& options) {
   const detail::PreparedWeight& up_w = impl_->prepared(gate_up);
   const detail::PreparedWeight& down_w = impl_->prepared(down);
+  check_moe_pair(up_w, down_w, "moe");
   const int experts = up_w.experts;
   const std::int64_t tokens = hidden.rows, h = hidden.cols, inter = down_w.k;
-  require(experts > 0 && down_w.experts == experts,
-          "moe: gate_up has {} experts, down {} (rule: both from prepare_experts, equal counts)",
-          up_w.experts, down_w.experts);
-  require(up_w.k == h && down_w.n == h,
-          "moe: hidden has {} columns, gate_up's K is {}, down's N is {} (rule: all equal, the "
-          "hidden size)",
-          h, up_w.k, down_w.n);
-  require(up_w.activation == down_w.activation,
-          "moe: gate_up was prepared for {} activations, down for {} (rule: the same "
-          "activation quantization for both)",
-          to_string(Scheme{"", up_w.quant, up_w.activation, formats::bf16}),
-          to_string(Scheme{"", down_w.quant, down_w.activation, formats::bf16}));
-  require(up_w.n == 2 * inter,
-          "moe: gate_up's N is {}, down's K is {} (rule: gate_up N = 2 x down K: gate rows, then "
-          "up rows)",
-          up_w.n, inter);
+  require(up_w.k == h, "moe: hidden has {} columns (rule: the experts' hidden size, {})", h,
+          up_w.k);
   require(tokens >= 0 && (tokens == 0 || hidden.data) && hidden.stride >= h,
           "moe: hidden is {}x{} at {} with stride {} (rule: rows >= 0, non-null, stride >= "
           "columns)",
@@ -605,47 +619,14 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
   const std::int64_t slots = tokens * top_k;
   if (tokens == 0) return;  // an empty batch: nothing to route or compute
 
-  // Plans, made on a shape's first call (kept with the gate_up weight, keyed by everything
-  // they depend on). The gate_up plan picks the routing block; the down plan is made for it.
-  // A gate_up set prepared for the fused GLU (ExpertRole::GateUp): its GEMM writes the
-  // activation rows [capacity, I] itself, with the GLU kind in its plan (and so in the key).
   const bool fused_glu = up_w.glu_inter > 0;
-  const std::string key_text = fmt::format(
-      "moe {} {} {} {} {} '{}' {}", slots, hidden.dtype.name(), down_w.id,
-      options.gate_up_bias != nullptr, options.down_bias != nullptr, options.gemm_candidate,
-      fused_glu ? glu_kind_name(options.activation.kind) : "unfused");
-  // The tuning table's generation too: a table loaded later re-plans the layer, as dense calls.
-  detail::PreparedWeight::PlanKey key{
-      slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
-  // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
-  // expanded before the gather) — except a gate_up GEMM forced onto an 8-bit wgmma config (held
-  // back from the selector until measured, issue #17): its rows are gathered as they are and
-  // quantized after the gather by the GEMM's own step, per token or 1x128 group as the experts'
-  // scheme says (a row's scales are its own, so each routed row gets its token's codes), and
-  // multiplied as codes on FP8 / INT8 tensor cores; down then runs as the selector chooses.
+  const Impl::MoeLayerPlans plans =
+      impl_->moe_layer_plans(up_w, down_w, gate_up, down, slots, hidden.dtype, options);
+  const GemmPlan& up_plan = plans.up;
+  const GemmPlan& down_plan = plans.down;
+  const bool eight_bit_up = plans.eight_bit_up;
   const ActivationQuant& quant = up_w.activation;
-  // (Unforced, the common call, scans no configs.)
-  const dispatch::WgmmaConfig* forced = options.gemm_candidate.empty()
-                                            ? nullptr
-                                            : dispatch::find_wgmma_config(options.gemm_candidate);
-  const bool eight_bit_up = quant.is_quantized() && forced && forced->tile.eight_bit;
-  const GemmPlan up_plan = up_w.plan_for(key, [&] {
-    GemmProblem problem = gemm_problem(gate_up, slots, hidden.dtype, hidden.dtype);
-    if (eight_bit_up) problem.scheme.activation = quant;
-    problem.bias = options.gate_up_bias != nullptr;
-    if (fused_glu) problem.glu = options.activation.kind;
-    problem.candidate = options.gemm_candidate;
-    return impl_->make_plan(problem, up_w);
-  });
   const int route_block = up_plan.choice_for(slots).route_block;
-  key.candidate = "down";
-  const GemmPlan down_plan = up_w.plan_for(key, [&] {
-    GemmProblem problem = gemm_problem(down, slots, hidden.dtype, formats::fp32);
-    problem.bias = options.down_bias != nullptr;
-    problem.route_block = route_block;
-    problem.candidate = eight_bit_up ? "" : options.gemm_candidate;
-    return impl_->make_plan(problem, down_w);
-  });
 
   // Workspace: the routing, the gathered rows, gate_up's rows (none with the fused GLU), the
   // activation's rows and the down rows, then the larger of the GEMMs' scratch; their split-K
@@ -729,6 +710,105 @@ void Engine::moe(const DeviceMatrix& hidden, const std::int32_t* topk_ids,
       down_rows.data, h, topk_weights, h, out.data, out.stride, cu_stream);
 }
 
+Engine::Impl::MoeLayerPlans Engine::Impl::moe_layer_plans(const detail::PreparedWeight& up_w,
+                                                          const detail::PreparedWeight& down_w,
+                                                          const QuantWeight& gate_up,
+                                                          const QuantWeight& down,
+                                                          std::int64_t slots, const Format& hidden,
+                                                          const MoeOptions& options) {
+  // Kept with the gate_up weight, keyed by everything they depend on. A gate_up set prepared for
+  // the fused GLU (ExpertRole::GateUp): its GEMM writes the activation rows [capacity, I]
+  // itself, with the GLU kind in its plan (and so in the key).
+  const bool fused_glu = up_w.glu_inter > 0;
+  const std::string key_text = fmt::format(
+      "moe {} {} {} {} {} '{}' {}", slots, hidden.name(), down_w.id,
+      options.gate_up_bias != nullptr, options.down_bias != nullptr, options.gemm_candidate,
+      fused_glu ? glu_kind_name(options.activation.kind) : "unfused");
+  // The tuning table's generation too: a table loaded later re-plans the layer, as dense calls.
+  detail::PreparedWeight::PlanKey key{
+      slots, key_text, "", "", false, 0, 0, 0, dispatch::tuning_table_generation()};
+  // Both GEMMs take 16-bit rows (gemm_problem of an expert set; quantized hidden states are
+  // expanded before the gather) — except a gate_up GEMM forced onto an 8-bit wgmma config (held
+  // back from the selector until measured, issue #17): its rows are gathered as they are and
+  // quantized after the gather by the GEMM's own step, per token or 1x128 group as the experts'
+  // scheme says (a row's scales are its own, so each routed row gets its token's codes), and
+  // multiplied as codes on FP8 / INT8 tensor cores; down then runs as the selector chooses.
+  const ActivationQuant& quant = up_w.activation;
+  // (Unforced, the common call, scans no configs.)
+  const dispatch::WgmmaConfig* forced = options.gemm_candidate.empty()
+                                            ? nullptr
+                                            : dispatch::find_wgmma_config(options.gemm_candidate);
+  MoeLayerPlans plans;
+  plans.eight_bit_up = quant.is_quantized() && forced && forced->tile.eight_bit;
+  plans.up = up_w.plan_for(key, [&] {
+    GemmProblem problem = gemm_problem(gate_up, slots, hidden, hidden);
+    if (plans.eight_bit_up) problem.scheme.activation = quant;
+    problem.bias = options.gate_up_bias != nullptr;
+    if (fused_glu) problem.glu = options.activation.kind;
+    problem.candidate = options.gemm_candidate;
+    return make_plan(problem, up_w);
+  });
+  // The gate_up plan picks the routing block; the down plan is made for it.
+  key.candidate = "down";
+  plans.down = up_w.plan_for(key, [&] {
+    GemmProblem problem = gemm_problem(down, slots, hidden, formats::fp32);
+    problem.bias = options.down_bias != nullptr;
+    problem.route_block = plans.up.choice_for(slots).route_block;
+    problem.candidate = plans.eight_bit_up ? "" : options.gemm_candidate;
+    return make_plan(problem, down_w);
+  });
+  return plans;
+}
+
+void Engine::warm_up_moe(const QuantWeight& gate_up, const QuantWeight& down,
+                         const std::vector<std::int64_t>& tokens, int top_k, const Format& hidden,
+                         const Format& out, const MoeOptions& options, bool progress) {
+  const detail::PreparedWeight& up_w = impl_->prepared(gate_up);
+  const detail::PreparedWeight& down_w = impl_->prepared(down);
+  check_moe_pair(up_w, down_w, "warm_up_moe");
+  require(hidden == formats::bf16 || hidden == formats::fp16,
+          "warm_up_moe: hidden is {} (rule: bf16 or fp16)", hidden.name());
+  require(out == formats::bf16 || out == formats::fp16 || out == formats::fp32,
+          "warm_up_moe: out is {} (rule: bf16, fp16 or fp32)", out.name());
+  require(top_k >= 1 && top_k <= 32, "warm_up_moe: top_k = {} (rule: 1 .. 32)", top_k);
+  for (const std::int64_t t : tokens)
+    require(t >= 1 && t <= std::numeric_limits<std::int32_t>::max() / top_k,
+            "warm_up_moe: a token count of {} (rule: 1 .. 2^31 / top_k, as Engine::moe takes)", t);
+  // The layer's own kernels, whatever the count: the routing, the gather, the separate GLU
+  // pass, the weighted sum into `out`, the hidden states' quantizer.
+  impl_->make_current();
+  impl_->moe_routing_kernels();
+  impl_->kernel(jit::moe_gather_spec(hidden, impl_->arch));
+  impl_->kernel(jit::moe_glu_spec(hidden, hidden, impl_->arch));
+  impl_->kernel(jit::moe_combine_spec(formats::fp32, out, impl_->arch));
+  if (up_w.activation.is_quantized()) impl_->operand_quantizer(up_w.activation, hidden);
+  // Each count's two plans (Engine::moe's, kept with the weights) on a pool of threads: the
+  // kernel cache compiles a spec once, and a plan that needs one being compiled waits for it.
+  const std::size_t jobs =
+      std::min<std::size_t>(tokens.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<std::size_t> next{0}, done{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  auto work = [&] {
+    try {
+      impl_->make_current();
+      for (std::size_t i; (i = next++) < tokens.size();) {
+        impl_->moe_layer_plans(up_w, down_w, gate_up, down, tokens[i] * top_k, hidden, options);
+        if (progress) jit::print_progress_bar(++done, tokens.size());
+      }
+    } catch (...) {
+      std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = tokens.size();  // the others stop at their next count
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t j = 1; j < jobs; ++j) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 void Engine::Impl::quantize_to_operand(const ActivationQuant& quant, const DeviceMatrix& rows,
                                        void* operand, std::int64_t ld_operand, float* factors,
                                        float* absmax, CUstream stream) {
@@ -738,12 +818,19 @@ void Engine::Impl::quantize_to_operand(const ActivationQuant& quant, const Devic
   args.ldo = ld_operand;
   args.row_factors = factors;
   args.fold_row_factors = 1;
+  const OperandQuantizer kernels = operand_quantizer(quant, rows.dtype);
+  if (kernels.absmax) runtime::launch_tensor_absmax_for(*kernels.absmax, args, absmax, stream);
+  runtime::launch_quantize_activation(kernels.quantize, args, stream);
+}
+
+Engine::Impl::OperandQuantizer Engine::Impl::operand_quantizer(const ActivationQuant& quant,
+                                                               const Format& rows) {
+  OperandQuantizer kernels{
+      kernel(jit::quantize_activation_spec(quant, rows, jit::ActivationEmit::Operand, rows, arch)),
+      std::nullopt};
   if (runtime::needs_tensor_absmax(quant, 0.0))
-    runtime::launch_tensor_absmax_for(kernel(jit::tensor_absmax_spec(rows.dtype, arch)), args,
-                                      absmax, stream);
-  const jit::KernelSpec spec = jit::quantize_activation_spec(
-      quant, rows.dtype, jit::ActivationEmit::Operand, rows.dtype, arch);
-  runtime::launch_quantize_activation(kernel(spec), args, stream);
+    kernels.absmax = kernel(jit::tensor_absmax_spec(rows, arch));
+  return kernels;
 }
 
 runtime::MoeRoutingKernels Engine::Impl::moe_routing_kernels() {

@@ -1277,5 +1277,57 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
       ExpertRole::Plain);
 }
 
+// Engine::warm_up_moe, a deployment's start: afterwards a call at a warmed token count (or a
+// capture of it) compiles nothing and reads nothing from the disk cache, and matches the
+// reference. Two sets: gate_up with the fused GLU and biases in fp16 (the vLLM plugin's
+// gpt-oss-like layer), and quantized activations (the hidden states' quantizer), fp32 out.
+TEST(MoeLayerGpu, WarmedUpCountsCompileNothing) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  LayerCase fused;
+  fused.scheme = "mxfp4-a16", fused.input = fused.output = formats::fp16, fused.bias = true;
+  fused.glu.kind = GluKind::ClampedSwiglu, fused.role = ExpertRole::GateUp;
+  fused.hidden = 720, fused.inter = 360, fused.experts = 8, fused.top_k = 4;
+  LayerCase quantized;
+  quantized.scheme = "w4a8-fp8", quantized.output = formats::fp32;
+  const std::vector<std::int64_t> counts = {1, 16, 300};
+  std::uint32_t salt = 3000;
+  for (const LayerCase& c : {fused, quantized}) {
+    std::mt19937 rng(test_seed() + ++salt);
+    Engine engine(0);
+    const Layer layer = make_layer(engine, c, rng);
+    MoeOptions options;
+    options.activation = c.glu;
+    if (c.bias) {
+      options.gate_up_bias = layer.gate_up_bias_device.as<const float>();
+      options.down_bias = layer.down_bias_device.as<const float>();
+    }
+    engine.warm_up_moe(layer.gate_up_prepared, layer.down_prepared, counts, c.top_k, c.input,
+                       c.output, options);
+    const KernelCacheCounts before = kernel_cache_counts();
+    for (const std::int64_t tokens : counts) {
+      LayerCase at = c;
+      at.tokens = tokens;
+      Inputs in;
+      draw_inputs(at, rng, in, false);
+      DeviceBuffer out(static_cast<std::size_t>(tokens * c.hidden) * c.output.storage_bytes());
+      run_and_check(engine, at, layer, in, out, nullptr);
+      const auto& driver = runtime::Driver::get();
+      driver.check(driver.cuCtxSynchronize(), "cuCtxSynchronize");
+      const test::OutputCheck check = check_out(at, layer, in, out);
+      EXPECT_TRUE(check.ok()) << describe(at) << ": " << check.describe();
+    }
+    const KernelCacheCounts after = kernel_cache_counts();
+    EXPECT_EQ(after.compiles, before.compiles) << describe(c);
+    EXPECT_EQ(after.disk_hits, before.disk_hits) << describe(c);
+    EXPECT_THROW(engine.warm_up_moe(layer.gate_up_prepared, layer.down_prepared, {0}, c.top_k,
+                                    c.input, c.output, options),
+                 Error);
+    EXPECT_THROW(engine.warm_up_moe(layer.down_prepared, layer.gate_up_prepared, counts, c.top_k,
+                                    c.input, c.output, options),
+                 Error);  // gate_up and down exchanged
+  }
+}
+
 }  // namespace
 }  // namespace qgemm
