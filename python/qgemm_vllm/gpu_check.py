@@ -18,8 +18,10 @@ layer's forward is captured in a CUDA graph and replayed on new inputs, and run 
 torch.compile(fullgraph=True, dynamic=True). The MoE layers (QgemmMoEMethod's steps: int4 GPTQ,
 AWQ and compressed-tensors experts, gpt-oss MXFP4 with its interleaved gate/up rows, biases and
 clamped SwiGLU) run through torch.ops.qgemm.moe with random routing against the layer in float64,
-and one is captured in a CUDA graph and replayed on new hidden states and routing. Exit status 0
-when every check passes.
+and one is captured in a CUDA graph and replayed on new hidden states and routing. Every layer is
+first warmed up as vLLM's JIT warm-up does it (layout.warm_up_linear / warm_up_experts, through
+QgemmLayerWarmup): no forward after it compiles a kernel or reads one from the disk cache
+(qgemm.kernel_cache_counts). Exit status 0 when every check passes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import test_checkpoint_formats as fixtures  # noqa: E402
 from moe_fixtures import (MOE_INT4_CONFIGS, gpt_oss_mxfp4, int4_expert_tensors,  # noqa: E402
                           moe_reference)
 
+import qgemm  # noqa: E402
 import qgemm.ops  # noqa: E402,F401
 from qgemm_vllm import layout  # noqa: E402
 
@@ -249,6 +252,9 @@ def check_moe_layers(rng):
     ok = True
     built = []
     for name, module, gate_up, down, gate_up_bias, down_bias, kind in moe_cases(rng):
+        # vLLM's JIT warm-up of the layer (QgemmLayerWarmup); its forwards then compile nothing.
+        layout.warm_up_experts(module, (1, 9, 16, 200), 2, torch.bfloat16, DEVICE)
+        warmed = qgemm.kernel_cache_counts()
         for tokens in ((1, 9, 200) if DEVICE == "cuda" else (1, 9)):
             x = torch.from_numpy(rng.standard_normal((tokens, gate_up.shape[2])).astype(
                 np.float32)).to(DEVICE, torch.bfloat16)
@@ -269,6 +275,7 @@ def check_moe_layers(rng):
         if bool(((y.cpu().to(torch.float64) - want).abs() <= bound).all()):
             print(f"FAIL {name}: the output also passes against gate and up swapped")
             ok = False
+        ok &= check_nothing_compiled(f"{name} after its warm-up", warmed)
         built.append((name, module, gate_up, down, gate_up_bias, down_bias, kind))
     if DEVICE != "cuda":
         return ok
@@ -297,6 +304,15 @@ def check_moe_layers(rng):
         want, magnitude = moe_reference(x, ids, weights, gate_up, down, kind, gate_up_bias,
                                         down_bias)
         ok &= check_moe(f"cuda graph {name} replay {replay}", static_y, want, magnitude)
+    return ok
+
+
+def check_nothing_compiled(name, warmed) -> bool:
+    """Whether the process's kernel cache compiled or read from disk nothing since `warmed`."""
+    now = qgemm.kernel_cache_counts()
+    ok = now == warmed
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: kernel cache {now} (after the warm-up: {warmed})",
+          flush=True)
     return ok
 
 
@@ -330,7 +346,13 @@ def main() -> int:
     rng = np.random.default_rng(seed)
     ok = True
     built = []
-    for name, module, w, rtol in cases(rng):
+    linear = list(cases(rng))
+    # vLLM's JIT warm-up (QgemmLayerWarmup) of every layer, for up to 512 tokens, with and
+    # without a bias: every forward below (eager, captured, compiled) compiles nothing.
+    for name, module, w, rtol in linear:
+        layout.warm_up_linear(module.qgemm_handle, 512, torch.bfloat16, DEVICE, True)
+    warmed = qgemm.kernel_cache_counts()
+    for name, module, w, rtol in linear:
         for m in ((1, 7, 300) if DEVICE == "cuda" else (1, 7)):
             x = torch.from_numpy(rng.standard_normal((m, w.shape[1])).astype(np.float32)).to(
                 DEVICE, torch.bfloat16)
@@ -341,7 +363,9 @@ def main() -> int:
             assert y.dtype == torch.bfloat16 and y.shape == (m, w.shape[0])
             ok &= check(f"{name} m={m} ({time.time() - start:.2f} s)", y, x, w, rtol)
         built.append((name, module, w, rtol))
+    ok &= check_nothing_compiled("linear layers after their warm-up", warmed)
     ok &= check_moe_layers(rng)
+    warmed = qgemm.kernel_cache_counts()
     if DEVICE == "cpu":
         print("gpu_check --cpu:", "passed" if ok else "FAILED")
         return 0 if ok else 1
@@ -377,6 +401,7 @@ def main() -> int:
         x = torch.from_numpy(rng.standard_normal((m, w.shape[1])).astype(np.float32)).to(
             "cuda", torch.bfloat16)
         ok &= check(f"torch.compile {name} m={m}", compiled(x), x, w, rtol)
+    ok &= check_nothing_compiled("captured and compiled forwards", warmed)
     print("gpu_check:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -747,3 +747,52 @@ def moe_forward(module: torch.nn.Module, x: torch.Tensor, topk_ids: torch.Tensor
                                module.qgemm_activation, module.qgemm_alpha,
                                module.qgemm_limit, module.qgemm_gate_up_bias,
                                module.qgemm_down_bias, expert_map)
+
+
+# --- JIT warm-up ------------------------------------------------------------------------------
+#
+# vLLM compiles its JIT kernels before capturing CUDA graphs (kernel_warmup, through the model
+# runner's warm-up registry). A layer's qgemm kernels are compiled there too: a linear layer's
+# for every token count a step may bring (qgemm plans per count, from kernels compiled once per
+# M bucket), a MoE layer's for the counts below (its plans are made per count).
+
+def warm_up_counts(max_tokens: int, capture_sizes) -> tuple:
+    """The token counts a MoE layer is warmed up for: vLLM's CUDA-graph capture sizes (each
+    replayed as captured), the powers of two up to the largest step and that step. A step of
+    another count plans on its first call, from the kernels these compiled where it selects
+    the same ones."""
+    counts = {int(s) for s in capture_sizes or () if 1 <= int(s) <= max_tokens}
+    power = 1
+    while power < max_tokens:
+        counts.add(power)
+        power *= 2
+    counts.add(int(max_tokens))
+    return tuple(sorted(counts))
+
+
+def warm_up_linear(handle: int, max_tokens: int, dtype: torch.dtype, device,
+                   with_bias: bool) -> None:
+    """Compiles what a linear layer prepared on `device` (QgemmLinearKernel.attach) runs for 1
+    .. max_tokens tokens of `dtype`, without its bias and, where it has one, with it (vLLM adds
+    a row-parallel layer's bias on one rank only); nothing off CUDA (the reference operator)."""
+    from qgemm import ops
+
+    if device is None or torch.device(device).type != "cuda":
+        return
+    for bias in (False, True) if with_bias else (False,):
+        ops.warm_up(handle, max_tokens, dtype, bias=bias, device=device)
+
+
+def warm_up_experts(module: torch.nn.Module, counts, top_k: int, dtype: torch.dtype,
+                    device) -> None:
+    """Makes the plans of a MoE layer prepared on `device` (QgemmExperts.attach) for each token
+    count, with its activation and biases; nothing off CUDA."""
+    from qgemm import ops
+
+    if device is None or torch.device(device).type != "cuda":
+        return
+    ops.warm_up_moe(module.qgemm_experts_handle, counts, top_k, dtype, module.qgemm_activation,
+                    module.qgemm_alpha, module.qgemm_limit,
+                    gate_up_bias=module.qgemm_gate_up_bias is not None,
+                    down_bias=module.qgemm_down_bias is not None, device=device)
+

@@ -14,7 +14,8 @@ vLLM's routing and expert map.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -29,11 +30,13 @@ from vllm.model_executor.layers.quantization.base_config import (QuantizationCon
                                                                  QuantizeMethodBase)
 from vllm.model_executor import parameter as vllm_parameter
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.model_executor.warmup.jit_warmup import VllmJitKernel
 
 from .layout import (CLAIMED_METHODS, GLU_OF_VLLM, ExpertsPartition, LayerPartition,
                      PluginError, QgemmExperts, QgemmLinearKernel, Settings, build_experts,
                      build_weight, expert_specs, initial_tensor, is_quantized, linear_forward,
-                     load_expert_tensor, moe_forward, normalized_config, tensor_specs)
+                     load_expert_tensor, moe_forward, normalized_config, tensor_specs,
+                     warm_up_counts, warm_up_experts, warm_up_linear)
 
 logger = init_logger(__name__)
 
@@ -173,6 +176,34 @@ def make_parameter(spec, tensor: torch.Tensor, weight_loader):
     return cls(**kwargs)
 
 
+class QgemmLayerWarmup(VllmJitKernel["QgemmLayerWarmup.CompileKey"]):
+    """One loaded layer's qgemm kernels in vLLM's JIT warm-up (kernel_warmup, before CUDA-graph
+    capture). process_weights_after_loading registers one per layer (vLLM loads the model
+    inside its runner's warm-up registry); vLLM then passes its config to get_warmup_keys, whose
+    one key is the token counts a step may bring (the scheduler's largest step, the CUDA-graph
+    capture sizes), and `compile` warms the layer up for them (layout.warm_up_linear /
+    warm_up_experts)."""
+
+    @dataclass(frozen=True)
+    class CompileKey:
+        max_tokens: int
+        counts: tuple  # a MoE layer's token counts (layout.warm_up_counts)
+
+    def __init__(self, warm: Callable[["QgemmLayerWarmup.CompileKey"], None]):
+        super().__init__()
+        self.warm = warm
+
+    def get_warmup_keys(self, vllm_config) -> list:
+        max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        sizes = vllm_config.compilation_config.cudagraph_capture_sizes
+        return [self.CompileKey(max_tokens, warm_up_counts(max_tokens, sizes))]
+
+    def compile(self, compile_key: "QgemmLayerWarmup.CompileKey") -> None:
+        if compile_key not in self._compiled_cache:
+            self.warm(compile_key)
+            self._compiled_cache[compile_key] = True
+
+
 @register_weight_loader_v2_supported_method
 class QgemmLinearMethod(LinearMethodBase):
     """A quantized linear layer of the checkpoint, computed by torch.ops.qgemm.gemm."""
@@ -215,11 +246,16 @@ class QgemmLinearMethod(LinearMethodBase):
         imported, scheme = build_weight(self.config.checkpoint_config, layer.qgemm_partition,
                                         specs, [p.data for p in params],
                                         layer.qgemm_params_dtype, self.config.settings)
-        QgemmLinearKernel(imported, scheme, self.config.settings).attach(layer, device)
+        kernel = QgemmLinearKernel(imported, scheme, self.config.settings)
+        kernel.attach(layer, device)
         # The checkpoint's tensors are no longer needed: qgemm holds the canonical form on the
         # host and its kernel layouts on the GPU.
         for spec in specs:
             delattr(layer, spec.name)
+        handle, dtype = layer.qgemm_handle, layer.qgemm_params_dtype
+        with_bias = getattr(layer, "bias", None) is not None
+        QgemmLayerWarmup(lambda key: warm_up_linear(handle, key.max_tokens, dtype, device,
+                                                    with_bias)).register_warmup()
         logger.debug("qgemm: %s as %s", self.prefix, scheme)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
@@ -313,6 +349,9 @@ class QgemmMoEMethod(FusedMoEMethodBase):
                      self.limit).attach(layer, device)
         for name in names13 + names2:
             delattr(layer, name)
+        top_k, dtype = int(self.moe.experts_per_token), layer.qgemm_params_dtype
+        QgemmLayerWarmup(lambda key: warm_up_experts(layer, key.counts, top_k, dtype, device)
+                         ).register_warmup()
         logger.debug("qgemm: %s, %d experts as %s", self.prefix, part.experts, scheme)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,

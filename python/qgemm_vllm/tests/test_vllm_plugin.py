@@ -733,6 +733,48 @@ def test_int4_moe_layer(plugin, tp1, rng, fmt):
     assert not torch.equal(part, got)
 
 
+def test_warm_up_counts_cover_the_capture_sizes_and_the_powers_of_two():
+    assert layout.warm_up_counts(40, [1, 2, 4, 8, 24, 48]) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert layout.warm_up_counts(1, None) == (1,)
+    assert layout.warm_up_counts(8192, []) == tuple(2**i for i in range(14))
+
+
+def test_loaded_layers_register_their_jit_warm_up(plugin, tp1, rng, monkeypatch):
+    """Each processed layer registers one QgemmLayerWarmup with the active warm-up registry
+    (vLLM loads the model inside its runner's); vLLM's own warm-up then passes its config for
+    the key (the scheduler's largest step, the capture sizes) and warms each layer up for it."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    calls = []
+    monkeypatch.setattr(plugin, "warm_up_linear", lambda *args: calls.append(("linear", args)))
+    monkeypatch.setattr(plugin, "warm_up_experts", lambda *args: calls.append(("moe", args)))
+    registry = JitWarmupRegistry(tp1)
+    with registry.activate():
+        n, k = 64, 256
+        tensors, _ = gptq_fixtures.gptq_tensors(rng, n, k, 4, 128, v1=True, act_order=False)
+        linear = ColumnParallelLinear(k, n, bias=True, params_dtype=torch.bfloat16,
+                                      quant_config=quant_config(plugin, GPTQ),
+                                      prefix="model.layers.0.mlp.down_proj")
+        load(linear, tensors)
+        linear.quant_method.process_weights_after_loading(linear)
+        experts, hidden, inter = 4, 64, 32
+        moe = moe_layer(quant_config(plugin, MOE_INT4_CONFIGS["gptq"]), experts, hidden, inter)
+        for e in range(experts):
+            for shard_id, (rows, cols) in (("w1", (inter, hidden)), ("w3", (inter, hidden)),
+                                           ("w2", (hidden, inter))):
+                load_expert(moe, int4_expert_tensors(rng, "gptq", rows, cols)[0], shard_id, e)
+        moe.quant_method.process_weights_after_loading(moe)
+    assert len(registry) == 2 and calls == []
+    registry.warmup()
+    max_tokens = tp1.scheduler_config.max_num_batched_tokens
+    counts = layout.warm_up_counts(max_tokens,
+                                   tp1.compilation_config.cudagraph_capture_sizes)
+    assert calls == [
+        ("linear", (linear.qgemm_handle, max_tokens, torch.bfloat16, torch.device("cpu"), True)),
+        ("moe", (moe, counts, 2, torch.bfloat16, torch.device("cpu")))]
+
+
 def test_moe_loader_skips_other_ranks_experts(plugin, tp1, rng, monkeypatch):
     layer = moe_layer(quant_config(plugin, MOE_INT4_CONFIGS["gptq"]), 4, 64, 32)
     tensors, _ = int4_expert_tensors(rng, "gptq", 32, 64)
