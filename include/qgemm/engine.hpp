@@ -182,9 +182,10 @@ class Engine {
   // GEMM applies it).
   void dequantize(const QuantWeight& weight, const DeviceMatrix& out, void* stream);
 
-  // For deployments: compiles every kernel `problem` can select over its M range (all M
-  // buckets), on a pool of threads with a progress bar on stderr when `progress`, and sizes the
-  // workspace of `stream`. Returns the plan.
+  // For deployments: compiles every kernel `problem` can select over its M range (each M
+  // bucket's, which the returned plan runs, and each M's own, which gemm() runs: it plans every
+  // M by itself), on a pool of threads with a progress bar on stderr when `progress`, and sizes
+  // the workspace of `stream`. Returns the plan.
   GemmPlan warm_up(const GemmProblem& problem, const QuantWeight& weight, void* stream = nullptr,
                    bool progress = false);
 

@@ -496,11 +496,12 @@ GemmPlan Engine::warm_up(const GemmProblem& problem, const QuantWeight& weight, 
                          bool progress) {
   const detail::PreparedWeight& w = impl_->prepared(weight);
   check_problem_against(problem, w);
-  // Every kernel the buckets select, compiled in parallel first; plan() then only loads them.
+  // Every kernel the buckets select (plan()'s) and each M selects (gemm() plans each M on its
+  // own), compiled in parallel first; plan() then only loads them.
   std::shared_ptr<const dispatch::TuningTable> table;
   const dispatch::SelectionContext context = impl_->selection_context(problem, table);
   const std::vector<jit::KernelSpec> specs =
-      dispatch::problem_specs(problem, w.facts, context, w.static_activation_scale);
+      dispatch::problem_specs(problem, w.facts, context, w.static_activation_scale, true);
   const auto results = jit::prewarm(
       jit::KernelCache::global(), specs, 0,
       progress ? std::function<void(std::size_t, std::size_t)>(jit::print_progress_bar) : nullptr);

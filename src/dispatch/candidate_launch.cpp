@@ -115,26 +115,34 @@ CandidateLaunch candidate_launch(const GemmProblem& p, std::int64_t m, const Ver
 
 std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const WeightFacts& weight,
                                            const SelectionContext& context,
-                                           double static_activation_scale) {
+                                           double static_activation_scale, bool every_m) {
   std::vector<jit::KernelSpec> specs;
-  for (const auto& bucket : m_buckets(problem)) {
-    const std::int64_t high = bucket.second;
+  // `judged` at M = `high`: the problem itself for its buckets; for each M a problem of that M
+  // alone, as Engine::gemm plans it (what a candidate serves can depend on the range: cuBLASLt
+  // FP8 plans one M).
+  auto add = [&](const GemmProblem& judged, std::int64_t high) {
     // A grouped GEMM is judged as the dense GEMM it costs, without the (dense) tuning table, as
-    // the Engine's plan judges it. (`high` is a plain variable: clang 14, which builds the fuzz
-    // targets, cannot capture a structured binding in the lambda.)
+    // the Engine's plan judges it.
     const Selection selection =
-        problem.experts > 0
+        judged.experts > 0
             ? [&] {
-                const GroupedView view = grouped_view(problem, weight, high);
+                const GroupedView view = grouped_view(judged, weight, high);
                 SelectionContext grouped_context = context;
                 grouped_context.table = nullptr;
                 return select(view.problem, view.m, view.weight, grouped_context);
               }()
-            : select(problem, high, weight, context);
-    for (jit::KernelSpec& spec : candidate_launch(problem, high, selection.chosen(), weight,
+            : select(judged, high, weight, context);
+    for (jit::KernelSpec& spec : candidate_launch(judged, high, selection.chosen(), weight,
                                                   context.gpu, static_activation_scale)
                                      .specs())
-      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(std::move(spec));
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end())
+        specs.push_back(std::move(spec));
+  };
+  for (const auto& bucket : m_buckets(problem)) add(problem, bucket.second);
+  if (every_m) {
+    GemmProblem exact = problem;
+    exact.m_max = 0;
+    for (exact.m = problem.m; exact.m <= problem.max_rows(); ++exact.m) add(exact, exact.m);
   }
   return specs;
 }

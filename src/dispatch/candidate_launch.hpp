@@ -52,10 +52,13 @@ CandidateLaunch candidate_launch(const GemmProblem& problem, std::int64_t m,
 
 // Every kernel `problem` can launch over its M range on `gpu` (each bucket's winner, judged from
 // the scheme alone: WeightFacts::of_scheme), without duplicates: what deployments compile ahead
-// (`qgemm cache prewarm --recipe`, `qgemm compile --all`, Engine::warm_up).
+// (`qgemm cache prewarm --recipe`, `qgemm compile --all`, Engine::warm_up). `every_m`: also each
+// M's own winner, what Engine::gemm launches (it plans each M on its own, and an M's winner may
+// differ from its bucket's, judged at the bucket's largest M).
 std::vector<jit::KernelSpec> problem_specs(const GemmProblem& problem, const WeightFacts& weight,
                                            const SelectionContext& context,
-                                           double static_activation_scale = 0.0);
+                                           double static_activation_scale = 0.0,
+                                           bool every_m = false);
 
 // Every kernel qgemm ships for `arch` (`qgemm compile --all`, `qgemm cache prewarm`): the
 // utility kernels (jit::catalog_specs), and the GEMM kernels every preset scheme selects at a

@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "dispatch/candidate_launch.hpp"
@@ -532,6 +535,38 @@ TEST(Select, BucketsCoverTheRange) {
   EXPECT_EQ(buckets, expected);
   p.m_max = 0;
   EXPECT_EQ(m_buckets(p), (std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 3}}));
+}
+
+// What Engine::warm_up compiles (problem_specs with every_m) holds each M's own winner, which
+// Engine::gemm launches (it plans every M by itself): fp8-block 1536 x 1024 at M = 300 chooses
+// cuBLASLt FP8 and its codes quantizer, which the buckets' winners (each judged at its largest
+// M) do not; every_m adds them, and the bucket specs stay.
+TEST(Select, WarmUpSpecsHoldEveryMsOwnWinner) {
+  for (const char* scheme : {"fp8-block", "w4a16", "nvfp4", "w4a8-fp8"}) {
+    GemmProblem p = problem_of(scheme, 1, 1536, 1024);
+    p.m_max = 512;
+    const WeightFacts facts = WeightFacts::of_scheme(p.scheme, p.n, p.k, kH200.arch);
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<jit::KernelSpec> warm = problem_specs(p, facts, context_of(kH200), 0.0, true);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const std::vector<jit::KernelSpec> buckets = problem_specs(p, facts, context_of(kH200));
+    for (const jit::KernelSpec& spec : buckets)
+      EXPECT_NE(std::find(warm.begin(), warm.end(), spec), warm.end()) << scheme;
+    std::size_t missed_by_buckets = 0;
+    for (std::int64_t m = 1; m <= p.m_max; ++m) {
+      GemmProblem exact = p;
+      exact.m = m, exact.m_max = 0;
+      for (const jit::KernelSpec& spec : problem_specs(exact, facts, context_of(kH200))) {
+        EXPECT_NE(std::find(warm.begin(), warm.end(), spec), warm.end())
+            << scheme << " M = " << m << ": " << jit::to_string(spec);
+        missed_by_buckets += std::find(buckets.begin(), buckets.end(), spec) == buckets.end();
+      }
+    }
+    if (std::string(scheme) == "fp8-block") EXPECT_GT(missed_by_buckets, 0u);
+    std::printf("%-10s %zu bucket specs, %zu with every M (%.1f ms)\n", scheme, buckets.size(),
+                warm.size(), ms);
+  }
 }
 
 // The dequant + cuBLAS kernels compile without spills: the dequantization for each zero mode

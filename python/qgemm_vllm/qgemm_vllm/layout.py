@@ -779,8 +779,19 @@ def warm_up_linear(handle: int, max_tokens: int, dtype: torch.dtype, device,
 
     if device is None or torch.device(device).type != "cuda":
         return
+    # Layers of one shape and scheme (a model's many identical blocks) select the same kernels:
+    # the first compiles them, the others' first calls plan from memory (a selection for each
+    # M of the range costs ~25 µs).
+    entry = ops.lookup(handle)
+    shape = (str(entry.scheme), entry.n, entry.k, max_tokens, dtype, str(device), with_bias)
+    if shape in _warmed_linear_shapes:
+        return
     for bias in (False, True) if with_bias else (False,):
         ops.warm_up(handle, max_tokens, dtype, bias=bias, device=device)
+    _warmed_linear_shapes.add(shape)
+
+
+_warmed_linear_shapes: set = set()
 
 
 def warm_up_experts(module: torch.nn.Module, counts, top_k: int, dtype: torch.dtype,
