@@ -144,7 +144,17 @@ const std::vector<MmaConfig>& mma_configs() {
       {"decode-k64", K::Streamed, {}, {1, 4, 4, 4}, 5, 2},
       {"decode-s4", K::Streamed, {}, {1, 4, 8, 4}, 3, 2},
       {"decode-w8", K::Streamed, {}, {1, 8, 8, 3}, 2, 2},
-      {"decode-w2", K::Streamed, {}, {1, 2, 8, 4}, 4, 2},
+      // 2 warps a block, each streaming half of K through 4 stages (4 blocks an SM): for grouped
+      // GEMMs of short K, where 4 warps get little more than their ring's first stages (Qwen3's
+      // down, K 768: 42 -> 34 µs on the H100). Held back until the sweep's MoE case that ran it
+      // (bench/NOTES.md, sixteenth session) is explained.
+      {"decode-w2",
+       K::Streamed,
+       {},
+       {1, 2, 8, 4},
+       4,
+       2,
+       "held back: a sweep failure on a layer that ran it is not yet explained"},
       // M ≤ 16 on the tiled kernel (weights the streamed one cannot serve): one m16 tile, four
       // warps splitting K inside the block.
       {"decode-tiled", K::Tiled, {1, 1, 1, 4, 256, 4}, {}, 3, 2},

@@ -39,6 +39,9 @@ struct MmaConfig {
   int blocks_per_sm = 1;
   // Bytes of an A element the tiled kernel's mma takes: 2 (bf16/fp16) or 1 (int8/e4m3 codes).
   int operand_bytes = 2;
+  // Why the selector ranks this config only when it is forced (as WgmmaConfig::held_back);
+  // empty: ranked like the rest.
+  std::string held_back = {};
 
   int threads() const;
   int block_m() const;  // tiled: BM; streamed: 16 (one batch of up to 16 rows)

@@ -416,6 +416,10 @@ Selection select(const GemmProblem& p, std::int64_t m, const WeightFacts& weight
       case Path::MmaStreamed:
       case Path::MmaTiled: {
         const MmaConfig& config = *candidate.config;
+        if (!config.held_back.empty() && context.forced != candidate.name) {
+          reject(config.held_back + " (a forced run takes it)");
+          break;
+        }
         if (config.operand_bytes == 1) {
           if (!quantized || !jit::codes_are_operand8(quant)) {
             reject("8-bit operands are int8/e4m3 activation codes with one scale per row");

@@ -91,7 +91,9 @@ TEST(GroupedDecode, ServesEveryArchWhereTheExpertsKeepTheMmaLayout) {
     EXPECT_EQ(ranked.chosen().candidate->path, Path::MmaStreamed);
     for (const MmaConfig& config : mma_configs()) {
       const std::string& why = verdict_of(ranked, config.name).rejected;
-      if (config.kernel == MmaKernel::Streamed)
+      if (!config.held_back.empty())
+        EXPECT_TRUE(contains(why, "held back")) << config.name << ": " << why;
+      else if (config.kernel == MmaKernel::Streamed)
         EXPECT_TRUE(why.empty() || contains(why, "shared memory")) << config.name << ": " << why;
       else
         EXPECT_TRUE(contains(why, "streamed decode kernel")) << config.name << ": " << why;
@@ -99,6 +101,8 @@ TEST(GroupedDecode, ServesEveryArchWhereTheExpertsKeepTheMmaLayout) {
     EXPECT_TRUE(verdict_of(ranked, "decode").rejected.empty());
     const Selection forced = select_grouped(p, facts, gpu, "decode-k64");
     EXPECT_EQ(forced.chosen().candidate->name, "decode-k64");
+    // A held-back config serves when forced.
+    EXPECT_EQ(select_grouped(p, facts, gpu, "decode-w2").chosen().candidate->name, "decode-w2");
     EXPECT_EQ(forced.reason, "forced by the caller");
     EXPECT_GT(forced.winner_us, 0.0);
     EXPECT_TRUE(contains(forced.chosen().cost.note, "grouped: 8 rows a token block"))

@@ -1277,6 +1277,43 @@ TEST(MoeLayerGpu, FusedGluMatchesTheSeparatePass) {
       ExpertRole::Plain);
 }
 
+// The two MoE layers `qgemm sweep --n 1000 --moe` (H100, sixteenth session, bench/NOTES.md)
+// found outside their bounds, both one expert, top 1 and the clamped SwiGLU, with one scale
+// group for all of K: 2-bit per-channel weights at 166 tokens (the wgmma path), and ternary
+// per-tensor weights with float zeros and biases at 11 tokens (the grouped decode kernel's
+// 16-row block, decode-w2 where it ran). Each with the GLU fused and as its own pass, and the
+// second with decode and decode-w2 forced: which of them fail says where the fault is.
+TEST(MoeLayerGpu, SweepFoundOneExpertLayers) {
+  QGEMM_REQUIRE_GPU();
+  if (!on_sm90()) GTEST_SKIP() << "the grouped GEMM runs on sm_90a only so far";
+  LayerCase per_channel;
+  per_channel.scheme = "w=uint2:ch:s=fp32;a=fp16;o=fp32";
+  per_channel.input = formats::fp16, per_channel.output = formats::fp32;
+  per_channel.tokens = 166, per_channel.experts = 1, per_channel.top_k = 1;
+  per_channel.hidden = 256, per_channel.inter = 1376;
+  per_channel.glu.kind = GluKind::ClampedSwiglu;
+  LayerCase per_tensor;
+  per_tensor.scheme = "w=ternary:t:s=e8m0:zp=float;a=bf16;o=fp16";
+  per_tensor.output = formats::fp16, per_tensor.bias = true;
+  per_tensor.tokens = 11, per_tensor.experts = 1, per_tensor.top_k = 1;
+  per_tensor.hidden = 2880, per_tensor.inter = 512;
+  per_tensor.glu.kind = GluKind::ClampedSwiglu;
+  std::vector<LayerCase> cases;
+  for (const ExpertRole role : {ExpertRole::GateUp, ExpertRole::Plain}) {
+    for (LayerCase c : {per_channel, per_tensor}) {
+      c.role = role;
+      cases.push_back(c);
+    }
+    for (const char* forced : {"decode", "decode-w2"}) {
+      LayerCase c = per_tensor;
+      c.role = role, c.candidate = forced;
+      cases.push_back(c);
+    }
+  }
+  std::uint32_t salt = 4000;
+  for (const LayerCase& c : cases) check_layer(c, ++salt);
+}
+
 // Engine::warm_up_moe, a deployment's start: afterwards a call at a warmed token count (or a
 // capture of it) compiles nothing and reads nothing from the disk cache, and matches the
 // reference. Two sets: gate_up with the fused GLU and biases in fp16 (the vLLM plugin's
