@@ -9,7 +9,8 @@ torch.ops.qgemm.gemm. QgemmMoEMethod does the same for a MoE layer's quantized e
 creates each expert's checkpoint tensors stacked along an experts dimension (w13 = gate_up,
 w2 = down; gpt-oss MXFP4 as its loader places them), turns every expert into qgemm weights
 after loading, registers them (qgemm.ops.register_experts) and calls torch.ops.qgemm.moe with
-vLLM's routing and expert map.
+vLLM's routing and expert map. Each loaded layer registers a QgemmLayerWarmup with vLLM's JIT
+warm-up, which compiles its kernels before CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -246,8 +247,7 @@ class QgemmLinearMethod(LinearMethodBase):
         imported, scheme = build_weight(self.config.checkpoint_config, layer.qgemm_partition,
                                         specs, [p.data for p in params],
                                         layer.qgemm_params_dtype, self.config.settings)
-        kernel = QgemmLinearKernel(imported, scheme, self.config.settings)
-        kernel.attach(layer, device)
+        QgemmLinearKernel(imported, scheme, self.config.settings).attach(layer, device)
         # The checkpoint's tensors are no longer needed: qgemm holds the canonical form on the
         # host and its kernel layouts on the GPU.
         for spec in specs:
