@@ -93,6 +93,9 @@ class GemmPlan {
     double predicted_us = 0;             // at m_high (measured µs when a tuning table chose)
     std::string reason;                  // why it won
     int route_block = 0;                 // grouped: the routing block its runs take
+    // The operand format its GEMM takes A (and the dequantized weight) in: 16-bit (bf16 / fp16,
+    // whose rounding the weight's values pay), or 8-bit codes (e4m3 / int8, exact).
+    Format operand = formats::bf16;
   };
 
   GemmPlan() = default;

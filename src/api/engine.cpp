@@ -464,6 +464,7 @@ GemmPlan Engine::Impl::make_plan(const GemmProblem& problem,
     choice.kernel = step.launch.text();
     choice.predicted_us = selection.winner_us;
     choice.reason = selection.reason;
+    choice.operand = selection.chosen().operand;
     if (problem.experts > 0)
       choice.route_block = problem.route_block > 0 ? problem.route_block : step.grouped_tile();
     description += fmt::format("\n  M {}..{}: {}, {:.1f} µs ({})\n    {}", low, high,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "check/moe_check.hpp"
@@ -41,6 +42,20 @@ class GpuEngineBackend final : public GemmBackend {
   }
   bool is_reference() const override { return false; }
   BackendPrecision precision() const override { return {operand_format_, formats::fp32}; }
+  // The problem Engine::gemm makes of a call with pre-quantized codes `a` into `c`.
+  static GemmProblem call_problem(const PackedWeight& w, const PackedActivation& a,
+                                  const DeviceMatrix& c) {
+    GemmProblem p;
+    p.m = a.m, p.n = w.n, p.k = w.k;
+    p.scheme = Scheme{"", w.quant, a.quant, c.dtype};
+    p.input = a.quant.format;
+    p.prequantized = true;
+    p.ldc = c.stride;
+    p.c_alignment = 16;
+    while (p.c_alignment > 1 && reinterpret_cast<std::uintptr_t>(c.data) % p.c_alignment != 0)
+      p.c_alignment /= 2;
+    return p;
+  }
   std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
                            const PackedWeight& w) override {
     const QuantWeight weight = engine_.prepare_weight(w);
@@ -61,7 +76,14 @@ class GpuEngineBackend final : public GemmBackend {
       // dequantizes, through the 16-bit operand of jit::activation_operand_format; for a bf16
       // output, dequantize + cuBLAS rounds the row factors into a bf16 operand
       // (dispatch::qdq_folds_row_factors).
-      operand_format_ = out == formats::bf16 && jit::activation_row_factor(a.quant)
+      // The chosen kernel's 16-bit operand may be coarser than the one the codes need (qdq
+      // takes bf16 unless C is fp16): the weight's values are rounded to it. 8-bit operands are
+      // the codes themselves, exact.
+      const Format chosen = engine_.plan(call_problem(w, a, c_matrix), weight)
+                                .choice_for(a.m)
+                                .operand;
+      operand_format_ = chosen == formats::bf16 ||
+                                (out == formats::bf16 && jit::activation_row_factor(a.quant))
                             ? formats::bf16
                             : jit::activation_operand_format(a.quant);
       scales = runtime::DeviceBuffer::from(a.scales);
