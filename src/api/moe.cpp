@@ -16,15 +16,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "api/engine_impl.hpp"
@@ -784,29 +781,15 @@ void Engine::warm_up_moe(const QuantWeight& gate_up, const QuantWeight& down,
   if (up_w.activation.is_quantized()) impl_->operand_quantizer(up_w.activation, hidden);
   // Each count's two plans (Engine::moe's, kept with the weights) on a pool of threads: the
   // kernel cache compiles a spec once, and a plan that needs one being compiled waits for it.
-  const std::size_t jobs =
-      std::min<std::size_t>(tokens.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<std::size_t> next{0}, done{0};
-  std::mutex failure_mutex;
-  std::exception_ptr failure;
-  auto work = [&] {
-    try {
-      impl_->make_current();
-      for (std::size_t i; (i = next++) < tokens.size();) {
-        impl_->moe_layer_plans(up_w, down_w, gate_up, down, tokens[i] * top_k, hidden, options);
-        if (progress) jit::print_progress_bar(++done, tokens.size());
-      }
-    } catch (...) {
-      std::lock_guard lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      next = tokens.size();  // the others stop at their next count
-    }
-  };
-  std::vector<std::thread> pool;
-  for (std::size_t j = 1; j < jobs; ++j) pool.emplace_back(work);
-  work();
-  for (std::thread& thread : pool) thread.join();
-  if (failure) std::rethrow_exception(failure);
+  std::size_t done = 0;
+  std::mutex progress_mutex;
+  jit::for_each_on_threads(tokens.size(), 0, [&](std::size_t i) {
+    impl_->make_current();  // the thread's, for the kernels it loads
+    impl_->moe_layer_plans(up_w, down_w, gate_up, down, tokens[i] * top_k, hidden, options);
+    std::lock_guard lock(progress_mutex);
+    ++done;
+    if (progress) jit::print_progress_bar(done, tokens.size());
+  });
 }
 
 void Engine::Impl::quantize_to_operand(const ActivationQuant& quant, const DeviceMatrix& rows,

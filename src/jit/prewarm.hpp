@@ -17,8 +17,15 @@ struct PrewarmResult {
   double elapsed_ms = 0;  // wall time of this spec's cache lookup (compile, disk read or hit)
 };
 
-// Results in the order of `specs`. `progress(done, total)` is called after each spec, from the
-// worker threads, one call at a time. Failures are collected, not thrown.
+// body(i) for every i in [0, items) on `jobs` threads (≤ 0: the hardware's), the caller's
+// among them, each taking the next i when it finishes one (compiles differ in length). The
+// first exception a body throws is rethrown once every thread has stopped; after it no thread
+// takes a new i.
+void for_each_on_threads(std::size_t items, int jobs, const std::function<void(std::size_t)>& body);
+
+// Results in the order of `specs`, compiled on `jobs` threads (≤ 0: the hardware's).
+// `progress(done, total)` is called after each spec, from the worker threads, one call at a
+// time. Failures are collected, not thrown.
 std::vector<PrewarmResult> prewarm(
     KernelCache& cache, const std::vector<KernelSpec>& specs, int jobs,
     const std::function<void(std::size_t, std::size_t)>& progress = {});
