@@ -97,6 +97,12 @@ struct KernelCacheCounts {
 };
 KernelCacheCounts kernel_cache_counts();
 
+// The problem of a call with activations quantized beforehand (`a`, its codes) writing `c`: what
+// Engine::gemm of a DeviceActivation plans (C's stride and alignment from `c`; no bias, no
+// candidate).
+GemmProblem gemm_problem(const QuantWeight& weight, const DeviceActivation& a,
+                         const DeviceMatrix& c);
+
 // prepare_weight's default max_rows: layouts for every M a call may bring.
 inline constexpr std::int64_t kPrepareMaxRows = 65536;
 

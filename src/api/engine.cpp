@@ -1030,6 +1030,24 @@ detail::PreparedWeight::PlanKey plan_key(const GemmProblem& p) {
 
 }  // namespace
 
+GemmProblem gemm_problem(const QuantWeight& weight, const DeviceActivation& a,
+                         const DeviceMatrix& c) {
+  if (!weight)
+    throw Error(ErrorCode::InvalidArgument, "gemm_problem: weight is empty (prepare_weight first)");
+  GemmProblem problem;
+  problem.m = a.rows;
+  problem.n = weight.n();
+  problem.k = weight.k();
+  problem.scheme.weight = weight.quant();
+  problem.scheme.activation = a.quant;
+  problem.scheme.output = c.dtype;
+  problem.input = a.quant.format;
+  problem.prequantized = true;
+  problem.ldc = c.stride;
+  problem.c_alignment = alignment_of(c.data, 0);
+  return problem;
+}
+
 void Engine::gemm(const DeviceMatrix& a, const QuantWeight& weight, const DeviceMatrix& c,
                   void* stream, const GemmOptions& options) {
   const detail::PreparedWeight& w = impl_->prepared(weight);
@@ -1076,19 +1094,9 @@ void Engine::gemm(const DeviceActivation& a, const QuantWeight& weight, const De
                 fmt::format("gemm: A has {} rows and C {} (rule: M >= 0, as many in both)",
                             a.rows, c.rows));
   if (a.rows == 0) return;  // an empty batch: nothing to compute
-  GemmProblem problem;
-  problem.m = a.rows;
-  problem.n = w.n;
-  problem.k = w.k;
-  problem.scheme.weight = w.quant;
-  problem.scheme.activation = a.quant;
-  problem.scheme.output = c.dtype;
-  problem.input = a.quant.format;
-  problem.prequantized = true;
+  GemmProblem problem = gemm_problem(weight, a, c);
   problem.bias = options.bias != nullptr;
   problem.candidate = options.candidate;
-  problem.ldc = c.stride;
-  problem.c_alignment = alignment_of(c.data, 0);
   if (a.cols != w.k)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("gemm: A has {} columns, the weight's K is {}", a.cols, w.k));

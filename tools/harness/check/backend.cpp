@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
 
 #include "check/moe_check.hpp"
@@ -42,20 +41,7 @@ class GpuEngineBackend final : public GemmBackend {
   }
   bool is_reference() const override { return false; }
   BackendPrecision precision() const override { return {operand_format_, formats::fp32}; }
-  // The problem Engine::gemm makes of a call with pre-quantized codes `a` into `c`.
-  static GemmProblem call_problem(const PackedWeight& w, const PackedActivation& a,
-                                  const DeviceMatrix& c) {
-    GemmProblem p;
-    p.m = a.m, p.n = w.n, p.k = w.k;
-    p.scheme = Scheme{"", w.quant, a.quant, c.dtype};
-    p.input = a.quant.format;
-    p.prequantized = true;
-    p.ldc = c.stride;
-    p.c_alignment = 16;
-    while (p.c_alignment > 1 && reinterpret_cast<std::uintptr_t>(c.data) % p.c_alignment != 0)
-      p.c_alignment /= 2;
-    return p;
-  }
+
   std::vector<double> gemm(const Scheme& scheme, const PackedActivation& a,
                            const PackedWeight& w) override {
     const QuantWeight weight = engine_.prepare_weight(w);
@@ -79,17 +65,16 @@ class GpuEngineBackend final : public GemmBackend {
       // The chosen kernel's 16-bit operand may be coarser than the one the codes need (qdq
       // takes bf16 unless C is fp16): the weight's values are rounded to it. 8-bit operands are
       // the codes themselves, exact.
-      const Format chosen = engine_.plan(call_problem(w, a, c_matrix), weight)
-                                .choice_for(a.m)
-                                .operand;
+      scales = runtime::DeviceBuffer::from(a.scales);
+      const DeviceActivation codes{a.quant, a_device.as<void>(), scales.as<void>(), a.m,
+                                   a.k,     a.tensor_scale};
+      const Format chosen =
+          engine_.plan(gemm_problem(weight, codes, c_matrix), weight).choice_for(a.m).operand;
       operand_format_ = chosen == formats::bf16 ||
                                 (out == formats::bf16 && jit::activation_row_factor(a.quant))
                             ? formats::bf16
                             : jit::activation_operand_format(a.quant);
-      scales = runtime::DeviceBuffer::from(a.scales);
-      engine_.gemm(DeviceActivation{a.quant, a_device.as<void>(), scales.as<void>(), a.m, a.k,
-                                    a.tensor_scale},
-                   weight, c_matrix, nullptr);
+      engine_.gemm(codes, weight, c_matrix, nullptr);
     } else {
       operand_format_ = a.quant.format;
       // A's rows `a_pad` elements apart beyond K, `a_offset` elements into its buffer.
